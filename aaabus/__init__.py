@@ -1,0 +1,44 @@
+"""aaabus: persistent agents reacting atomically to notifications, delivered exactly once and in
+causal order across many servers, with causality domains joined by router servers.
+
+The public surface is what this module exports; everything else is internal.
+"""
+
+from persistent.list import PersistentList
+from persistent.mapping import PersistentMapping
+
+from aaabus.agent import Agent
+from aaabus.context import OutsideReactionError
+from aaabus.errors import AaabusError, ConfigError, StoreError, UnknownNotificationError
+from aaabus.ids import AgentId
+from aaabus.notifications import (
+    AgentCreateReply,
+    AgentCreateRequest,
+    AgentDeleteAck,
+    AgentDeleteRequest,
+    ExceptionNotification,
+    Notification,
+    UnknownAgent,
+)
+from aaabus.server import AgentServer, BootContext
+
+__all__ = [
+    "AaabusError",
+    "Agent",
+    "AgentCreateReply",
+    "AgentCreateRequest",
+    "AgentDeleteAck",
+    "AgentDeleteRequest",
+    "AgentId",
+    "AgentServer",
+    "BootContext",
+    "ConfigError",
+    "ExceptionNotification",
+    "Notification",
+    "OutsideReactionError",
+    "PersistentList",
+    "PersistentMapping",
+    "StoreError",
+    "UnknownAgent",
+    "UnknownNotificationError",
+]

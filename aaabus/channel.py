@@ -1,0 +1,330 @@
+"""The channel: what happens to messages between servers, on the engine thread.
+
+Everything here runs inside the engine's current group (one ZODB transaction), so that stamping,
+queueing, acknowledging and delivering are atomic with the reactions around them:
+
+* **send**: a message for another server is stamped with the matrix clock of the domain of its
+  first hop and appended to that hop's persistent outgoing queue (``qout``), in the transaction of
+  the reaction that sent it. After the commit its frame is handed to the network thread.
+* **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
+  and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
+  queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
+  (persistently) with the held-back messages. DUPLICATE (a resend) does nothing. In all three
+  cases the sender is acknowledged *after* the commit.
+* **ack**: acknowledgements are cumulative per link: "I have stored everything up to seq n". The
+  sender then drops those messages from its ``qout``.
+* **resend**: when a connection comes up, everything still in that peer's ``qout`` is sent again,
+  in order; the receiver's clock absorbs the duplicates.
+
+A *link* is a (peer, domain) pair, and its sequence number is the sender's own count of messages
+to that peer in that domain: the clock entry ``H[me][peer]``, already persisted and bumped by
+every stamp. It keys the message in the link's ``qout`` and names it uniquely across restarts of
+either side, which is what makes held-back messages and acknowledgements idempotent, at no extra
+storage cost.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import struct
+import time
+from typing import TYPE_CHECKING, Any, Protocol
+
+from BTrees.OOBTree import OOBTree
+
+from aaabus.clock import ClockError, DomainClock, Verdict
+from aaabus.errors import StoreError
+from aaabus.ids import AgentId
+from aaabus.message import Message
+from aaabus.store import PersistentQueue
+
+if TYPE_CHECKING:
+    from aaabus.config import BusConfig
+    from aaabus.domains import Hop, Topology
+    from aaabus.engine import Engine
+    from aaabus.trace import Tracer
+
+log = logging.getLogger("aaabus.channel")
+
+# First byte of every frame. An acknowledgement is recognised (and parsed) without unpickling,
+# on the network thread, so that it can be handed to the engine as lazy work.
+DATA = b"D"
+ACK = b"A"
+_ACK = struct.Struct(">cQ")  # followed by the domain name, UTF-8
+
+
+class Transport(Protocol):
+    """The part of :class:`aaabus.network.Network` the channel uses (any thread-safe sender)."""
+
+    def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
+
+
+class Channel:
+    """Stamps, outgoing queues, acknowledgements, hold-back and routing of one server."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: BusConfig,
+        topology: Topology,
+        *,
+        tracer: Tracer | None = None,
+        max_frame: int = 16 << 20,
+    ) -> None:
+        self.engine = engine
+        self.max_frame = max_frame
+        self.store = engine.store
+        self.me = engine.server_id
+        self.topology = topology
+        self.routes: dict[int, Hop] = topology.routes_from(self.me)
+        self.tracer = tracer
+        self.transport: Transport | None = None
+        self._index: dict[str, dict[int, int]] = {}
+        self._members: dict[str, tuple[int, ...]] = {}
+        self.clocks: dict[str, DomainClock] = {}
+        self._waiting: dict[str, OOBTree] = {}
+        self._qout: dict[tuple[int, str], PersistentQueue] = {}
+        self._links_of: dict[int, list[str]] = {}
+        # Work for the end of the current group: frames to send per peer, acks to give per link.
+        self._frames: dict[int, list[bytes]] = {}
+        self._acks: dict[tuple[int, str], int] = {}
+        self._flush_scheduled = False
+        self._open(config)
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def _open(self, config: BusConfig) -> None:
+        """Find or create this server's clocks and queues (call inside a transaction)."""
+        queues = self.store.queues
+        for domain in self.topology.domains_of(self.me):
+            members = self.topology.domains[domain]
+            self._members[domain] = members
+            self._index[domain] = {sid: i for i, sid in enumerate(members)}
+            spec = config.domains[domain]
+            key = ("clock", domain)
+            clock = queues.get(key)
+            if clock is None:
+                clock = queues[key] = DomainClock(
+                    len(members),
+                    self._index[domain][self.me],
+                    stamps=spec.stamps,
+                    order=spec.order,
+                )
+            elif (clock.size, clock.me, clock.stamps, clock.order) != (
+                len(members),
+                self._index[domain][self.me],
+                spec.stamps,
+                spec.order,
+            ):
+                raise StoreError(
+                    f"domain {domain} in {config.path} no longer matches the clock stored by "
+                    f"server {self.me} (members, stamps or order changed); such a change needs "
+                    "every server of the domain drained and restarted with fresh stores "
+                    "(see docs/operations.md)"
+                )
+            self.clocks[domain] = clock
+            wait_key = ("wait", domain)
+            if wait_key not in queues:
+                queues[wait_key] = OOBTree()
+            self._waiting[domain] = queues[wait_key]
+            for peer in members:
+                if peer == self.me:
+                    continue
+                out_key = ("out", peer, domain)
+                if out_key not in queues:
+                    queues[out_key] = PersistentQueue()
+                self._qout[peer, domain] = queues[out_key]
+                self._links_of.setdefault(peer, []).append(domain)
+
+    def knows(self, server: int) -> bool:
+        return server in self.routes
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        """Stamp ``message`` for its first hop and queue it (engine thread, in the group)."""
+        self._enqueue(self.routes[message.target.server], message)
+
+    def _enqueue(self, hop: Hop, message: Message) -> None:
+        clock = self.clocks[hop.domain]
+        dest = self._index[hop.domain][hop.server]
+        tracer = self.tracer
+        t0 = time.perf_counter_ns() if tracer is not None else 0
+        stamp = clock.prepare_send(dest)
+        if tracer is not None:
+            tracer.stamped(hop.domain, hop.server, len(stamp), time.perf_counter_ns() - t0)
+        seq = clock.sent_to(dest)
+        frame = _data_frame(seq, hop.domain, stamp, message)
+        if len(frame) > self.max_frame - 64:  # room for the session's sequence number and MAC
+            # Raised inside the sending reaction, which is rolled back: the sender hears of it.
+            raise ValueError(
+                f"notification to {message.target} is {len(frame)} bytes on the wire, over the "
+                f"bus limit of {self.max_frame} (property aaabus.max_frame)"
+            )
+        self._qout[hop.server, hop.domain][seq] = (stamp, message)
+        self._stage(hop.server, frame)
+
+    def _stage(self, peer: int, frame: bytes) -> None:
+        frames = self._frames.get(peer)
+        if frames is None:
+            self._frames[peer] = [frame]
+        else:
+            frames.append(frame)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self.engine.after_commit(self._flush)
+
+    def _flush(self) -> None:
+        """After commit: hand this group's frames and acks to the network."""
+        frames, self._frames = self._frames, {}
+        acks, self._acks = self._acks, {}
+        self._flush_scheduled = False
+        transport = self.transport
+        if transport is None:
+            return
+        for (peer, domain), upto in acks.items():
+            frames.setdefault(peer, []).insert(0, _ACK.pack(ACK, upto) + domain.encode())
+        for peer, batch in frames.items():
+            transport.send_many(peer, batch)
+
+    def mark(self) -> tuple[dict[int, int], bool]:
+        """Where staging stands now (see :meth:`rollback`)."""
+        return {peer: len(frames) for peer, frames in self._frames.items()}, self._flush_scheduled
+
+    def rollback(self, mark: tuple[dict[int, int], bool] | None) -> None:
+        """The store rolled back to ``mark`` (``None``: the whole group aborted).
+
+        Frames staged since then must never leave. Acks are only staged by received frames,
+        which are never rolled back alone, so they go with the whole group or not at all.
+        """
+        if mark is None:
+            self._frames = {}
+            self._acks = {}
+            self._flush_scheduled = False
+            return
+        lengths, scheduled = mark
+        for peer in list(self._frames):
+            if peer in lengths:
+                del self._frames[peer][lengths[peer] :]
+            else:
+                del self._frames[peer]
+        # The engine truncated its after-commit list to the same point.
+        self._flush_scheduled = scheduled
+
+    # -- receiving ---------------------------------------------------------------------------------
+
+    def on_frame(self, peer: int, payload: bytes) -> None:
+        """Network thread: hand an authenticated frame to the engine (acks as lazy work)."""
+        if payload[:1] == ACK and len(payload) > _ACK.size:
+            upto = _ACK.unpack_from(payload)[1]
+            domain = payload[_ACK.size :].decode("utf-8", "replace")
+            self.engine.submit_lazy(lambda _engine: self.acknowledged(peer, domain, upto))
+        else:
+            self.engine.submit(lambda _engine: self.receive(peer, payload))
+
+    def acknowledged(self, peer: int, domain: str, upto: int) -> None:
+        """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""
+        queue = self._qout.get((peer, domain))
+        if queue is not None:
+            queue.pop_through(upto)
+
+    def receive(self, peer: int, payload: bytes) -> None:
+        """Handle one authenticated data frame from ``peer`` (engine thread, in the group)."""
+        if payload[:1] != DATA:
+            raise ValueError(f"unknown frame kind {payload[:1]!r} from server {peer}")
+        self._receive_data(peer, pickle.loads(payload[1:]))
+
+    def _receive_data(self, peer: int, frame: tuple[Any, ...]) -> None:
+        seq, domain, stamp, sender, target, body = frame
+        clock = self.clocks.get(domain)
+        index = self._index.get(domain, {})
+        if clock is None or peer not in index:
+            raise ValueError(f"server {peer} sent a message in domain {domain!r} it does not share")
+        # Acknowledge whatever happens below: stored, held back or a duplicate, it is safe.
+        link = (peer, domain)
+        if seq > self._acks.get(link, -1):
+            self._acks[link] = seq
+        self._schedule_flush()
+        src = index[peer]
+        message = Message(AgentId(*sender), AgentId(*target), body)
+        tracer = self.tracer
+        t0 = time.perf_counter_ns() if tracer is not None else 0
+        try:
+            verdict = clock.receive(src, stamp)
+        except ClockError as exc:
+            raise ValueError(f"bad stamp from server {peer}: {exc}") from None
+        if tracer is not None:
+            tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
+        if verdict is Verdict.DUPLICATE:
+            return
+        if verdict is Verdict.WAIT:
+            waiting = self._waiting[domain]
+            key = (peer, seq)
+            if key not in waiting:
+                waiting[key] = (src, stamp, message)
+            return
+        self._arrived(message)
+        if self._waiting[domain]:
+            self._retry(domain)
+
+    def _retry(self, domain: str) -> None:
+        """Deliver every held-back message of ``domain`` that has become deliverable."""
+        clock = self.clocks[domain]
+        waiting = self._waiting[domain]
+        progress = True
+        while progress and waiting:
+            progress = False
+            for key, (src, stamp, message) in list(waiting.items()):
+                verdict = clock.receive(src, stamp)
+                if verdict is Verdict.WAIT:
+                    continue
+                del waiting[key]
+                if verdict is Verdict.DELIVER:
+                    self._arrived(message)
+                    progress = True
+
+    def _arrived(self, message: Message) -> None:
+        """A message is causally deliverable here: to a local agent, or on to the next domain."""
+        if message.target.server == self.me:
+            self.engine.deliver(message)
+        else:
+            hop = self.routes.get(message.target.server)
+            if hop is None:
+                raise ValueError(f"no route from server {self.me} to {message.target}")
+            # A router: re-stamped in the next domain, in this same transaction.
+            self._enqueue(hop, message)
+
+    # -- links ------------------------------------------------------------------------------------
+
+    def resend(self, peer: int) -> None:
+        """The link to ``peer`` is (back) up: send everything it has not acknowledged, in order."""
+        frames = [
+            _data_frame(seq, domain, stamp, message)
+            for domain in self._links_of.get(peer, ())
+            for seq, (stamp, message) in self._qout[peer, domain].items()
+        ]
+        # The queues include what this group staged for the peer: send it once, in order.
+        self._frames[peer] = frames
+        self._schedule_flush()
+
+    def depths(self) -> dict[str, Any]:
+        """Queue depths for status views (engine thread)."""
+        outgoing: dict[int, int] = {}
+        for (peer, _domain), queue in self._qout.items():
+            outgoing[peer] = outgoing.get(peer, 0) + len(queue)
+        return {
+            "outgoing": outgoing,
+            "held_back": sum(len(w) for w in self._waiting.values()),
+        }
+
+
+def _data_frame(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
+    # Ids travel as plain tuples: shorter to pickle than the named tuple's class reference.
+    return DATA + pickle.dumps(
+        (seq, domain, stamp, tuple(message.sender), tuple(message.target), message.body),
+        pickle.HIGHEST_PROTOCOL,
+    )

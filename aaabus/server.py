@@ -1,0 +1,312 @@
+"""An agent server: the store, the engine and the channel of one server, put together.
+
+Usable in-process (tests, simulation) as well as from the ``aaabus-server`` command::
+
+    server = AgentServer(load_config("a3.xml"), 0)
+    server.start()
+    ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import ssl
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+from aaabus.agent import Agent
+from aaabus.channel import Channel
+from aaabus.config import BusConfig, ServiceConfig
+from aaabus.domains import Topology
+from aaabus.engine import Engine
+from aaabus.errors import AaabusError, ConfigError
+from aaabus.ids import AgentId
+from aaabus.network import Network
+from aaabus.notifications import Notification
+from aaabus.secret import load_secret
+from aaabus.store import STORE_KINDS, Store, open_store
+from aaabus.trace import Tracer
+
+log = logging.getLogger("aaabus.server")
+T = TypeVar("T")
+
+
+class ServiceFailed(AaabusError):
+    """A boot-time service raised; the server does not start."""
+
+
+@dataclass(frozen=True)
+class BootContext:
+    """What a boot-time service receives: ``service(ctx, args, first_time)``.
+
+    The service runs on the engine thread inside a transaction whose sender is ``#s.s.0``;
+    everything it sends or deploys is committed when it returns, or dropped if it raises.
+    """
+
+    server_id: int
+    config: BusConfig
+    send: Callable[[AgentId, Notification], None]
+
+
+def _int_prop(cfg: BusConfig, server_id: int, name: str, default: int) -> int:
+    raw = cfg.prop(server_id, name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"property {name}={raw!r} is not an integer", cfg.path) from None
+    if value <= 0:
+        raise ConfigError(f"property {name}={raw!r} must be positive", cfg.path)
+    return value
+
+
+def secret_path(config: BusConfig, server_id: int | None = None) -> Path:
+    """Where the bus secret is: property ``aaabus.secret`` (relative to the config) or bus.key."""
+    name = config.prop(server_id, "aaabus.secret") or "bus.key"
+    return Path(config.path).resolve().parent / name
+
+
+def tls_contexts(
+    config: BusConfig, server_id: int
+) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
+    """TLS contexts from properties ``aaabus.tls.cert``/``key``/``ca`` (paths relative to the
+    config), or ``(None, None)`` when no certificate is configured."""
+    cert = config.prop(server_id, "aaabus.tls.cert")
+    if not cert:
+        return None, None
+    base = Path(config.path).resolve().parent
+    key = config.prop(server_id, "aaabus.tls.key")
+    ca = config.prop(server_id, "aaabus.tls.ca") or cert
+    try:
+        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(base / ca))
+        server_ctx.load_cert_chain(str(base / cert), str(base / key) if key else None)
+        server_ctx.verify_mode = ssl.CERT_REQUIRED
+        client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(base / ca))
+        client_ctx.load_cert_chain(str(base / cert), str(base / key) if key else None)
+        client_ctx.check_hostname = False  # membership is proven by the bus secret
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(
+            f"TLS set-up failed ({exc}); check properties aaabus.tls.cert/key/ca", config.path
+        ) from None
+    return server_ctx, client_ctx
+
+
+def resolve_service(cfg: BusConfig, service: ServiceConfig) -> Callable[..., Any]:
+    """Import a service's ``module:attr``; a one-line ConfigError if that fails."""
+    module_name, _, attr = service.cls.partition(":")
+    where = cfg.where(service.line)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(
+            f"service class {service.cls} cannot be imported ({type(exc).__name__}: {exc}); "
+            "check the module path and PYTHONPATH",
+            where,
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ConfigError(
+                f"service class {service.cls}: module {module_name} has no attribute {attr}", where
+            )
+    if not callable(target):
+        raise ConfigError(f"service class {service.cls} is not callable", where)
+    return target
+
+
+class AgentServer:
+    """One agent server of the bus described by ``config``."""
+
+    def __init__(
+        self,
+        config: BusConfig,
+        server_id: int,
+        *,
+        storage: str | os.PathLike[str] | None = None,
+        store_kind: str | None = None,
+    ) -> None:
+        self.config = config
+        self.server_id = server_id
+        self.spec = config.server(server_id)
+        kind = store_kind or config.prop(server_id, "aaabus.store", "file") or "file"
+        if kind not in STORE_KINDS:
+            raise ConfigError(
+                f"property aaabus.store={kind!r}: expected one of {', '.join(STORE_KINDS)}",
+                config.path,
+            )
+        self.store_kind = kind
+        self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
+        self.max_batch = _int_prop(config, server_id, "aaabus.engine.max_batch", 64)
+        self.max_group_ms = _int_prop(config, server_id, "aaabus.engine.max_group_ms", 5)
+        self.max_frame = _int_prop(config, server_id, "aaabus.max_frame", 16 << 20)
+        allow_cycles = config.prop(server_id, "aaabus.test.allow_cycles", "false") == "true"
+        # Validated at every boot: a cyclic domain graph would silently break causal order.
+        self.topology = Topology.from_config(config, allow_cycles=allow_cycles)
+        self.secret_path = secret_path(config, server_id)
+        self.secret = load_secret(self.secret_path)
+        trace_dir = config.prop(server_id, "aaabus.trace")
+        self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
+        # Import every service before touching the store: a typo must not leave half a boot.
+        self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
+        self.store: Store | None = None
+        self.engine: Engine | None = None
+        self.channel: Channel | None = None
+        self.network: Network | None = None
+        self.tracer: Tracer | None = None
+        self.stopped = threading.Event()
+
+    def start(self) -> None:
+        """Open the store, run the boot services, start the engine. Raises AaabusError."""
+        self.store = open_store(self.store_kind, self.storage, self.server_id)
+        try:
+            self.engine = Engine(
+                self.store,
+                self.server_id,
+                max_batch=self.max_batch,
+                max_group_s=self.max_group_ms / 1000.0,
+                on_exit=self.stopped.set,
+            )
+            if self.trace_dir is not None:
+                self.tracer = self.engine.tracer = Tracer(self.trace_dir, self.server_id)
+            self._boot()
+            self.engine.start()
+            if self.channel is not None and self.topology.neighbours(self.server_id):
+                self.network = self._make_network(self.engine, self.channel)
+                self.channel.transport = self.network
+                self.network.start()
+        except BaseException:
+            if self.engine is not None and self.engine.alive:
+                self.engine.stop()
+            self.store.close()
+            self.store = None
+            raise
+        log.info("server %s started (%s)", self.server_id, self.store.description)
+
+    def _boot(self) -> None:
+        assert self.engine is not None and self.store is not None
+        record = self.store.record
+        engine = self.engine
+        ctx = BootContext(
+            self.server_id,
+            self.config,
+            lambda to, note: engine._context.send(to, note),
+        )
+
+        def boot() -> None:
+            # The channel's clocks and queues are created in the boot transaction, before any
+            # service can send through them.
+            self.channel = engine.channel = Channel(
+                engine, self.config, self.topology, tracer=self.tracer, max_frame=self.max_frame
+            )
+            if self.tracer is not None:
+                clocks = list(self.channel.clocks.values())
+                self.tracer.watch_clocks(lambda: sum(c.dirty_bytes() for c in clocks))
+            record.boots += 1
+            for spec, service in self._services:
+                first_time = spec.cls not in record.services_started
+                record.services_started[spec.cls] = True
+                service(ctx, spec.args, first_time)
+
+        try:
+            engine.run_in_transaction(boot)
+        except AaabusError:
+            raise
+        except Exception as exc:
+            raise ServiceFailed(
+                f"a boot service of server {self.server_id} failed "
+                f"({type(exc).__name__}: {exc}); the server did not start"
+            ) from None
+
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``fn`` on the engine thread as ``#s.s.0`` (any calling thread); wait for its commit.
+
+        Inside ``fn``, agent operations work as in a boot service: ``agent.deploy()``,
+        :meth:`BootContext.send`. Raises what ``fn`` raised (its changes rolled back).
+        """
+        return self._require_engine().call(fn).result(timeout)
+
+    def deploy(self, agent: Agent, server: int | None = None, timeout: float = 30.0) -> AgentId:
+        """Deploy ``agent`` from outside the bus; returns its id once the request is durable."""
+        return self.call(lambda: agent.deploy(server), timeout)
+
+    def send(self, to: AgentId, note: Notification, timeout: float = 30.0) -> None:
+        """Send ``note`` to ``to`` from ``#s.s.0``; returns once it is durable here."""
+        engine = self._require_engine()
+        self.call(lambda: engine._context.send(to, note), timeout)
+
+    def add_listener(self, listener: Callable[[AgentId, Notification], None]) -> None:
+        """Receive, after commit, the notifications agents send to ``#s.s.<this server>``.
+
+        Called on the engine thread: hand the data over, do not block.
+        """
+        self._require_engine().add_listener(listener)
+
+    def _make_network(self, engine: Engine, channel: Channel) -> Network:
+        me = self.spec
+        peers: dict[int, tuple[str, int]] = {}
+        for peer in self.topology.neighbours(self.server_id):
+            other = self.config.servers[peer]
+            shared = next(d for d in other.domains if d in me.domains)
+            peers[peer] = (other.hostname, other.port_in(shared))
+            # Where to dial a peer, if not where it listens (a NAT, a tunnel, a test proxy).
+            override = self.config.prop(self.server_id, f"aaabus.dial.{peer}")
+            if override:
+                host, _, port = override.rpartition(":")
+                if not host or not port.isdigit():
+                    raise ConfigError(
+                        f"property aaabus.dial.{peer}={override!r} is not host:port",
+                        self.config.path,
+                    )
+                peers[peer] = (host, int(port))
+
+        def on_up(peer: int) -> None:
+            engine.submit(lambda _engine: channel.resend(peer))
+
+        ssl_server, ssl_client = tls_contexts(self.config, self.server_id)
+        return Network(
+            my_id=self.server_id,
+            listen=[(me.hostname, net.port) for net in me.networks],
+            peers=peers,
+            secret=self.secret,
+            on_frame=channel.on_frame,
+            on_up=on_up,
+            max_frame=self.max_frame,
+            ssl_server=ssl_server,
+            ssl_client=ssl_client,
+            log=logging.getLogger(f"aaabus.network.s{self.server_id}"),
+            name=f"net-{self.server_id}",
+        )
+
+    def _require_engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError(f"server {self.server_id} is not started")
+        return self.engine
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.engine.failure if self.engine is not None else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking frames, finish the group in flight, stop the engine, close the store."""
+        try:
+            if self.network is not None:
+                self.network.stop(timeout)
+                self.network = None
+            if self.engine is not None:
+                self.engine.stop(timeout)
+        finally:
+            if self.store is not None:
+                self.store.close()
+                self.store = None
+            if self.tracer is not None:
+                self.tracer.close()
+            self.stopped.set()
+            log.info("server %s stopped", self.server_id)

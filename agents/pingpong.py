@@ -1,0 +1,153 @@
+"""Ping-pong agents: the report's measurement protocol.
+
+A :class:`PingDriver` on server 0 sends a :class:`Ball` to responders and measures, round after
+round, the time until every responder's ball has come back (local: one responder on the driver's
+server; remote: one on the highest-numbered server; broadcast: one on every server). Each
+:class:`Pong` sends the ball straight back.
+
+The driver's timings are kept in volatile attributes (``_v_*``, never persisted): writing a
+growing list at every commit would make the measurement measure itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aaabus import Agent, AgentCreateReply, AgentId, BootContext, Notification, PersistentList
+
+
+@dataclass
+class Ball(Notification):
+    round: int
+    payload: bytes = b""
+
+
+class Pong(Agent):
+    """Sends every ball straight back to its sender."""
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Ball):
+            self.send_to(sender, note)
+        else:
+            super().react(sender, note)
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Nearest-rank percentile of an already sorted list."""
+    if not sorted_values:
+        return float("nan")
+    rank = max(0, min(len(sorted_values) - 1, round(q / 100.0 * len(sorted_values) + 0.5) - 1))
+    return sorted_values[rank]
+
+
+def summarise(rtts_ns: list[int]) -> dict[str, float]:
+    ms = sorted(v / 1e6 for v in rtts_ns)
+    return {
+        "p50": percentile(ms, 50),
+        "p90": percentile(ms, 90),
+        "p99": percentile(ms, 99),
+        "mean": statistics.fmean(ms) if ms else float("nan"),
+        "min": ms[0] if ms else float("nan"),
+        "max": ms[-1] if ms else float("nan"),
+    }
+
+
+class PingDriver(Agent):
+    """Runs ``rounds`` measured rounds (after ``warmup`` unmeasured ones) and writes the result.
+
+    The result is written as JSON to ``out`` (atomically, by rename) when the last round is in.
+    """
+
+    def __init__(
+        self,
+        *,
+        test: str,
+        rounds: int,
+        responders: list[int],
+        out: str,
+        payload: int = 0,
+        warmup: int = 50,
+    ) -> None:
+        super().__init__(name=f"ping-{test}")
+        self.test = test
+        self.rounds = rounds
+        self.warmup = warmup
+        self.payload = payload
+        self.out = out
+        self.servers = list(responders)
+        self.pongs: PersistentList = PersistentList()
+        self.round = -1
+        self.pending = 0
+        self.finished = False
+
+    def on_init(self, first_time: bool) -> None:
+        if first_time:
+            for server in self.servers:
+                Pong(name="pong").deploy(server, reply=True)
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, AgentCreateReply):
+            if not note.ok:
+                raise RuntimeError(f"responder creation failed: {note.error}")
+            self.pongs.append(note.agent_id)
+            if len(self.pongs) == len(self.servers):
+                self._v_rtts: list[int] = []
+                self._v_wall0 = time.perf_counter_ns()
+                self._next_round()
+        elif isinstance(note, Ball):
+            if note.round != self.round:
+                raise RuntimeError(f"ball of round {note.round} during round {self.round}")
+            self.pending -= 1
+            if self.pending == 0:
+                now = time.perf_counter_ns()
+                rtts = getattr(self, "_v_rtts", None)
+                if rtts is None:  # the server restarted mid-run: timings are meaningless now
+                    rtts = self._v_rtts = []
+                    self._v_wall0 = now
+                if self.round >= self.warmup:
+                    rtts.append(now - self._v_t0)
+                if self.round + 1 < self.warmup + self.rounds:
+                    self._next_round()
+                else:
+                    self.finished = True
+                    self._write_result(rtts, now)
+        else:
+            super().react(sender, note)
+
+    def _next_round(self) -> None:
+        self.round += 1
+        self.pending = len(self.pongs)
+        if self.round == self.warmup:
+            self._v_wall0 = time.perf_counter_ns()
+        ball = Ball(self.round, b"x" * self.payload)
+        self._v_t0 = time.perf_counter_ns()
+        for pong in self.pongs:
+            self.send_to(pong, ball)
+
+    def _write_result(self, rtts: list[int], now: int) -> None:
+        wall_ms = (now - self._v_wall0) / 1e6
+        result: dict[str, Any] = {
+            "test": self.test,
+            "rounds": len(rtts),
+            "payload": self.payload,
+            "responders": len(self.pongs),
+            "rtt_ms": summarise(rtts),
+            "wall_ms_per_round": wall_ms / max(1, len(rtts)),
+            "rtts_ns": rtts,
+        }
+        path = Path(self.out)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result))
+        os.replace(tmp, path)
+
+
+def bench_service(ctx: BootContext, args: str, first_time: bool) -> None:
+    """Boot service deploying a :class:`PingDriver` configured by ``args`` (JSON), once."""
+    if first_time:
+        PingDriver(**json.loads(args)).deploy()

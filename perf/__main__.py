@@ -1,0 +1,113 @@
+"""``python -m perf <suite>``: the benchmarks of aaabus. Each prints one JSON object last."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from aaabus.errors import AaabusError
+
+
+def _cmd_pingpong(args: argparse.Namespace) -> int:
+    from perf.pingpong import run
+
+    result = run(
+        args.config,
+        args.test,
+        args.rounds,
+        payload=args.payload,
+        warmup=args.warmup,
+        workdir=args.workdir,
+        properties=_properties(args.property),
+    )
+    rtts = result.pop("rtts_ns")
+    if not args.json:
+        r = result["rtt_ms"]
+        print(
+            f"{args.test} ping-pong over {result['servers']} server(s), {len(rtts)} rounds: "
+            f"p50 {r['p50']:.3f} ms, p90 {r['p90']:.3f} ms, p99 {r['p99']:.3f} ms, "
+            f"mean {r['mean']:.3f} ms; wall {result['wall_ms_per_round']:.3f} ms/round"
+        )
+    print(json.dumps(result))
+    return 0
+
+
+def _cmd_stream(args: argparse.Namespace) -> int:
+    from perf.stream import run
+
+    result = run(
+        args.config,
+        args.count,
+        to=args.to,
+        burst=args.burst,
+        payload=args.payload,
+        workdir=args.workdir,
+        properties=_properties(args.property),
+    )
+    if not args.json:
+        print(
+            f"stream of {result['count']} notifications s0 -> s{result['to']}: "
+            f"{result['msgs_per_s']:.0f} msgs/s ({result['seconds']:.2f} s), "
+            f"{result['out_of_order']} out of order"
+        )
+    print(json.dumps(result))
+    return 0
+
+
+def _properties(pairs: list[str] | None) -> dict[str, str]:
+    props: dict[str, str] = {}
+    for pair in pairs or []:
+        name, sep, value = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"perf: error: --property takes NAME=VALUE, got {pair!r}")
+        props[name] = value
+    return props
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from perf.demo import run_demo
+
+    return run_demo()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
+    sub = parser.add_subparsers(dest="suite", required=True)
+    pp = sub.add_parser("pingpong", help="round-trip latency: local, remote or broadcast")
+    pp.add_argument("--config", required=True, help="bus description (a3.xml); driver on server 0")
+    pp.add_argument("--test", choices=["local", "remote", "broadcast"], default="local")
+    pp.add_argument("--rounds", type=int, default=1000)
+    pp.add_argument("--warmup", type=int, default=50)
+    pp.add_argument("--payload", type=int, default=0, help="payload bytes per notification")
+    pp.add_argument("--workdir", help="keep stores and config here (default: a temporary dir)")
+    pp.add_argument("--json", action="store_true", help="print only the JSON line")
+    pp.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    pp.set_defaults(func=_cmd_pingpong)
+    st = sub.add_parser("stream", help="one-way persistent throughput, end to end")
+    st.add_argument("--config", required=True, help="bus description; producer on server 0")
+    st.add_argument("--count", type=int, default=50000)
+    st.add_argument("--to", type=int, help="consumer's server (default: the highest id)")
+    st.add_argument("--burst", type=int, default=200, help="notifications sent per reaction")
+    st.add_argument("--payload", type=int, default=0)
+    st.add_argument("--workdir")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    st.set_defaults(func=_cmd_stream)
+    demo = sub.add_parser("demo", help="what `make demo` runs")
+    demo.set_defaults(func=_cmd_demo)
+    args = parser.parse_args(argv)
+    try:
+        code: int = args.func(args)
+        return code
+    except AaabusError as exc:
+        print(f"perf {args.suite}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"perf {args.suite}: interrupted; every server started was stopped", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

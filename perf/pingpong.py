@@ -1,0 +1,62 @@
+"""``python -m perf pingpong``: the report's round-trip measurement on real server processes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from aaabus.launch import Bus
+from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
+
+TESTS = ("local", "remote", "broadcast")
+
+
+def responders_for(test: str, server_ids: list[int]) -> list[int]:
+    """Where the responders live: the report's three tests."""
+    if test == "local":
+        return [0]
+    if test == "remote":
+        return [max(server_ids)]
+    if test == "broadcast":
+        return sorted(server_ids)
+    raise ValueError(f"unknown test {test!r}; expected one of {', '.join(TESTS)}")
+
+
+def run(
+    config: str | Path,
+    test: str,
+    rounds: int,
+    *,
+    payload: int = 0,
+    warmup: int = 50,
+    workdir: str | None = None,
+    timeout: float = 600.0,
+    properties: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Launch every server of ``config``, run one ping-pong test, stop everything."""
+    cfg = config_of(config)
+    ids = sorted(cfg.servers)
+    if 0 not in cfg.servers:
+        raise ValueError(f"{config}: the driver runs on server 0, which this config lacks")
+    with scratch(workdir) as work:
+        out = work / "result.json"
+        args = {
+            "test": test,
+            "rounds": rounds,
+            "warmup": warmup,
+            "payload": payload,
+            "responders": responders_for(test, ids),
+            "out": str(out),
+        }
+        run_config = with_services(
+            config,
+            work / "a3.xml",
+            {0: [("agents.pingpong:bench_service", json.dumps(args))]},
+            properties,
+        )
+        with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
+            result = wait_for_file(out, bus, timeout)
+    result["servers"] = len(ids)
+    result["config"] = str(config)
+    return result

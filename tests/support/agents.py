@@ -1,0 +1,293 @@
+"""Agents used by the tests. Importable by the server processes the tests start (cwd = repo)."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aaabus import Agent, AgentCreateReply, AgentId, BootContext, Notification
+
+
+@dataclass
+class Inc(Notification):
+    i: int
+
+
+@dataclass
+class Tick(Notification):
+    pass
+
+
+@dataclass
+class Boom(Notification):
+    """Makes a :class:`Faulty` change its state, send to ``peer`` three times, then raise."""
+
+    peer: AgentId
+
+
+@dataclass
+class Poke(Notification):
+    """Asks a :class:`Probe` to send ``note`` to ``to`` (so that replies come back to it)."""
+
+    to: AgentId
+    note: Any
+
+
+@dataclass
+class DeployThis(Notification):
+    """Asks a :class:`Probe` to deploy ``agent`` on ``server`` with a creation reply."""
+
+    agent: Any
+    server: int
+
+
+@dataclass
+class Marker(Notification):
+    label: str = ""
+
+
+@dataclass
+class Weird(Notification):
+    pass
+
+
+@dataclass
+class Seen(Notification):
+    """What a :class:`Probe` or :class:`Recorder` reports to the server (the test's listener)."""
+
+    by: AgentId
+    sender: AgentId
+    note: Any = field(default=None)
+
+
+class Probe(Agent):
+    """The test's hand inside the bus: sends on request, reports everything it receives."""
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Poke):
+            self.send_to(note.to, note.note)
+        elif isinstance(note, DeployThis):
+            note.agent.deploy(note.server, reply=True)
+        else:
+            self.send_to(AgentId.server_of(self.id.server), Seen(self.id, sender, note))
+
+
+class Recorder(Probe):
+    """Reports everything it receives (same as Probe; a separate name reads better in tests)."""
+
+
+class Silent(Agent):
+    """Handles nothing: the default react answers every user notification with an error."""
+
+
+class Faulty(Agent):
+    def __init__(self) -> None:
+        super().__init__("faulty")
+        self.value = 0
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Boom):
+            self.value = 99
+            for i in range(3):
+                self.send_to(note.peer, Marker(f"leaked-{i}"))
+            raise ValueError("boom")
+        super().react(sender, note)
+
+
+class Counter(Agent):
+    """Counts ``Inc(i)`` notifications, checking that they come in order, once each."""
+
+    def __init__(self, expect: int = 0, done: str = "") -> None:
+        super().__init__("counter")
+        self.count = 0
+        self.errors = 0
+        self.expect = expect
+        self.done = done
+        self.inits = 0
+
+    def on_init(self, first_time: bool) -> None:
+        self.inits += 1
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Inc):
+            if note.i == self.count + 1:
+                self.count += 1
+            else:
+                self.errors += 1
+            if self.done and self.count == self.expect:
+                # A side effect outside the store: written again if this reaction is replayed
+                # after a crash, which is harmless because it is idempotent.
+                path = Path(self.done)
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps({"count": self.count, "errors": self.errors}))
+                os.replace(tmp, path)
+        else:
+            super().react(sender, note)
+
+
+class Feeder(Agent):
+    """Sends ``Inc(1..n)`` to ``target``, one per reaction, ticking itself along."""
+
+    def __init__(self, target: AgentId, n: int) -> None:
+        super().__init__("feeder")
+        self.target = target
+        self.n = n
+        self.sent = 0
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Tick):
+            if self.sent < self.n:
+                self.sent += 1
+                self.send_to(self.target, Inc(self.sent))
+                self.send_to(self.id, Tick())
+        else:
+            super().react(sender, note)
+
+
+def durability_setup(ctx: BootContext, args: str, first_time: bool) -> None:
+    """Boot service: on first boot, deploy a counter and a feeder of ``n`` increments."""
+    if not first_time:
+        return
+    spec = json.loads(args)
+    counter = Counter(expect=spec["n"], done=spec["done"]).deploy()
+    feeder = Feeder(counter, spec["n"]).deploy()
+    ctx.send(feeder, Tick())
+
+
+def failing_service(ctx: BootContext, args: str, first_time: bool) -> None:
+    raise RuntimeError("this service always fails")
+
+
+# -- the report's figure 13: causal order across three servers ------------------------------------
+
+
+@dataclass
+class Label(Notification):
+    label: str
+
+
+def _write_json(path: str, data: Any) -> None:
+    target = Path(path)
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, target)
+
+
+class Witness(Agent):
+    """A3: records the order in which labels arrive; writes it out when ``expect`` are in."""
+
+    def __init__(self, out: str, expect: int = 2) -> None:
+        super().__init__("witness")
+        self.out = out
+        self.expect = expect
+        self.labels: list[str] = []
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Label):
+            self.labels = [*self.labels, note.label]  # reassigned: a plain list is not tracked
+            if len(self.labels) == self.expect:
+                _write_json(self.out, self.labels)
+        else:
+            super().react(sender, note)
+
+
+class Relay(Agent):
+    """A2: on n2, sends n3 to A3."""
+
+    def __init__(self, a3: AgentId) -> None:
+        super().__init__("relay")
+        self.a3 = a3
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Label) and note.label == "n2":
+            self.send_to(self.a3, Label("n3"))
+        else:
+            super().react(sender, note)
+
+
+class Origin(Agent):
+    """A1: creates A3 and A2, and once both exist sends n1 to A3, then n2 to A2."""
+
+    def __init__(self, a2_server: int, a3_server: int, out: str) -> None:
+        super().__init__("origin")
+        self.a2_server = a2_server
+        self.a3_server = a3_server
+        self.out = out
+        self.created = 0
+
+    def on_init(self, first_time: bool) -> None:
+        if first_time:
+            self.a3 = Witness(self.out).deploy(self.a3_server, reply=True)
+            self.a2 = Relay(self.a3).deploy(self.a2_server, reply=True)
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, AgentCreateReply):
+            if not note.ok:
+                raise RuntimeError(note.error)
+            self.created += 1
+            if self.created == 2:
+                self.send_to(self.a3, Label("n1"))
+                self.send_to(self.a2, Label("n2"))
+        else:
+            super().react(sender, note)
+
+
+def fig13_setup(ctx: BootContext, args: str, first_time: bool) -> None:
+    if first_time:
+        spec = json.loads(args)
+        Origin(spec["a2"], spec["a3"], spec["out"]).deploy()
+
+
+# -- ping-pong with an exact bounce counter --------------------------------------------------------
+
+
+@dataclass
+class Bounce(Notification):
+    i: int
+
+
+class Echo(Agent):
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Bounce):
+            self.send_to(sender, note)
+        else:
+            super().react(sender, note)
+
+
+class Bouncer(Agent):
+    """Bounces ``Bounce(i)`` off an :class:`Echo` ``n`` times, checking every number."""
+
+    def __init__(self, echo_server: int, n: int, done: str) -> None:
+        super().__init__("bouncer")
+        self.echo_server = echo_server
+        self.n = n
+        self.done = done
+        self.count = 0
+        self.errors = 0
+
+    def on_init(self, first_time: bool) -> None:
+        if first_time:
+            self.echo = Echo().deploy(self.echo_server)
+            self.send_to(self.echo, Bounce(1))
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Bounce):
+            if note.i == self.count + 1:
+                self.count += 1
+            else:
+                self.errors += 1
+            if self.count < self.n:
+                self.send_to(self.echo, Bounce(self.count + 1))
+            else:
+                _write_json(self.done, {"count": self.count, "errors": self.errors})
+        else:
+            super().react(sender, note)
+
+
+def bounce_setup(ctx: BootContext, args: str, first_time: bool) -> None:
+    if first_time:
+        spec = json.loads(args)
+        Bouncer(spec["echo"], spec["n"], spec["done"]).deploy()

@@ -1,0 +1,370 @@
+"""The sans-I/O wire protocol: framing, handshake and session frames (plus the bus key file)."""
+
+from __future__ import annotations
+
+import hmac
+import itertools
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aaabus import wire
+from aaabus.errors import SecretError
+from aaabus.secret import ensure_secret, load_secret, make_secret
+from aaabus.wire import (
+    AcceptorHandshake,
+    AuthError,
+    ConnectorHandshake,
+    FrameDecoder,
+    FrameTooLarge,
+    SessionCipher,
+    encode_frame,
+)
+
+SECRET = bytes(range(32))
+OTHER_SECRET = bytes(range(1, 33))
+
+
+def one_frame(data: bytes) -> bytes:
+    """The single payload inside framed handshake output."""
+    frames = FrameDecoder(wire.HANDSHAKE_MAX_FRAME).feed(data)
+    assert len(frames) == 1
+    return frames[0]
+
+
+def handshake(
+    connector: ConnectorHandshake, acceptor: AcceptorHandshake
+) -> tuple[bytes, bytes, bytes]:
+    """Run a full exchange; return the (challenge, answer, proof) payloads."""
+    assert connector.start() == b""
+    challenge = one_frame(acceptor.start())
+    answer = one_frame(connector.receive(challenge))
+    proof = one_frame(acceptor.receive(answer))
+    assert connector.receive(proof) == b""
+    return challenge, answer, proof
+
+
+def ciphers() -> tuple[SessionCipher, SessionCipher]:
+    connector = ConnectorHandshake(SECRET, 1, 2)
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    handshake(connector, acceptor)
+    return connector.cipher(), acceptor.cipher()
+
+
+# ------------------------------------------------------------------------------ framing
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=300), max_size=20),
+    cuts=st.lists(st.integers(min_value=0, max_value=10_000), max_size=30),
+    kind=st.sampled_from([bytes, bytearray, memoryview]),
+)
+def test_decoder_reassembles_any_split(
+    payloads: list[bytes], cuts: list[int], kind: type[bytes]
+) -> None:
+    stream = b"".join(encode_frame(p) for p in payloads)
+    points = sorted({c % (len(stream) + 1) for c in cuts} | {0, len(stream)})
+    decoder = FrameDecoder(max_frame=300)
+    out: list[bytes] = []
+    for start, end in itertools.pairwise(points):
+        out.extend(decoder.feed(kind(stream[start:end])))
+    assert out == payloads
+    assert decoder.buffered == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    payloads=st.lists(st.binary(max_size=100), max_size=10),
+    chunk=st.integers(min_value=1, max_value=50),
+)
+def test_push_pop_matches_feed(payloads: list[bytes], chunk: int) -> None:
+    stream = b"".join(encode_frame(p) for p in payloads)
+    decoder = FrameDecoder(max_frame=100)
+    out: list[bytes] = []
+    for start in range(0, len(stream), chunk):
+        decoder.push(stream[start : start + chunk])
+        while (frame := decoder.pop()) is not None:
+            out.append(frame)
+    assert out == payloads
+
+
+def test_oversize_detected_from_the_prefix_alone() -> None:
+    decoder = FrameDecoder(max_frame=1000)
+    assert decoder.feed(encode_frame(b"a" * 1000)) == [b"a" * 1000]  # the limit itself is fine
+    assert decoder.feed(b"\x00\x00") == []  # half a prefix: nothing to judge yet
+    with pytest.raises(FrameTooLarge, match="1001 bytes exceeds the limit of 1000"):
+        decoder.feed(b"\x03\xe9")  # completes the prefix 1001; no body byte sent
+    with pytest.raises(FrameTooLarge):  # the stream has lost its framing for good
+        decoder.feed(encode_frame(b"ok"))
+
+
+def test_oversize_detected_by_push_and_pop() -> None:
+    decoder = FrameDecoder(max_frame=10)
+    with pytest.raises(FrameTooLarge):
+        decoder.push(b"\xff\xff\xff\xff")
+    decoder = FrameDecoder(max_frame=10)
+    decoder.push(encode_frame(b"hello") + b"\x00\x00\x01\x00")
+    assert decoder.pop() == b"hello"
+    with pytest.raises(FrameTooLarge):
+        decoder.pop()
+
+
+def test_limit_change_applies_to_the_next_frame() -> None:
+    # What the network layer does: small limit during the handshake, larger afterwards, with the
+    # last handshake message and a big frame arriving in the same read.
+    decoder = FrameDecoder(max_frame=wire.HANDSHAKE_MAX_FRAME)
+    decoder.push(encode_frame(b"proof") + encode_frame(b"x" * 5000))
+    assert decoder.pop() == b"proof"
+    decoder.max_frame = 10_000
+    assert decoder.feed(b"") == [b"x" * 5000]
+
+
+# ------------------------------------------------------------------------------ handshake
+
+
+def test_handshake_success_and_session_key() -> None:
+    connector = ConnectorHandshake(SECRET, 3, 9)
+    acceptor = AcceptorHandshake(SECRET, 9, {1, 3})
+    challenge, answer, proof = handshake(connector, acceptor)
+    assert (len(challenge), len(answer), len(proof)) == (42, 78, 38)
+    assert challenge[:5] == answer[:5] == proof[:5] == wire.MAGIC + bytes([wire.VERSION])
+    assert connector.done and acceptor.done
+    assert connector.peer_id == 9 and acceptor.peer_id == 3
+    assert connector.session_key == acceptor.session_key
+    assert connector.session_key is not None and len(connector.session_key) == 32
+
+
+def test_fresh_nonces_give_fresh_session_keys() -> None:
+    keys = set()
+    for _ in range(3):
+        connector = ConnectorHandshake(SECRET, 1, 2)
+        handshake(connector, AcceptorHandshake(SECRET, 2, None))
+        keys.add(connector.session_key)
+    assert len(keys) == 3
+
+
+def test_acceptor_refuses_wrong_secret() -> None:
+    connector = ConnectorHandshake(OTHER_SECRET, 1, 2)
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    answer = one_frame(connector.receive(one_frame(acceptor.start())))
+    with pytest.raises(AuthError, match="bad MAC"):
+        acceptor.receive(answer)
+    assert not acceptor.done
+    with pytest.raises(AuthError):  # a failed handshake stays failed
+        acceptor.receive(answer)
+
+
+def test_connector_refuses_acceptor_with_wrong_secret() -> None:
+    # An impostor acceptor that lacks the secret can only guess the proof; forge it the way it
+    # would have to, with its own key, over the right nonces.
+    connector = ConnectorHandshake(SECRET, 1, 2)
+    impostor = AcceptorHandshake(OTHER_SECRET, 2, {1})
+    challenge = one_frame(impostor.start())
+    answer = one_frame(connector.receive(challenge))
+    nonce_a, nonce_c = challenge[10:42], answer[14:46]
+    forged = wire._mac(OTHER_SECRET, wire._LABEL_ACCEPTOR, nonce_c, nonce_a, answer[6:14])
+    proof = wire._PROOF.pack(wire.MAGIC, wire.VERSION, wire._T_PROOF, forged)
+    with pytest.raises(AuthError, match="failed to prove"):
+        connector.receive(proof)
+    assert not connector.done and connector.session_key is None
+
+
+def test_connector_refuses_reflected_answer_as_proof() -> None:
+    connector = ConnectorHandshake(SECRET, 1, 2)
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    answer = one_frame(connector.receive(one_frame(acceptor.start())))
+    reflected = wire._PROOF.pack(wire.MAGIC, wire.VERSION, wire._T_PROOF, answer[46:78])
+    with pytest.raises(AuthError, match="failed to prove"):
+        connector.receive(reflected)
+
+
+def test_replayed_answer_is_refused() -> None:
+    # Record a complete, successful handshake ...
+    recorded_connector = ConnectorHandshake(SECRET, 1, 2)
+    _, answer, proof = handshake(recorded_connector, AcceptorHandshake(SECRET, 2, {1}))
+    # ... and replay the connector's answer against a fresh challenge.
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    acceptor.start()
+    with pytest.raises(AuthError, match="bad MAC"):
+        acceptor.receive(answer)
+    # Likewise the recorded proof against a connector with a fresh nonce.
+    connector = ConnectorHandshake(SECRET, 1, 2)
+    connector.receive(one_frame(AcceptorHandshake(SECRET, 2, {1}).start()))
+    with pytest.raises(AuthError, match="failed to prove"):
+        connector.receive(proof)
+
+
+def test_unknown_id_refused() -> None:
+    acceptor = AcceptorHandshake(SECRET, 5, {1, 2})
+    connector = ConnectorHandshake(SECRET, 3, 5)
+    answer = one_frame(connector.receive(one_frame(acceptor.start())))
+    with pytest.raises(AuthError, match="unknown server id 3"):
+        acceptor.receive(answer)
+
+
+def test_own_id_refused_even_when_any_id_allowed() -> None:
+    acceptor = AcceptorHandshake(SECRET, 5, None)
+    connector = ConnectorHandshake(SECRET, 5, 5)
+    answer = one_frame(connector.receive(one_frame(acceptor.start())))
+    with pytest.raises(AuthError, match="unknown server id 5"):
+        acceptor.receive(answer)
+
+
+def test_wrong_server_answering_is_refused() -> None:
+    connector = ConnectorHandshake(SECRET, 1, 2)
+    with pytest.raises(AuthError, match="expected server 2, server 4 answered"):
+        connector.receive(one_frame(AcceptorHandshake(SECRET, 4, None).start()))
+
+
+def test_answer_for_another_acceptor_is_refused() -> None:
+    # An answer computed for server 4's challenge, relayed to server 2 with 2's nonce patched in,
+    # still names server 4 inside the MAC.
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    challenge = bytearray(one_frame(acceptor.start()))
+    challenge[6:10] = (4).to_bytes(4, "big")
+    answer = one_frame(ConnectorHandshake(SECRET, 1, 4).receive(bytes(challenge)))
+    with pytest.raises(AuthError, match="wanted server 4"):
+        acceptor.receive(answer)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "reason"),
+    [
+        (lambda m: b"XXXX" + m[4:], "bad magic"),
+        (lambda m: m[:4] + b"\x02" + m[5:], "version 2"),
+        (lambda m: m[:5] + b"\x03" + m[6:], "expected an answer"),
+        (lambda m: m[:-1], "77 bytes, expected 78"),
+        (lambda m: m + b"\x00", "79 bytes"),
+        (lambda m: m[:3], "too short"),
+    ],
+)
+def test_malformed_answer_refused(mutate: object, reason: str) -> None:
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    answer = one_frame(ConnectorHandshake(SECRET, 1, 2).receive(one_frame(acceptor.start())))
+    with pytest.raises(AuthError, match=reason):
+        acceptor.receive(mutate(answer))  # type: ignore[operator]
+
+
+@settings(max_examples=300, deadline=None)
+@given(garbage=st.binary(max_size=100))
+def test_garbage_only_ever_raises_auth_error(garbage: bytes) -> None:
+    acceptor = AcceptorHandshake(SECRET, 2, None)
+    acceptor.start()
+    with pytest.raises(AuthError):
+        acceptor.receive(garbage)
+    with pytest.raises(AuthError):
+        ConnectorHandshake(SECRET, 1, 2).receive(garbage)
+
+
+def test_hmac_helper_is_standard_hmac() -> None:
+    for key in (b"k", b"k" * 64, b"k" * 100):
+        for data in (b"", b"abc", bytes(1000)):
+            assert wire._Hmac(key).digest(data) == hmac.digest(key, data, "sha256")
+            assert wire._Hmac(key).digest(data, b"xy") == hmac.digest(key, data + b"xy", "sha256")
+
+
+# ------------------------------------------------------------------------------ session frames
+
+
+def test_session_frames_both_ways() -> None:
+    connector, acceptor = ciphers()
+    for i in range(5):
+        payload = bytes([i]) * (i * 50)
+        assert acceptor.unwrap(connector.wrap(payload)) == payload
+        assert connector.unwrap(acceptor.wrap(payload)) == payload
+    framed = connector.wrap_frame(b"hello")
+    assert FrameDecoder(100).feed(framed) == [framed[4:]]
+    assert acceptor.unwrap(framed[4:]) == b"hello"
+    assert len(framed) == 4 + len(b"hello") + SessionCipher.OVERHEAD
+
+
+@pytest.mark.parametrize("position", [0, 7, 8, 12, -16, -1])
+def test_tampered_frame_refused(position: int) -> None:
+    connector, acceptor = ciphers()
+    frame = bytearray(connector.wrap(b"some payload"))
+    frame[position] ^= 0x01
+    with pytest.raises(AuthError):
+        acceptor.unwrap(bytes(frame))
+
+
+def test_replayed_frame_refused() -> None:
+    connector, acceptor = ciphers()
+    frame = connector.wrap(b"pay me once")
+    assert acceptor.unwrap(frame) == b"pay me once"
+    with pytest.raises(AuthError, match="got 0, expected 1"):
+        acceptor.unwrap(frame)
+
+
+def test_reordered_and_dropped_frames_refused() -> None:
+    connector, acceptor = ciphers()
+    first, second = connector.wrap(b"1"), connector.wrap(b"2")
+    with pytest.raises(AuthError, match="got 1, expected 0"):
+        acceptor.unwrap(second)
+    assert first  # never delivered: the session is unusable after a gap
+
+
+def test_reflected_and_foreign_frames_refused() -> None:
+    connector, _ = ciphers()
+    with pytest.raises(AuthError, match="bad MAC"):
+        connector.unwrap(connector.wrap(b"echo"))  # our own frame sent back to us
+    _, other_acceptor = ciphers()
+    with pytest.raises(AuthError, match="bad MAC"):
+        other_acceptor.unwrap(connector.wrap(b"from another session"))
+
+
+def test_short_frame_refused() -> None:
+    _, acceptor = ciphers()
+    with pytest.raises(AuthError, match="shorter"):
+        acceptor.unwrap(b"\x00" * 23)
+
+
+def test_cipher_needs_a_finished_handshake() -> None:
+    with pytest.raises(RuntimeError):
+        ConnectorHandshake(SECRET, 1, 2).cipher()
+
+
+# ------------------------------------------------------------------------------ bus key file
+
+
+def test_make_and_load_secret(tmp_path: Path) -> None:
+    text = make_secret()
+    assert text.startswith("aaabus-secret-v1 ") and text.endswith("\n")
+    path = tmp_path / "bus.key"
+    path.write_text("# the bus key\n" + text)
+    key = load_secret(path)
+    assert len(key) == 32 and key.hex() in text
+    assert make_secret() != text
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (None, "not found"),
+        ("", "not a bus key"),
+        ("-----BEGIN PRIVATE KEY-----\n", "not a bus key"),
+        ("aaabus-secret-v1 abcd\n", "4 hex digits, expected 64"),
+        ("aaabus-secret-v1 " + "zz" * 32 + "\n", "not hexadecimal"),
+    ],
+)
+def test_bad_secret_file(tmp_path: Path, content: str | None, reason: str) -> None:
+    path = tmp_path / "bus.key"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SecretError, match=reason) as info:
+        load_secret(path)
+    message = str(info.value)
+    assert "\n" not in message and str(path) in message
+    assert "run `aaabus secret > bus.key` beside the config" in message
+
+
+def test_ensure_secret_creates_once_with_private_mode(tmp_path: Path) -> None:
+    path = tmp_path / "bus.key"
+    key = ensure_secret(path)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert ensure_secret(path) == key == load_secret(path)
+    assert [p.name for p in tmp_path.iterdir()] == ["bus.key"]  # no temporary left behind
