@@ -194,6 +194,7 @@ class DomainClock(persistent.Persistent):
     _v_fast: _Fast
     _v_touched: dict[int, persistent.Persistent]
     _v_last_stamp_size: int
+    _v_decoded: tuple[bytes, int, Any]
 
     def __init__(self, size: int, me: int, *, stamps: str = "delta", order: str = "causal") -> None:
         if not 1 <= size <= MAX_SIZE:
@@ -423,7 +424,11 @@ class DomainClock(persistent.Persistent):
 
     def check(self, src: int, stamp: bytes) -> Verdict:
         """The verdict on a message from ``src`` carrying ``stamp``; changes nothing."""
-        return self._verdict(src, self._decode(src, stamp))
+        decoded = self._decode(src, stamp)
+        # Remembered (volatile, not clock state) so that the usual check-then-deliver of the
+        # same bytes decodes them once.
+        self._v_decoded = (stamp, src, decoded)
+        return self._verdict(src, decoded)
 
     def deliver(self, src: int, stamp: bytes) -> None:
         """Merge the stamp of a message that :meth:`check` found deliverable.
@@ -431,7 +436,13 @@ class DomainClock(persistent.Persistent):
         Refuses (ClockError, clock untouched) a message that is not deliverable now: merging a
         waiting message would let its causal successors overtake its predecessors.
         """
-        decoded = self._decode(src, stamp)
+        try:
+            seen, seen_src, decoded = self._v_decoded
+        except AttributeError:
+            seen = None
+        if seen is not stamp or seen_src != src:
+            decoded = self._decode(src, stamp)
+        # The verdict itself is always recomputed: the clock may have moved since check().
         verdict = self._verdict(src, decoded)
         if verdict is not Verdict.DELIVER:
             raise ClockError(

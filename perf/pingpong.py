@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from aaabus.domains import Topology
 from aaabus.launch import Bus
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
 
@@ -57,6 +58,9 @@ def run(
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
             result = wait_for_file(out, bus, timeout)
+    topology = Topology.from_config(cfg)
+    # Network hops one way to the farthest responder: 1 inside a domain, +1 per router crossed.
+    result["hops"] = max((len(topology.route(0, r)) for r in args["responders"]), default=0)
     result["servers"] = len(ids)
     result["config"] = str(config)
     return result

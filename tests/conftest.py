@@ -14,7 +14,7 @@ from aaabus import AgentServer, Notification
 from aaabus.config import BusConfig, load_config
 from aaabus.ids import AgentId
 from aaabus.secret import ensure_secret
-from aaabus.topology import generate
+from aaabus.topology import generate, render
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -67,11 +67,16 @@ def make_config(tmp_path: Path) -> Callable[..., Path]:
         extra: dict[int, str] | None = None,
         properties: dict[str, str] | None = None,
         domain_attrs: str = "",
+        layout: list[list[int]] | None = None,
     ) -> Path:
         base = contiguous_free_base(servers * 3)
-        text = generate(
-            kind, servers, domain_size=domain_size, base_port=base, properties=properties
-        )
+        if layout is not None:
+            servers = 1 + max(max(members) for members in layout)
+            text = render(layout, servers, base_port=base, properties=properties)
+        else:
+            text = generate(
+                kind, servers, domain_size=domain_size, base_port=base, properties=properties
+            )
         for sid, xml in (extra or {}).items():
             start = text.index(f'<server id="{sid}"')
             end = text.index("</server>", start)

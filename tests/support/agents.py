@@ -8,7 +8,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aaabus import Agent, AgentCreateReply, AgentId, BootContext, Notification
+from aaabus import (
+    Agent,
+    AgentCreateReply,
+    AgentId,
+    BootContext,
+    Notification,
+    PersistentList,
+)
 
 
 @dataclass
@@ -291,3 +298,76 @@ def bounce_setup(ctx: BootContext, args: str, first_time: bool) -> None:
     if first_time:
         spec = json.loads(args)
         Bouncer(spec["echo"], spec["n"], spec["done"]).deploy()
+
+
+# -- gossip with vector clocks, for the independent causality checker ------------------------------
+
+
+@dataclass
+class Gossip(Notification):
+    mid: str
+    vc: dict[str, int]
+    ttl: int
+
+
+@dataclass
+class Peers(Notification):
+    peers: list[tuple[str, AgentId]]
+
+
+@dataclass
+class Kick(Notification):
+    count: int
+    ttl: int
+
+
+class Gossiper(Agent):
+    """Sends and forwards gossip, recording its own history for the checker.
+
+    Keeps a vector clock over agent names (the checker's causal context): +1 on each send and each
+    delivery, merged with the message's on delivery. Every send (mid, destination, clock) and
+    every delivery (mid) is appended to the agent's own stored history, in the same transaction
+    as the reaction, so the history is exactly what the bus committed. Forwarding targets come
+    from a counter-seeded generator, so a run is reproducible.
+    """
+
+    def __init__(self, label: str, seed: int) -> None:
+        super().__init__(label)
+        self.label = label
+        self.seed = seed
+        self.vc: dict[str, int] = {}
+        self.peers: list[tuple[str, AgentId]] = []
+        self.sent: PersistentList = PersistentList()
+        self.delivered: PersistentList = PersistentList()
+        self.n = 0
+
+    def _send(self, ttl: int) -> None:
+        import random
+
+        rng = random.Random(f"{self.seed}:{self.n}")
+        name, dest = self.peers[rng.randrange(len(self.peers))]
+        vc = dict(self.vc)
+        vc[self.label] = vc.get(self.label, 0) + 1
+        self.vc = vc
+        mid = f"{self.label}#{self.n}"
+        self.n += 1
+        self.sent.append((mid, name, dict(vc)))
+        self.send_to(dest, Gossip(mid, dict(vc), ttl))
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Peers):
+            self.peers = [p for p in note.peers if p[0] != self.label]
+        elif isinstance(note, Kick):
+            for _ in range(note.count):
+                self._send(note.ttl)
+        elif isinstance(note, Gossip):
+            self.delivered.append(note.mid)
+            vc = {k: max(v, note.vc.get(k, 0)) for k, v in self.vc.items()}
+            for k, v in note.vc.items():
+                vc.setdefault(k, v)
+            vc[self.label] = vc.get(self.label, 0) + 1
+            self.vc = vc
+            if note.ttl > 0:
+                self._send(note.ttl - 1)
+        else:
+            super().react(sender, note)

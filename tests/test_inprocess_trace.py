@@ -1,0 +1,36 @@
+"""Several servers in one process (the simulation mode), with per-hop tracing on."""
+
+from __future__ import annotations
+
+import json
+
+from aaabus.config import load_config
+from aaabus.inprocess import InProcessBus
+from aaabus.trace import TRACE_VERSION, read_hops
+from tests.support.bus import add_to_server, wait_json
+
+
+def test_in_process_bus_with_tracing(tmp_path, make_config) -> None:
+    config = make_config(
+        layout=[[0, 1], [1, 2]],
+        properties={"aaabus.trace": "traces", "aaabus.store": "memory"},
+    )
+    done = tmp_path / "done.json"
+    args = json.dumps({"echo": 2, "n": 200, "done": str(done)})
+    service = f"<service class=\"tests.support.agents:bounce_setup\" args='{args}'/>"
+    add_to_server(config, 0, service)
+    with InProcessBus(load_config(config)):
+        assert wait_json(done, [], 60) == {"count": 200, "errors": 0}
+    hops = list(read_hops(tmp_path / "traces"))
+    sends = [h for h in hops if h["event"] == "send"]
+    receives = [h for h in hops if h["event"] == "receive"]
+    # 200 bounces out and back over two hops each way (s0 - s1 - s2), plus the creation.
+    assert len(sends) >= 4 * 200 and len(receives) >= 4 * 200
+    assert {h["server"] for h in sends} == {0, 1, 2}
+    assert all(h["v"] == TRACE_VERSION for h in hops)
+    assert all(h["stamp_bytes"] > 0 and h["clock_ns"] > 0 for h in sends)
+    assert all(h["commit_ns"] > 0 and h["group_hops"] >= 1 for h in hops)
+    assert any(h["clock_bytes"] > 0 for h in hops)
+    assert {h["verdict"] for h in receives} <= {"deliver", "wait", "duplicate"}
+    # The router s1 receives in one domain and re-stamps in the other.
+    assert {h["domain"] for h in sends if h["server"] == 1} == {"D0", "D1"}
