@@ -40,14 +40,15 @@ def run(
     ids = sorted(cfg.servers)
     if 0 not in cfg.servers:
         raise ValueError(f"{config}: the driver runs on server 0, which this config lacks")
+    responders = responders_for(test, ids)
     with scratch(workdir) as work:
         out = work / "result.json"
-        args = {
+        args: dict[str, Any] = {
             "test": test,
             "rounds": rounds,
             "warmup": warmup,
             "payload": payload,
-            "responders": responders_for(test, ids),
+            "responders": responders,
             "out": str(out),
         }
         run_config = with_services(
@@ -60,7 +61,7 @@ def run(
             result = wait_for_file(out, bus, timeout)
     topology = Topology.from_config(cfg)
     # Network hops one way to the farthest responder: 1 inside a domain, +1 per router crossed.
-    result["hops"] = max((len(topology.route(0, r)) for r in args["responders"]), default=0)
+    result["hops"] = max((len(topology.route(0, r)) for r in responders), default=0)
     result["servers"] = len(ids)
     result["config"] = str(config)
     return result
