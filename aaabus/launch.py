@@ -10,6 +10,7 @@ from __future__ import annotations
 import collections
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -221,6 +222,33 @@ class Bus:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
+    """A port ``base`` such that ``base .. base+count-1`` are all free on ``host`` right now.
+
+    Generated configurations number their ports consecutively, so tools that start a bus on a
+    shared machine need a whole free run, not scattered free ports.
+    """
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((host, 0))
+            base = int(probe.getsockname()[1])
+        if base + count > 65535:
+            continue
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise LaunchError(f"no run of {count} free ports found on {host}")
 
 
 def local_server_ids(config_servers: Sequence[tuple[int, str]]) -> list[int]:

@@ -73,8 +73,11 @@ class PingDriver(Agent):
         out: str,
         payload: int = 0,
         warmup: int = 50,
+        then: list[dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(name=f"ping-{test}")
+        #: Tests to run after this one, each by a new driver (a sweep point runs several).
+        self.then = list(then or [])
         self.test = test
         self.rounds = rounds
         self.warmup = warmup
@@ -99,6 +102,7 @@ class PingDriver(Agent):
             if len(self.pongs) == len(self.servers):
                 self._v_rtts: list[int] = []
                 self._v_wall0 = time.perf_counter_ns()
+                self._v_epoch0 = time.time_ns()
                 self._next_round()
         elif isinstance(note, Ball):
             if note.round != self.round:
@@ -117,6 +121,8 @@ class PingDriver(Agent):
                 else:
                     self.finished = True
                     self._write_result(rtts, now)
+                    if self.then:
+                        PingDriver(**self.then[0], then=self.then[1:]).deploy()
         else:
             super().react(sender, note)
 
@@ -125,6 +131,7 @@ class PingDriver(Agent):
         self.pending = len(self.pongs)
         if self.round == self.warmup:
             self._v_wall0 = time.perf_counter_ns()
+            self._v_epoch0 = time.time_ns()
         ball = Ball(self.round, b"x" * self.payload)
         self._v_t0 = time.perf_counter_ns()
         for pong in self.pongs:
@@ -139,6 +146,8 @@ class PingDriver(Agent):
             "responders": len(self.pongs),
             "rtt_ms": summarise(rtts),
             "wall_ms_per_round": wall_ms / max(1, len(rtts)),
+            # Wall-clock window of the measured rounds, to pick their hops out of the traces.
+            "window_ns": [getattr(self, "_v_epoch0", 0), time.time_ns()],
             "rtts_ns": rtts,
         }
         path = Path(self.out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections.abc import Sequence
@@ -72,6 +73,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return run_demo()
 
 
+_MODULE_SUITES = [
+    ("sweep", "perf.sweep", "scaling sweep: topologies x sizes x tests x clock modes"),
+    ("synth", "perf.synth", "write synthetic traces with known growth laws"),
+    ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
+    ("torture", "perf.torture", "crash schedules with an independent causality checker"),
+]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m perf", description=__doc__)
     sub = parser.add_subparsers(dest="suite", required=True)
@@ -97,6 +106,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.set_defaults(func=_cmd_stream)
     demo = sub.add_parser("demo", help="what `make demo` runs")
     demo.set_defaults(func=_cmd_demo)
+    # Suites that live in their own module: each offers add_arguments(parser) and run(args).
+    for name, module, help_text in _MODULE_SUITES:
+        parser_ = sub.add_parser(name, help=help_text)
+        suite = importlib.import_module(module)
+        suite.add_arguments(parser_)
+        parser_.set_defaults(func=suite.run)
     args = parser.parse_args(argv)
     try:
         code: int = args.func(args)

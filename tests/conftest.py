@@ -13,6 +13,7 @@ import pytest
 from aaabus import AgentServer, Notification
 from aaabus.config import BusConfig, load_config
 from aaabus.ids import AgentId
+from aaabus.launch import free_port_base
 from aaabus.secret import ensure_secret
 from aaabus.topology import generate, render
 
@@ -33,25 +34,9 @@ def free_ports(count: int) -> list[int]:
             s.close()
 
 
-def contiguous_free_base(count: int, attempts: int = 50) -> int:
+def contiguous_free_base(count: int) -> int:
     """A base port such that base .. base+count-1 are all free now (generated configs need it)."""
-    for _ in range(attempts):
-        base = free_ports(1)[0]
-        if base + count > 65535:
-            continue
-        socks = []
-        try:
-            for port in range(base, base + count):
-                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                s.bind(("127.0.0.1", port))
-                socks.append(s)
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no run of {count} free ports found")
+    return free_port_base(count)
 
 
 @pytest.fixture

@@ -95,6 +95,19 @@ def test_never_delivered_predecessor_is_lost_not_a_violation() -> None:
     assert report.causal_violations == []
 
 
+def test_violation_through_a_relay_back_to_the_destination() -> None:
+    # C delivers x, then its word travels C -> D -> C as y, z. z knows exactly as much of A as x
+    # does (vc[A] = 1 in both): the late-delivery test must accept equality, not just "more".
+    rows: list[Row] = [
+        ("x", "A", "C", {"A": 1}),
+        ("y", "C", "D", {"A": 1, "C": 2}),
+        ("z", "D", "C", {"A": 1, "C": 2, "D": 2}),
+    ]
+    assert check(sends_of(rows), {"C": ["x", "z"], "D": ["y"]}).ok
+    report = check(sends_of(rows), {"C": ["z", "x"], "D": ["y"]})
+    assert report.causal_violations == [("C", "z", "x")]
+
+
 def test_duplicate_is_reported_once_and_not_as_reordering() -> None:
     # The second c1 comes after b2 and a3; it is a duplicate, not a late delivery.
     report = clean_with(D=["c1", "b2", "a3", "c1", "c1"])
@@ -274,7 +287,7 @@ class Execution:
 
 def simulate(k: int, steps: list[tuple[int, int, int]]) -> Execution:
     """Run ``k`` agents; each step is (op, x, y): op 0 or 1 sends from agent x to agent y
-    (another agent), op 2 delivers the x-th currently deliverable message. Pending messages are
+    (possibly itself), op 2 delivers the x-th currently deliverable message. Pending messages are
     drained at the end. A message is held back until every message that happened-before it and
     goes to the same destination has been delivered there: causal delivery by definition."""
     names = [f"P{i}" for i in range(k)]
@@ -300,7 +313,7 @@ def simulate(k: int, steps: list[tuple[int, int, int]]) -> Execution:
     for op, x, y in steps:
         if op < 2:
             sender = names[x % k]
-            dest = names[(x + 1 + y % (k - 1)) % k]  # any agent but the sender
+            dest = names[y % k]
             mid = f"m{len(ex.sends)}"
             m = Msg(mid, sender, dest, frozenset(known[sender]))
             known[sender].add(mid)

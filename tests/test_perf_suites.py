@@ -1,0 +1,127 @@
+"""The perf suites themselves, on tiny runs: they launch real servers, produce the documented
+JSON, write traces of the documented schema, resume, and clean up."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pyarrow.parquet as pq
+
+from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
+from tests.conftest import REPO_ROOT
+
+
+def perf(*args: str, timeout: float = 300) -> dict:
+    proc = subprocess.run(
+        [sys.executable, "-m", "perf", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_pingpong_local_json_shape() -> None:
+    out = perf(
+        "pingpong", "--config", "domains/flat-1.xml", "--test", "local", "--rounds", "50", "--json"
+    )
+    assert out["test"] == "local" and out["servers"] == 1 and out["rounds"] == 50
+    assert out["hops"] == 0
+    rtt = out["rtt_ms"]
+    assert 0 < rtt["p50"] <= rtt["p90"] <= rtt["p99"] and rtt["mean"] > 0
+
+
+def test_pingpong_through_routers_reports_hops() -> None:
+    # bus-10: D0 = s0..s3, D1 = s3..s6, D2 = s6..s9, so s0 -> s9 crosses two routers.
+    out = perf(
+        "pingpong",
+        "--config",
+        "domains/bus-10.xml",
+        "--test",
+        "remote",
+        "--rounds",
+        "20",
+        "--warmup",
+        "5",
+        "--json",
+    )
+    assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
+
+
+def test_stream_counts_every_notification_in_order() -> None:
+    out = perf("stream", "--config", "domains/flat-2.xml", "--count", "3000", "--json")
+    assert out["count"] == 3000 and out["out_of_order"] == 0 and out["msgs_per_s"] > 0
+
+
+def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
+    args = [
+        "sweep",
+        "--topologies",
+        "flat,star",
+        "--sizes",
+        "3",
+        "--domain-size",
+        "2",
+        "--tests",
+        "local,remote",
+        "--clock-modes",
+        "delta,full",
+        "--rounds",
+        "5",
+        "--warmup",
+        "2",
+        "--out",
+        str(tmp_path),
+    ]
+    first = perf(*args)
+    assert first == {"points": 4, "ran": 4, "rows": 4 * 2 * 5, "out": str(tmp_path)}
+    rtt = pq.read_table(tmp_path / "rtt")
+    assert set(RTT_SCHEMA.names) <= set(rtt.column_names) and rtt.num_rows == 40
+    assert set(rtt.column("schema_version").to_pylist()) == {SCHEMA_VERSION}
+    assert set(rtt.column("clock_mode").to_pylist()) == {"delta", "full"}
+    assert set(rtt.column("topology").to_pylist()) == {"flat", "star"}
+    hops = pq.read_table(tmp_path / "hops")
+    assert set(HOP_SCHEMA.names) <= set(hops.column_names) and hops.num_rows > 0
+    sends = [
+        b
+        for e, b in zip(
+            hops.column("event").to_pylist(), hops.column("stamp_bytes").to_pylist(), strict=True
+        )
+        if e == "send"
+    ]
+    assert sends and all(b > 0 for b in sends)
+    again = perf(*args)
+    assert again["ran"] == 0 and again["points"] == 4
+    assert not list((tmp_path / "work").glob("*/store")), "finished points keep no stores"
+
+
+def test_sweep_in_process(tmp_path) -> None:
+    out = perf(
+        "sweep",
+        "--topologies",
+        "tree",
+        "--sizes",
+        "7",
+        "--domain-size",
+        "3",
+        "--tests",
+        "broadcast",
+        "--clock-modes",
+        "delta",
+        "--rounds",
+        "5",
+        "--warmup",
+        "1",
+        "--inprocess",
+        "--out",
+        str(tmp_path),
+    )
+    assert out["points"] == 1 and out["rows"] == 5
+    rtt = pq.read_table(tmp_path / "rtt")
+    assert set(rtt.column("process_mode").to_pylist()) == {"inprocess"}
+    assert set(rtt.column("hops").to_pylist()) == {2}  # a tree of domains of 3: s0 -> leaf
