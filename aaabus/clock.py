@@ -18,13 +18,29 @@ Two stamp encodings, each tied to a way of persisting the matrix:
     record rewritten on every change. Both costs grow as k^2; that is the point of keeping it.
 ``"delta"``
     The report's first optimisation, as the industrial kernel shipped it: a stamp carries only the
-    cells that changed since the last send to that destination. Cells live in small fixed-size
-    persistent chunks, so a commit rewrites the few chunks that changed, not the matrix. Instead of
-    the kernel's scan of the whole matrix on every send, changes are kept in a list ordered by
-    the time they happened, so a send walks back only over what changed since its previous send.
+    cells that changed since the last send to that destination. Instead of the kernel's scan of
+    the whole matrix on every send, changes are kept in a list ordered by the time they happened,
+    so a send walks back only over what changed since its previous send.
 
 With ``order="fifo"`` only the link counters matter: the stamp is one counter and the check is the
 FIFO/duplicate test alone.
+
+Delta storage. Each ZODB record a commit writes costs a fixed overhead (pickling, store, index)
+that dwarfs its size up to several KB, so the state is cut into as few records as a commit can
+touch. All of it -- matrix cells, change list, epoch -- lives in uint64 ``array`` pages
+(:class:`_Page`), no other record changes after creation:
+
+- causal: node ``a*k+b`` is the entry ``H[a][b]``, three cells (value; epoch << 16 | source;
+  prev << 32 | next). Node ``k*k`` is the change list's sentinel: it closes the circular list and
+  holds the epoch. A domain whose nodes fit :data:`_SINGLE_PAGE_BYTES` (k <= 18) is one page: every
+  transaction, whatever it does to the clock, rewrites exactly one record. Larger domains use pages
+  of ``2**_PAGE_BITS`` nodes, and a commit rewrites the pages of the nodes it changed: the
+  entries, their old neighbours in the list, and the sentinel's page.
+- fifo: two cells per server, ``H[me][b]`` then ``H[b][me]``, so that both directions of a link
+  share a page; one page up to k = 512.
+
+The epoch of our last send to ``b`` needs no storage of its own: row ``me`` changes only when we
+send (a stamp can never raise it, see ``_decode``), so it is the epoch of the entry ``H[me][b]``.
 
 The clock keeps no state outside ZODB persistent objects (only ``_v_`` tracing caches): an aborted
 transaction rolls the clock back together with the queues it was saved with. The clock is not
@@ -85,22 +101,33 @@ MAX_SIZE: Final = 0xFFFF
 _HEADER: Final = struct.Struct("<BBHHH")
 HEADER_SIZE: Final = _HEADER.size
 _ENTRY_SIZE: Final = struct.calcsize("<Iq")
-_LINK: Final = struct.Struct("<q")
+_FIFO_BODY: Final = struct.Struct("<q")
 _FIFO_STAMP: Final = struct.Struct("<BBHHHq")
 _BIG_ENDIAN: Final = sys.byteorder == "big"
 _NEVER_STORED: Final = b"\0" * 8
 
-# Delta storage: one record of five int64 cells per matrix entry, 16 entries per chunk. A chunk is
-# 640 bytes of payload: small enough that rewriting it per commit is cheap, big enough that a
-# 150-server matrix is ~1400 records rather than 22 500.
-_CHUNK_BITS: Final = 4
-_CHUNK_MASK: Final = (1 << _CHUNK_BITS) - 1
-_PER_CHUNK: Final = 1 << _CHUNK_BITS
-_STRIDE: Final = 5
-# Offsets inside a record. EPOCH is the local epoch of the last change of the entry (0: never
-# changed, so not in the change list); SRC is who is sure to know the value (the sender of the
-# message it came from, or me for my own sends); PREV/NEXT link the change list (-1: none).
-_VAL, _EPOCH, _SRC, _PREV, _NEXT = range(_STRIDE)
+# Delta storage (see the module docstring). Causal: three uint64 cells per node.
+_STRIDE: Final = 3
+# VAL: the entry's value. TAG: epoch << 16 | src, where epoch is the local epoch of the entry's
+# last change (0: never changed, so not in the change list) and src who is sure to know the value
+# (the sender of the message it came from, or me for my own sends); the sentinel's VAL is the
+# epoch of the last operation (epochs < 2**48: centuries of operations). LIST: prev << 32 | next,
+# the change list (node numbers < 2**32).
+_VAL, _TAG, _LIST = range(_STRIDE)
+_SRC_BITS: Final = 16
+_SRC_MASK: Final = (1 << _SRC_BITS) - 1
+_LOW: Final = 0xFFFFFFFF
+_HIGH: Final = _LOW << 32
+# Fifo: two cells per server, at 2*b: H[me][b] (sends) and H[b][me] (deliveries).
+_OUT, _IN = 0, 1
+# A domain whose cells fit this many bytes is one page (causal: k <= 18; fifo: k <= 512). The
+# constant cost of a record is worth some 6 KB of its size (FileStorage), so past this a commit is
+# cheaper with pages just big enough to amortise their pickle framing: the few nodes an operation
+# changes are scattered over the matrix anyway, bigger pages would rarely share them.
+_SINGLE_PAGE_BYTES: Final = 8192
+_PAGE_BITS: Final = 5
+#: Shift that maps every node of a single-page domain to page 0 (nodes < 2**32, see MAX_SIZE).
+_ONE_PAGE_BITS: Final = 32
 # Rough pickle overhead of one small ZODB record (class reference, state dict, framing).
 _RECORD_OVERHEAD: Final = 96
 
@@ -118,8 +145,8 @@ def _delta_struct(n: int) -> struct.Struct:
     return s
 
 
-class _Chunk(persistent.Persistent):
-    """A fixed number of int64 cells stored as one ZODB record.
+class _Page(persistent.Persistent):
+    """Consecutive nodes of the delta state, ``stride`` uint64 cells each, as one ZODB record.
 
     ``array`` is not persistence-aware: whoever mutates ``d`` sets ``_p_changed`` itself.
     """
@@ -127,27 +154,17 @@ class _Chunk(persistent.Persistent):
     d: array[int]
 
     def __init__(self, cells: int) -> None:
-        self.d = array("q", bytes(8 * cells))
+        self.d = array("Q", bytes(8 * cells))
 
 
-class _Meta(persistent.Persistent):
-    """The few scalars of the delta bookkeeping that change on every operation.
-
-    Kept apart from the DomainClock so that the clock record itself (which references every
-    chunk) is written once, when the clock is created.
-    """
-
-    epoch: int
-    tail: int
-
-    def __init__(self) -> None:
-        self.epoch = 0  # incremented by every operation that changes the matrix
-        self.tail = -1  # key of the most recently changed entry
-
-
-def _chunks(cells: int, per_chunk: int) -> tuple[_Chunk, ...]:
-    count = (cells + _PER_CHUNK - 1) >> _CHUNK_BITS
-    return tuple(_Chunk(per_chunk) for _ in range(count))
+def _paginate(nodes: int, stride: int) -> tuple[int, tuple[_Page, ...]]:
+    """``(bits, pages)``: node ``x`` is at ``pages[x >> bits].d[(x & mask) * stride]``."""
+    if nodes * stride * 8 <= _SINGLE_PAGE_BYTES:
+        return _ONE_PAGE_BITS, (_Page(nodes * stride),)
+    per_page = 1 << _PAGE_BITS
+    full, rest = divmod(nodes, per_page)
+    sizes = [per_page] * full + ([rest] if rest else [])
+    return _PAGE_BITS, tuple(_Page(n * stride) for n in sizes)
 
 
 # Storage modes: the stamp encoding decides how the matrix is persisted, the order what is kept.
@@ -158,7 +175,8 @@ _DELTA_FIFO: Final = 3
 _MODE_KIND: Final = (KIND_FULL, KIND_FIFO, KIND_DELTA, KIND_FIFO)
 
 
-_Fast = tuple[int, int, int, tuple[_Chunk, ...], "_Meta | None", tuple[_Chunk, ...]]
+# (mode, k, me, pages, bits, mask): see DomainClock._fast.
+_Fast = tuple[int, int, int, tuple[_Page, ...], int, int]
 
 
 class DomainClock(persistent.Persistent):
@@ -182,14 +200,9 @@ class DomainClock(persistent.Persistent):
     _kind: int
     # "full": the whole matrix, row-major, in this very record.
     _m: array[int]
-    # "delta" + causal: records of _STRIDE cells per entry; change-list scalars; per-destination
-    # epoch of the last send.
-    _cells: tuple[_Chunk, ...]
-    _meta: _Meta
-    _sent: tuple[_Chunk, ...]
-    # "delta" + fifo: H[me][b] and H[a][me], one cell per server.
-    _out: tuple[_Chunk, ...]
-    _in: tuple[_Chunk, ...]
+    # "delta": every changing cell, in pages (module docstring); node x is in _pages[x >> _bits].
+    _pages: tuple[_Page, ...]
+    _bits: int
     # Volatile (never stored, lost when the clock is reloaded): caches and tracing.
     _v_fast: _Fast
     _v_touched: dict[int, persistent.Persistent]
@@ -216,13 +229,14 @@ class DomainClock(persistent.Persistent):
             self._m = array("q", bytes(8 * size * size))
         elif fifo:
             self._mode = _DELTA_FIFO
-            self._out = _chunks(size, _PER_CHUNK)
-            self._in = _chunks(size, _PER_CHUNK)
+            self._bits, self._pages = _paginate(size, 2)
         else:
             self._mode = _DELTA_CAUSAL
-            self._cells = _chunks(size * size, _PER_CHUNK * _STRIDE)
-            self._meta = _Meta()
-            self._sent = _chunks(size, _PER_CHUNK)
+            sentinel = size * size
+            self._bits, self._pages = _paginate(sentinel + 1, _STRIDE)
+            # The empty change list: the sentinel (the last node) is its own prev and next.
+            d = self._pages[-1].d
+            d[len(d) - _STRIDE + _LIST] = (sentinel << 32) | sentinel
 
     def __repr__(self) -> str:
         return (
@@ -231,7 +245,7 @@ class DomainClock(persistent.Persistent):
         )
 
     def _fast(self) -> _Fast:
-        """``(mode, k, me, cells, meta, sent)``, cached in a volatile attribute.
+        """``(mode, k, me, pages, bits, mask)``, cached in a volatile attribute.
 
         Every attribute read on a persistent object goes through its activation check (~3x a
         plain read); the hot paths read this one tuple instead. Only immutable values and
@@ -242,10 +256,11 @@ class DomainClock(persistent.Persistent):
             fast: _Fast = self._v_fast
         except AttributeError:
             mode = self._mode
-            if mode == _DELTA_CAUSAL:
-                fast = (mode, self.size, self.me, self._cells, self._meta, self._sent)
+            if mode in (_DELTA_CAUSAL, _DELTA_FIFO):
+                bits = self._bits
+                fast = (mode, self.size, self.me, self._pages, bits, (1 << bits) - 1)
             else:
-                fast = (mode, self.size, self.me, (), None, ())
+                fast = (mode, self.size, self.me, (), 0, 0)
             self._v_fast = fast
         return fast
 
@@ -253,17 +268,17 @@ class DomainClock(persistent.Persistent):
 
     def entry(self, a: int, b: int) -> int:
         """``H[a][b]``: how many messages ``a`` sent to ``b``, as far as this server knows."""
-        mode, k, me, cells, _, _ = self._fast()
+        mode, k, me, pages, bits, mask = self._fast()
         if not (0 <= a < k and 0 <= b < k):
             raise ClockError(f"entry ({a}, {b}) out of range for a domain of {k} servers")
         if mode == _DELTA_CAUSAL:
             key = a * k + b
-            return cells[key >> _CHUNK_BITS].d[(key & _CHUNK_MASK) * _STRIDE]
+            return pages[key >> bits].d[(key & mask) * _STRIDE]
         if mode == _DELTA_FIFO:
             if a == me:
-                return self._out[b >> _CHUNK_BITS].d[b & _CHUNK_MASK]
+                return pages[b >> bits].d[(b & mask) * 2 + _OUT]
             if b == me:
-                return self._in[a >> _CHUNK_BITS].d[a & _CHUNK_MASK]
+                return pages[a >> bits].d[(a & mask) * 2 + _IN]
             return 0
         return self._m[a * k + b]
 
@@ -283,21 +298,20 @@ class DomainClock(persistent.Persistent):
         Call it in the transaction that saves the message in the outgoing queue: if that
         transaction aborts, the count and the delta bookkeeping roll back with it.
         """
-        mode, k, me, cells, meta, sent = self._fast()
+        mode, k, me, pages, bits, mask = self._fast()
         if not 0 <= dest < k or dest == me:
             raise ClockError(
                 f"cannot stamp a message from {me} to {dest}: the destination must be another "
                 f"server of this domain (0..{k - 1})"
             )
         if mode == _DELTA_CAUSAL:
-            assert meta is not None
-            stamp = self._send_delta(k, me, cells, meta, sent, dest)
+            stamp = self._send_delta(k, me, pages, bits, mask, dest)
         elif mode == _DELTA_FIFO:
-            ch = self._out[dest >> _CHUNK_BITS]
-            i = dest & _CHUNK_MASK
-            link = ch.d[i] + 1
-            ch.d[i] = link
-            self._touch(ch)
+            page = pages[dest >> bits]
+            i = (dest & mask) * 2 + _OUT
+            link = page.d[i] + 1
+            page.d[i] = link
+            self._touch(page)
             stamp = _FIFO_STAMP.pack(STAMP_VERSION, KIND_FIFO, k, me, dest, link)
         else:
             m = self._m
@@ -341,84 +355,92 @@ class DomainClock(persistent.Persistent):
     # The check itself only reads the entries present: the absent ones of column ``dest`` are
     # cases 1, 3 or 4, all <= what ``dest`` holds, so they could not have made it wait.
     #
-    # The change list: every entry that ever changed sits in a doubly linked list ordered by the
-    # time of its last change (moving to the tail on each change), with the epoch of that change.
-    # A send to ``dest`` walks back from the tail until it meets an epoch <= the epoch of the
-    # previous send to ``dest``: O(entries changed since then), never the whole matrix.
+    # The change list: every entry that ever changed sits in a circular doubly linked list,
+    # closed by the sentinel node k*k, ordered by the time of its last change (moving to the tail
+    # on each change), with the epoch of that change. A send to ``dest`` walks back from the tail
+    # until it meets an epoch <= the epoch of the previous send to ``dest``: O(entries changed
+    # since then), never the whole matrix. That epoch is the one of the entry H[me][dest] before
+    # this send, since only our sends change row ``me``.
 
     def _send_delta(
-        self,
-        k: int,
-        me: int,
-        cells: tuple[_Chunk, ...],
-        meta: _Meta,
-        sent: tuple[_Chunk, ...],
-        dest: int,
+        self, k: int, me: int, pages: tuple[_Page, ...], bits: int, mask: int, dest: int
     ) -> bytes:
-        if not meta._p_changed:
-            self._touch(meta)
-        epoch = meta.epoch + 1
-        meta.epoch = epoch
+        sentinel = k * k
+        sp = pages[sentinel >> bits]
+        if not sp._p_changed:
+            self._touch(sp)
+        sd = sp.d
+        si = (sentinel & mask) * _STRIDE
+        epoch = sd[si] + 1
+        sd[si] = epoch
         key = me * k + dest
-        value = cells[key >> _CHUNK_BITS].d[(key & _CHUNK_MASK) * _STRIDE] + 1
-        self._change(cells, meta, key, value, me, epoch)
-        last_ch = sent[dest >> _CHUNK_BITS]
-        last = last_ch.d[dest & _CHUNK_MASK]
-        last_ch.d[dest & _CHUNK_MASK] = epoch
-        if not last_ch._p_changed:
-            self._touch(last_ch)
+        d = pages[key >> bits].d
+        i = (key & mask) * _STRIDE
+        last = d[i + _TAG] | _SRC_MASK  # every tag of an epoch <= the previous send's is <= last
+        self._change(pages, bits, mask, sentinel, key, d[i] + 1, me, epoch)
         flat: list[int] = []
-        x = meta.tail
-        while x >= 0:
-            d = cells[x >> _CHUNK_BITS].d
-            i = (x & _CHUNK_MASK) * _STRIDE
-            if d[i + _EPOCH] <= last:
+        x = sd[si + _LIST] >> 32
+        while x != sentinel:
+            d = pages[x >> bits].d
+            i = (x & mask) * _STRIDE
+            tag = d[i + _TAG]
+            if tag <= last:
                 break
-            if d[i + _SRC] != dest and x // k != dest:
+            if tag & _SRC_MASK != dest and x // k != dest:
                 flat.append(x)
                 flat.append(d[i])
-            x = d[i + _PREV]
+            x = d[i + _LIST] >> 32
         return _delta_struct(len(flat) >> 1).pack(STAMP_VERSION, KIND_DELTA, k, me, dest, *flat)
 
     def _change(
-        self, cells: tuple[_Chunk, ...], meta: _Meta, key: int, value: int, src: int, epoch: int
+        self,
+        pages: tuple[_Page, ...],
+        bits: int,
+        mask: int,
+        sentinel: int,
+        key: int,
+        value: int,
+        src: int,
+        epoch: int,
     ) -> None:
         """Set entry ``key`` to ``value``, learned from ``src``, and move it to the list's tail.
 
-        The caller has touched ``meta``. Chunks are touched only when not already dirty: a
-        second change to a chunk in the same transaction costs one attribute read.
+        The caller has touched the sentinel's page. Pages are touched only when not already
+        dirty: a second change to a page in the same transaction costs one attribute read.
         """
-        ch = cells[key >> _CHUNK_BITS]
-        d = ch.d
-        i = (key & _CHUNK_MASK) * _STRIDE
+        page = pages[key >> bits]
+        d = page.d
+        i = (key & mask) * _STRIDE
         d[i] = value
-        tail = meta.tail
+        sd = pages[sentinel >> bits].d
+        si = (sentinel & mask) * _STRIDE + _LIST
+        tail = sd[si] >> 32
         if key != tail:
-            if d[i + _EPOCH]:
-                # In the list but not last: unlink. It has a successor since it is not the tail.
-                prev = d[i + _PREV]
-                nxt = d[i + _NEXT]
-                if prev >= 0:
-                    pc = cells[prev >> _CHUNK_BITS]
-                    pc.d[(prev & _CHUNK_MASK) * _STRIDE + _NEXT] = nxt
-                    if not pc._p_changed:
-                        self._touch(pc)
-                nc = cells[nxt >> _CHUNK_BITS]
-                nc.d[(nxt & _CHUNK_MASK) * _STRIDE + _PREV] = prev
-                if not nc._p_changed:
-                    self._touch(nc)
-            d[i + _PREV] = tail
-            d[i + _NEXT] = -1
-            if tail >= 0:
-                tc = cells[tail >> _CHUNK_BITS]
-                tc.d[(tail & _CHUNK_MASK) * _STRIDE + _NEXT] = key
-                if not tc._p_changed:
-                    self._touch(tc)
-            meta.tail = key
-        d[i + _EPOCH] = epoch
-        d[i + _SRC] = src
-        if not ch._p_changed:
-            self._touch(ch)
+            if d[i + _TAG]:
+                # In the list but not last: unlink. Its successor is an entry, not the sentinel.
+                links = d[i + _LIST]
+                prev = links >> 32
+                nxt = links & _LOW
+                pp = pages[prev >> bits]
+                j = (prev & mask) * _STRIDE + _LIST
+                pp.d[j] = (pp.d[j] & _HIGH) | nxt
+                if not pp._p_changed:
+                    self._touch(pp)
+                np = pages[nxt >> bits]
+                j = (nxt & mask) * _STRIDE + _LIST
+                np.d[j] = (prev << 32) | (np.d[j] & _LOW)
+                if not np._p_changed:
+                    self._touch(np)
+            d[i + _LIST] = (tail << 32) | sentinel
+            tp = pages[tail >> bits]  # the sentinel's page when the list was empty
+            j = (tail & mask) * _STRIDE + _LIST
+            tp.d[j] = (tp.d[j] & _HIGH) | key
+            if not tp._p_changed:
+                self._touch(tp)
+            sd[si] = (key << 32) | (sd[si] & _LOW)
+        d[i + _TAG] = (epoch << _SRC_BITS) | src
+        if not page._p_changed:
+            self._touch(page)
 
     # --------------------------------------------------------------------------------- receive
 
@@ -464,7 +486,7 @@ class DomainClock(persistent.Persistent):
         Everything that can be wrong with the bytes is found here, before any verdict, so that a
         malformed stamp is always an error (never a DUPLICATE or a WAIT that hides it).
         """
-        mode, k, me, cells, _, _ = self._fast()
+        mode, k, me, pages, bits, mask = self._fast()
         if not 0 <= src < k or src == me:
             raise ClockError(
                 f"message source {src} is not another server of this domain (0..{k - 1}, me={me})"
@@ -488,7 +510,7 @@ class DomainClock(persistent.Persistent):
         if kind == KIND_FIFO:
             if len(stamp) != _FIFO_STAMP.size:
                 raise ClockError(f"fifo stamp of {len(stamp)} bytes, expected {_FIFO_STAMP.size}")
-            return _LINK.unpack_from(stamp, HEADER_SIZE)[0]
+            return _FIFO_BODY.unpack_from(stamp, HEADER_SIZE)[0]
         if kind == KIND_DELTA:
             n, rest = divmod(len(stamp) - HEADER_SIZE, _ENTRY_SIZE)
             if rest or n == 0:
@@ -509,10 +531,7 @@ class DomainClock(persistent.Persistent):
                 # Nobody can know of more sends of ours than we made: if a stamp says so, our
                 # store has lost committed transactions (or the stamp is garbage). Merging it
                 # would make us skip sequence numbers and stall our receivers.
-                if (
-                    key // k == me
-                    and value > cells[key >> _CHUNK_BITS].d[(key & _CHUNK_MASK) * _STRIDE]
-                ):
+                if key // k == me and value > pages[key >> bits].d[(key & mask) * _STRIDE]:
                     raise ClockError(self._ahead_message(src, key % k, value))
             return keys, values
         expected = HEADER_SIZE + 8 * k * k
@@ -535,12 +554,12 @@ class DomainClock(persistent.Persistent):
         )
 
     def _verdict(self, src: int, decoded: Any) -> Verdict:
-        mode, k, me, cells, _, _ = self._fast()
+        mode, k, me, pages, bits, mask = self._fast()
         if mode == _DELTA_CAUSAL:
             keys, values = decoded
             link_key = src * k + me
             link = values[keys.index(link_key)]
-            have = cells[link_key >> _CHUNK_BITS].d[(link_key & _CHUNK_MASK) * _STRIDE]
+            have = pages[link_key >> bits].d[(link_key & mask) * _STRIDE]
             if link <= have:
                 return Verdict.DUPLICATE
             if link != have + 1:
@@ -548,7 +567,7 @@ class DomainClock(persistent.Persistent):
             for key, value in zip(keys, values, strict=True):
                 if (
                     key % k == me
-                    and value > cells[key >> _CHUNK_BITS].d[(key & _CHUNK_MASK) * _STRIDE]
+                    and value > pages[key >> bits].d[(key & mask) * _STRIDE]
                     and key != link_key
                 ):
                     return Verdict.WAIT
@@ -573,25 +592,28 @@ class DomainClock(persistent.Persistent):
         return Verdict.DELIVER if decoded == have + 1 else Verdict.WAIT
 
     def _merge(self, src: int, decoded: Any) -> None:
-        mode, k, me, cells, meta, _ = self._fast()
+        mode, k, me, pages, bits, mask = self._fast()
         if mode == _DELTA_CAUSAL:
-            assert meta is not None
             keys, values = decoded
-            if not meta._p_changed:
-                self._touch(meta)
-            epoch = meta.epoch + 1
-            meta.epoch = epoch
+            sentinel = k * k
+            sp = pages[sentinel >> bits]
+            if not sp._p_changed:
+                self._touch(sp)
+            sd = sp.d
+            si = (sentinel & mask) * _STRIDE
+            epoch = sd[si] + 1
+            sd[si] = epoch
             for key, value in zip(keys, values, strict=True):
-                if value > cells[key >> _CHUNK_BITS].d[(key & _CHUNK_MASK) * _STRIDE]:
-                    self._change(cells, meta, key, value, src, epoch)
+                if value > pages[key >> bits].d[(key & mask) * _STRIDE]:
+                    self._change(pages, bits, mask, sentinel, key, value, src, epoch)
         elif mode == _FULL_CAUSAL:
             # The baseline's O(k^2) merge, and a rewrite of the whole record at commit.
             self._touch(self)  # before the assignment below marks it changed behind our back
             self._m = array("q", map(max, self._m, decoded))
         elif mode == _DELTA_FIFO:
-            ch = self._in[src >> _CHUNK_BITS]
-            ch.d[src & _CHUNK_MASK] = decoded
-            self._touch(ch)
+            page = pages[src >> bits]
+            page.d[(src & mask) * 2 + _IN] = decoded
+            self._touch(page)
         else:
             self._m[src * k + me] = decoded
             self._touch(self)
@@ -624,7 +646,7 @@ class DomainClock(persistent.Persistent):
         return total
 
     def _touch(self, piece: persistent.Persistent) -> None:
-        """Mark ``piece`` (a chunk, the meta record or the clock itself) as changed.
+        """Mark ``piece`` (a page or the clock itself) as changed.
 
         Records it for :meth:`dirty_bytes`. Hot paths test ``_p_changed`` before calling.
         """
@@ -637,20 +659,15 @@ class DomainClock(persistent.Persistent):
             touched[id(piece)] = piece
 
     def _pieces(self) -> list[persistent.Persistent]:
-        mode = self._mode
         pieces: list[persistent.Persistent] = [self]
-        if mode == _DELTA_CAUSAL:
-            pieces += [*self._cells, self._meta, *self._sent]
-        elif mode == _DELTA_FIFO:
-            pieces += [*self._out, *self._in]
+        if self._mode in (_DELTA_CAUSAL, _DELTA_FIFO):
+            pieces += self._pages
         return pieces
 
     def _estimate(self, piece: persistent.Persistent) -> int:
-        if isinstance(piece, _Chunk):
+        if isinstance(piece, _Page):
             return 8 * len(piece.d) + _RECORD_OVERHEAD
-        if isinstance(piece, _Meta):
-            return _RECORD_OVERHEAD
-        # The clock record: the matrix in full mode, a reference per chunk in delta mode.
+        # The clock record: the matrix in full mode, a reference per page in delta mode.
         if self._mode in (_FULL_CAUSAL, _FULL_FIFO):
             return 8 * self.size * self.size + _RECORD_OVERHEAD
-        return _RECORD_OVERHEAD + 40 * (len(self._pieces()) - 1)
+        return _RECORD_OVERHEAD + 40 * len(self._pages)

@@ -388,6 +388,21 @@ def test_causal_delivery_matches_the_oracle(
                 assert clock.received_from(other) == net.links.get((other, clock.me), 0)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(19, 24), script=actions, seed=st.integers(0, 1000))
+def test_causal_delivery_matches_the_oracle_across_pages(
+    k: int, script: list[tuple[str, int, int]], seed: int
+) -> None:
+    """Past k = 18 the delta state spans several pages: same verdicts, same exact row and column."""
+    net = run(k, "delta", "causal", script, seed)
+    assert_causal(net)
+    for clock in net.clocks:
+        for other in range(k):
+            if other != clock.me:
+                assert clock.sent_to(other) == net.links.get((clock.me, other), 0)
+                assert clock.received_from(other) == net.links.get((other, clock.me), 0)
+
+
 @pytest.mark.parametrize("stamps", ENCODINGS)
 @settings(max_examples=100, deadline=None)
 @given(k=st.integers(2, 6), script=actions, seed=st.integers(0, 1000))
@@ -433,13 +448,14 @@ def script_domain(clocks: list[DomainClock]) -> None:
         assert clocks[dest].receive(src, clocks[src].prepare_send(dest)) is Verdict.DELIVER
 
 
+@pytest.mark.parametrize("k", [4, 20])  # one page, several pages
 @pytest.mark.parametrize("stamps", ENCODINGS)
-def test_reopened_clock_is_identical(tmp_path: Path, stamps: str) -> None:
-    twin = [DomainClock(4, i, stamps=stamps) for i in range(4)]
+def test_reopened_clock_is_identical(tmp_path: Path, stamps: str, k: int) -> None:
+    twin = [DomainClock(k, i, stamps=stamps) for i in range(k)]
     script_domain(twin)
     db = open_db(tmp_path / "c.fs")
     conn = db.open()
-    clocks = [DomainClock(4, i, stamps=stamps) for i in range(4)]
+    clocks = [DomainClock(k, i, stamps=stamps) for i in range(k)]
     conn.root()["clocks"] = clocks
     transaction.commit()
     script_domain(clocks)
@@ -452,7 +468,7 @@ def test_reopened_clock_is_identical(tmp_path: Path, stamps: str) -> None:
             assert matrix(mine) == matrix(theirs)
             assert mine.dirty_bytes() == 0
             # The delta bookkeeping came back too: the next stamps are the same bytes.
-            for dest in range(4):
+            for dest in range(k):
                 if dest != mine.me:
                     assert mine.prepare_send(dest) == theirs.prepare_send(dest)
         transaction.abort()
@@ -491,9 +507,57 @@ def commit_bytes(db: ZODB.DB, path: Path) -> int:
     return os.path.getsize(path) - before
 
 
+def last_commit_records(db: ZODB.DB) -> list[int]:
+    """The size of every record the last committed transaction wrote."""
+    storage = db.storage
+    records = storage.iterator(storage.lastTransaction())
+    try:
+        return [len(record.data) for txn in records for record in txn]
+    finally:
+        records.close()
+
+
+def commit_records(db: ZODB.DB) -> list[int]:
+    transaction.commit()
+    return last_commit_records(db)
+
+
+@pytest.mark.parametrize("stamps", ENCODINGS)
+@pytest.mark.parametrize("order", ["causal", "fifo"])
+@pytest.mark.parametrize("k", [2, 10, 16])
+def test_small_domain_rewrites_one_record_per_transaction(
+    tmp_path: Path, k: int, order: str, stamps: str
+) -> None:
+    """Each record costs ZODB a fixed overhead: a small domain's clock is one record per commit."""
+    db = open_db(tmp_path / "c.fs")
+    try:
+        conn = db.open()
+        clock = DomainClock(k, 0, stamps=stamps, order=order)
+        peers = [DomainClock(k, i, stamps=stamps, order=order) for i in range(k)]
+        conn.root()["clock"] = clock
+        transaction.commit()
+        # Only the clock changes in these transactions: every record written is one of its own.
+        assert peers[1].receive(0, clock.prepare_send(1)) is Verdict.DELIVER
+        assert len(commit_records(db)) == 1
+        if k > 2:  # second-hand knowledge, so that the next stamp changes several entries
+            assert peers[1].receive(2, peers[2].prepare_send(1)) is Verdict.DELIVER
+        assert clock.receive(1, peers[1].prepare_send(0)) is Verdict.DELIVER
+        assert len(commit_records(db)) == 1
+        # A hop: deliveries and the sends they cause, all in one transaction.
+        for _ in range(3):
+            for src in range(1, k):
+                assert clock.receive(src, peers[src].prepare_send(0)) is Verdict.DELIVER
+                assert peers[src].receive(0, clock.prepare_send(src)) is Verdict.DELIVER
+            assert len(commit_records(db)) == 1
+            assert clock.dirty_bytes() == 0
+    finally:
+        db.close()
+
+
 def test_delta_commits_a_small_fraction_of_the_full_matrix(tmp_path: Path) -> None:
     k = 150
     written: dict[str, int] = {}
+    records: dict[str, int] = {}
     for stamps in ENCODINGS:
         path = tmp_path / f"{stamps}.fs"
         db = open_db(path)
@@ -507,16 +571,24 @@ def test_delta_commits_a_small_fraction_of_the_full_matrix(tmp_path: Path) -> No
             clock.prepare_send(1)
             assert clock.dirty_bytes() > 0
             written[stamps] = commit_bytes(db, path)
+            records[stamps] = len(last_commit_records(db))
             assert clock.dirty_bytes() == 0
             # Steady state: a receive then a send, each committed.
             assert clock.receive(1, peer.prepare_send(0)) is Verdict.DELIVER
             estimate = clock.dirty_bytes()
             actual = commit_bytes(db, path)
+            records[f"{stamps} receive"] = len(last_commit_records(db))
             assert actual / 3 < estimate < actual * 2, (stamps, estimate, actual)
             clock.prepare_send(1)
             written[f"{stamps} again"] = commit_bytes(db, path)
+            records[f"{stamps} again"] = len(last_commit_records(db))
         finally:
             db.close()
     assert written["full"] > 8 * k * k  # the whole matrix, every time
     assert written["delta"] < 0.05 * written["full"], written
     assert written["delta again"] < 0.05 * written["full"], written
+    assert records["full"] == records["full receive"] == records["full again"] == 1
+    # A page per changed place: the epoch's, and the entries' (the link and its list neighbour).
+    assert records["delta"] <= 2, records
+    assert records["delta receive"] <= 3, records
+    assert records["delta again"] <= 3, records
