@@ -28,3 +28,22 @@ demo: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
+
+# `make peers`: aaabus against RabbitMQ and Mosquitto (perf/PEERS.md). Installs both brokers from
+# the distribution (apt, as root or through sudo) and their Python clients into the virtualenv,
+# then runs the suite, which starts private brokers on 127.0.0.1 in a temporary directory and
+# stops them by PID when it ends, also on failure. Extra options: make peers PEERS_ARGS='...'.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+PEERS_ARGS ?=
+
+.PHONY: peers
+peers: $(STAMP)
+	@if ! dpkg -s rabbitmq-server mosquitto >/dev/null 2>&1; then \
+	  $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y --no-install-recommends rabbitmq-server mosquitto || exit 1; \
+	  if [ -d /run/systemd/system ]; then \
+	    echo "peers: stopping the system services apt started (the suite runs its own brokers)"; \
+	    $(SUDO) systemctl disable --now rabbitmq-server mosquitto || true; \
+	  fi; \
+	fi
+	$(PY) -m pip install --quiet -e '.[test,perf,peers]'
+	$(PY) -m perf peers $(PEERS_ARGS)

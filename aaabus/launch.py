@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -224,18 +225,31 @@ class Bus:
         self.stop()
 
 
-def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
     """A port ``base`` such that ``base .. base+count-1`` are all free on ``host`` right now.
 
-    Generated configurations number their ports consecutively, so tools that start a bus on a
-    shared machine need a whole free run, not scattered free ports.
+    Generated configurations number their ports consecutively, so tools that start a bus need a
+    whole free run. It is taken outside the kernel's ephemeral range: the servers' own outgoing
+    connections draw their local ports from that range while the bus is still starting, and
+    would otherwise take ports that later servers must listen on.
     """
+    low, high = _ephemeral_range()
+    spans = [(1024, low - count), (high + 1, 65536 - count)]
+    spans = [(a, b) for a, b in spans if b > a]
+    if not spans:
+        raise LaunchError(f"no room for {count} consecutive ports outside {low}-{high}")
+    rng = random.Random()
     for _ in range(attempts):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-            probe.bind((host, 0))
-            base = int(probe.getsockname()[1])
-        if base + count > 65535:
-            continue
+        lo, hi = rng.choice(spans)
+        base = rng.randrange(lo, hi)
         held: list[socket.socket] = []
         try:
             for port in range(base, base + count):

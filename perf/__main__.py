@@ -78,6 +78,7 @@ _MODULE_SUITES = [
     ("synth", "perf.synth", "write synthetic traces with known growth laws"),
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
+    ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
 ]
 
 
