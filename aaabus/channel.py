@@ -244,11 +244,7 @@ class Channel:
         index = self._index.get(domain, {})
         if clock is None or peer not in index:
             raise ValueError(f"server {peer} sent a message in domain {domain!r} it does not share")
-        # Acknowledge whatever happens below: stored, held back or a duplicate, it is safe.
         link = (peer, domain)
-        if seq > self._acks.get(link, -1):
-            self._acks[link] = seq
-        self._schedule_flush()
         src = index[peer]
         message = Message(AgentId(*sender), AgentId(*target), body)
         tracer = self.tracer
@@ -259,17 +255,25 @@ class Channel:
             raise ValueError(f"bad stamp from server {peer}: {exc}") from None
         if tracer is not None:
             tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
-        if verdict is Verdict.DUPLICATE:
-            return
         if verdict is Verdict.WAIT:
             waiting = self._waiting[domain]
             key = (peer, seq)
             if key not in waiting:
                 waiting[key] = (src, stamp, message)
-            return
-        self._arrived(message)
-        if self._waiting[domain]:
-            self._retry(domain)
+        elif verdict is Verdict.DELIVER:
+            self._arrived(message)
+            if self._waiting[domain]:
+                self._retry(domain)
+        # Acks are cumulative, so they may only cover an unbroken run: everything this link
+        # delivered, which is H[peer][me]. A held-back frame is stored too, but a frame ahead of
+        # a gap must not vouch for the gap (the sender would drop what we never got); it is
+        # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
+        self._ack(link, clock.received_from(src))
+
+    def _ack(self, link: tuple[int, str], upto: int) -> None:
+        if upto > self._acks.get(link, 0):
+            self._acks[link] = upto
+            self._schedule_flush()
 
     def _retry(self, domain: str) -> None:
         """Deliver every held-back message of ``domain`` that has become deliverable."""
@@ -285,6 +289,7 @@ class Channel:
                 del waiting[key]
                 if verdict is Verdict.DELIVER:
                     self._arrived(message)
+                    self._ack((key[0], domain), clock.received_from(src))
                     progress = True
 
     def _arrived(self, message: Message) -> None:

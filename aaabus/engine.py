@@ -42,6 +42,8 @@ from aaabus.notifications import (
     UnknownAgent,
 )
 
+from aaabus.store import StoreWriteFailed
+
 if TYPE_CHECKING:
     from aaabus.store import Store
     from aaabus.trace import Tracer
@@ -279,7 +281,11 @@ class Engine:
                 self._group(inputs)
         except BaseException as exc:  # the store failed: stop rather than acknowledge anything
             self._failure = exc
-            log.critical("engine of server %s stopped: %s", self.server_id, exc, exc_info=True)
+            # A failed write explains itself in one line; anything else is a bug: full trace.
+            expected = isinstance(exc, StoreWriteFailed)
+            log.critical(
+                "engine of server %s stopped: %s", self.server_id, exc, exc_info=not expected
+            )
             try:
                 self._abort()
             except Exception:
@@ -391,9 +397,12 @@ class Engine:
             self.store.qin.pop()
         self.stats.reactions += 1
         target = msg.target
-        note = decode_note(msg.body)
+        note: Any = None
         self._current = target
         try:
+            # Decoded inside the try: a body this server cannot unpickle (a class it cannot
+            # import, or garbage from a peer) fails this reaction alone, like a raising react.
+            note = decode_note(msg.body)
             with running(self._context):
                 if target.stamp == FACTORY_STAMP:
                     self._factory_react(msg.sender, note)
@@ -447,7 +456,7 @@ class Engine:
             "server %s: reaction of %s to %s from %s raised %s: %s",
             self.server_id,
             msg.target,
-            type(note).__name__,
+            type(note).__name__ if note is not None else "an undecodable notification",
             msg.sender,
             type(exc).__name__,
             exc,

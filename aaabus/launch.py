@@ -56,6 +56,7 @@ class ServerProcess:
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
+        self._terminated = False
 
     @property
     def pid(self) -> int:
@@ -83,6 +84,7 @@ class ServerProcess:
         env = dict(os.environ if self.env is None else self.env)
         env.setdefault("PYTHONUNBUFFERED", "1")
         self._ready.clear()
+        self._terminated = False
         self.proc = subprocess.Popen(
             self.command(),
             stdout=subprocess.PIPE,
@@ -134,12 +136,19 @@ class ServerProcess:
             self.proc.wait(10)
         self._join_reader()
 
+    def terminate(self) -> None:
+        """Send SIGTERM once: a second one could land while the server is already exiting and
+        turn a clean stop into death by signal."""
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; returns the exit status."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
+            self.terminate()
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -208,9 +217,7 @@ class Bus:
 
     def stop(self, timeout: float = 15.0) -> dict[int, int | None]:
         for proc in self.servers.values():
-            if proc.running():
-                assert proc.proc is not None
-                proc.proc.send_signal(signal.SIGTERM)
+            proc.terminate()  # all at once, so that they stop in parallel
         return {sid: proc.stop(timeout) for sid, proc in self.servers.items()}
 
     def __enter__(self) -> Bus:

@@ -14,7 +14,9 @@ never conflict (no ``ConflictError`` to retry, no lost update between threads).
 from __future__ import annotations
 
 import errno
+import logging
 import os
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +24,7 @@ import transaction
 import zc.lockfile
 import ZODB
 import ZODB.FileStorage
+import ZODB.serialize
 from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 from persistent import Persistent
@@ -29,11 +32,23 @@ from persistent.mapping import PersistentMapping
 
 from aaabus.errors import StoreError
 
+log = logging.getLogger("aaabus.store")
+
 STORE_KINDS = ("file", "memory")
 
 #: Objects kept in each connection's cache: large enough that a server's agents and queue
 #: buckets stay in memory, so that a reaction never waits on the disk to load its agent.
 CACHE_SIZE = 100_000
+
+
+class StoreWriteFailed(BaseException):
+    """A commit could not be written (disk full, I/O error): the server must stop.
+
+    Deliberately not an ``Exception``: the engine treats an ``Exception`` raised inside a group
+    as a bad input, drops it and goes on, which for a failed write means retrying the same
+    commit forever. Like ``SystemExit``, this one travels up to the engine thread's last-resort
+    handler, which stops the engine; the server process then exits non-zero with this message.
+    """
 
 
 class PersistentQueue(LOBTree):
@@ -111,7 +126,15 @@ class Store:
         self.queues: OOBTree = root["queues"]
 
     def commit(self) -> None:
-        self.tm.commit()
+        try:
+            self.tm.commit()
+        except OSError as exc:
+            # The transaction is aborted (ZODB rolled it back): nothing it holds was stored.
+            reason = os.strerror(exc.errno) if exc.errno else str(exc)
+            raise StoreWriteFailed(
+                f"{self.description} cannot be written ({reason}); nothing unstored was "
+                "acknowledged: free space or fix the disk, then restart the server"
+            ) from None
 
     def abort(self) -> None:
         self.tm.abort()
@@ -124,7 +147,13 @@ class Store:
             self.tm.abort()
             self.conn.close()
         finally:
-            self._db.close()
+            try:
+                self._db.close()
+            except OSError as exc:
+                # After a failed write (disk full) FileStorage still holds the unwritten bytes
+                # of the aborted transaction and fails again flushing them: nothing committed
+                # is at stake, and the reason was already reported by the failed commit.
+                log.warning("closing %s: %s", self.description, exc)
 
 
 def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: int) -> Store:
@@ -151,6 +180,7 @@ def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: i
             "pass --storage DIR pointing to a writable directory"
         ) from None
     data = path / "data.fs"
+    _refuse_cut_commits(data)
     try:
         storage = ZODB.FileStorage.FileStorage(str(data))
     except zc.lockfile.LockError:
@@ -168,8 +198,81 @@ def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: i
             "or move it away to start empty"
         ) from None
     try:
+        _verify_current_records(storage, data)
         db = ZODB.DB(storage, cache_size=CACHE_SIZE)
+    except StoreError:
+        storage.close()
+        raise
     except Exception as exc:
         storage.close()
         raise StoreError(f"storage {data} is damaged ({type(exc).__name__}: {exc})") from None
     return Store(db, f"storage {data}", server_id)
+
+
+# -- fault detection at boot -----------------------------------------------------------------
+#
+# FileStorage commits a transaction by writing it with status "c" (in progress), then flipping
+# that byte to " " and fsyncing: only then does ZODB's commit return, and only then does the
+# server acknowledge anything. At open, FileStorage truncates a tail it cannot read to the last
+# complete transaction, with a mere log warning. For a tail left by a crash (status "c") that is
+# right: nothing in it was acknowledged. A tail whose header says " " (committed) but whose body
+# is missing was cut by something else (a copy, the disk) and held acknowledged messages that no
+# peer will resend: the server must refuse to boot rather than silently forget them.
+
+_TXN_HEAD = struct.Struct(">8sQcHHH")  # tid, length, status, user/desc/ext lengths (23 bytes)
+
+
+def _refuse_cut_commits(data: Path) -> None:
+    try:
+        size = data.stat().st_size
+        if size <= 4:
+            return
+        with data.open("rb") as f:
+            # Fast path: the last 8 bytes repeat the last transaction's length; if they lead to a
+            # committed header that spans exactly to the end, the tail is whole.
+            f.seek(size - 8)
+            tl = int.from_bytes(f.read(8), "big")
+            start = size - 8 - tl
+            if 4 <= start < size:
+                f.seek(start)
+                head = f.read(_TXN_HEAD.size)
+                if len(head) == _TXN_HEAD.size:
+                    _tid, length, status, *_ = _TXN_HEAD.unpack(head)
+                    if length == tl and status != b"c":
+                        return
+            # Slow path: walk the transaction headers to the damaged one and judge it.
+            pos = 4
+            while pos < size:
+                f.seek(pos)
+                head = f.read(_TXN_HEAD.size)
+                if len(head) < _TXN_HEAD.size:
+                    return  # a torn header: only an uncommitted write leaves one
+                _tid, length, status, *_ = _TXN_HEAD.unpack(head)
+                if pos + length + 8 > size:
+                    if status == b"c":
+                        return  # an interrupted commit: FileStorage drops it, nothing was acked
+                    raise StoreError(
+                        f"storage {data} is truncated: the committed transaction at byte {pos} "
+                        f"needs {pos + length + 8 - size} more bytes; committed (and possibly "
+                        "acknowledged) data is missing: restore the file from a backup"
+                    )
+                if status == b"c":
+                    return
+                pos += length + 8
+    except OSError:
+        return  # unreadable: FileStorage's own open reports it
+
+
+def _verify_current_records(storage: ZODB.FileStorage.FileStorage, data: Path) -> None:
+    """Load and parse the current revision of every object: garbage written over a live record
+    is found now, as a one-line error, rather than when an agent or a queue is next touched.
+    (Garbage inside an old revision is never read again and goes unnoticed: it is harmless.)"""
+    for oid in storage._index:
+        try:
+            record, _serial = storage.load(oid)
+            ZODB.serialize.referencesf(record)
+        except Exception as exc:
+            raise StoreError(
+                f"storage {data} is damaged: object 0x{int.from_bytes(oid, 'big'):x} cannot be "
+                f"read ({type(exc).__name__}: {exc}); restore the file from a backup"
+            ) from None
