@@ -8,6 +8,7 @@ from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
 from aaabus.agent import Agent
+from aaabus.client import Client
 from aaabus.context import OutsideReactionError
 from aaabus.errors import AaabusError, ConfigError, StoreError, UnknownNotificationError
 from aaabus.ids import AgentId
@@ -32,6 +33,7 @@ __all__ = [
     "AgentId",
     "AgentServer",
     "BootContext",
+    "Client",
     "ConfigError",
     "ExceptionNotification",
     "Notification",

@@ -7,15 +7,18 @@ status 2; tracebacks are kept for bugs.
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import importlib
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from aaabus.errors import AaabusError
 
@@ -42,6 +45,16 @@ def _setup_logging(level: str, prefix: str) -> None:
     )
 
 
+def _dump_threads_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints the stack of every thread to stderr (deadlock hunting).
+
+    faulthandler writes from the signal handler itself, so it works even when every Python
+    thread is stuck on a lock.
+    """
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
 # -- aaabus-server ------------------------------------------------------------------------------
 
 
@@ -64,6 +77,7 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     from aaabus.server import AgentServer
 
     _setup_logging(args.log_level, f"s{args.id}")
+    _dump_threads_on_sigusr1()
     stop = threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -73,12 +87,13 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         config = load_config(args.config)
-        server = AgentServer(config, args.id, storage=args.storage)
+        server = AgentServer(config, args.id, storage=args.storage, endpoints=True)
         server.start()
     except AaabusError as exc:
         return _fail(prog, exc)
     print(READY_LINE.format(id=args.id), flush=True)
-    # The engine stopping on its own (e.g. the disk is full) ends the process too.
+    # The engine stopping on its own (e.g. the disk is full) ends the process too, and so does
+    # a stop asked through the admin port (`aaabus stop`), which sets server.stopped.
     while not stop.is_set() and not server.stopped.is_set():
         stop.wait(0.2)
     failure = server.failure
@@ -155,26 +170,198 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     lock = threading.Lock()
+    bus_ref: list[Any] = []
+
+    def on_usr1(signum: int, frame: FrameType | None) -> None:
+        # Pass the thread-dump request on to every server: their stacks come back as log lines.
+        for proc in bus_ref[0].servers.values() if bus_ref else ():
+            if proc.running():
+                proc.proc.send_signal(signal.SIGUSR1)
+
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, on_usr1)
 
     def relay(line: str) -> None:
         with lock:
             print(line, flush=True)
 
     bus = Bus(args.config, ids, args.storage_root, sink=relay, log_level=args.log_level)
+    bus_ref.append(bus)
     bus.start(timeout=args.timeout)
     relay(f"aaabus launch: {len(ids)} server(s) ready: {', '.join(map(str, ids))}")
-    dead: list[int] = []
+    failed: list[int] = []
+    reported: set[int] = set()
     try:
         while not stop.is_set():
             stop.wait(0.5)
-            dead = [sid for sid, proc in bus.servers.items() if not proc.running()]
-            if dead:
-                relay(f"aaabus launch: server(s) {dead} exited; stopping the others")
+            exited = {
+                sid: proc.proc.returncode
+                for sid, proc in bus.servers.items()
+                if proc.proc is not None and proc.proc.poll() is not None
+            }
+            # A server stopped cleanly (`aaabus stop`, exit 0) is left stopped; a crash stops all.
+            failed = [sid for sid, code in exited.items() if code != 0]
+            if failed:
+                relay(f"aaabus launch: server(s) {failed} failed; stopping the others")
+                break
+            for sid in sorted(set(exited) - reported):
+                relay(f"aaabus launch: server {sid} stopped")
+                reported.add(sid)
+            if len(exited) == len(bus.servers):
                 break
     finally:
         codes = bus.stop()
     relay(f"aaabus launch: stopped ({codes})")
-    return 0 if all(code in (0, None) for code in codes.values()) and not dead else 1
+    return 0 if all(code in (0, None) for code in codes.values()) and not failed else 1
+
+
+# -- status, stop, send ------------------------------------------------------------------------
+
+
+def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
+    from aaabus.config import load_config
+    from aaabus.secret import load_secret
+    from aaabus.server import secret_path
+
+    config = load_config(args.config)
+    ids = sorted(config.servers) if args.id is None else [args.id]
+    for sid in ids:
+        config.server(sid)  # unknown id: one line, exit 2
+    return config, ids, load_secret(secret_path(config))
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from aaabus.admin import bus_status
+
+    config, ids, secret = _bus_and_ids(args)
+    servers = bus_status(config, ids, secret, timeout=args.timeout)
+    if args.wait:
+        # For scripts: after `aaabus launch ... &`, wait until every server answers.
+        deadline = time.monotonic() + args.wait
+        pause = threading.Event()
+        while not all(st["up"] for st in servers) and time.monotonic() < deadline:
+            pause.wait(0.1)
+            servers = bus_status(config, ids, secret, timeout=args.timeout)
+    if args.json:
+        print(json.dumps({"servers": servers}, indent=2))
+    else:
+        print(_status_table(servers))
+    return 1 if args.wait and not all(st["up"] for st in servers) else 0
+
+
+def _status_table(servers: list[dict[str, Any]]) -> str:
+    head = (
+        "id", "name", "up", "uptime", "domains", "router", "input", "held", "outgoing",
+        "sent", "delivered", "r/s", "clock", "storage",
+    )  # fmt: skip
+    rows: list[tuple[str, ...]] = [head]
+    for st in servers:
+        if not st["up"]:
+            rows.append((str(st["id"]), "", "down") + ("",) * (len(head) - 3))
+            continue
+        queues, msgs = st["queues"], st["messages"]
+        outgoing = ",".join(f"{p}:{n}" for p, n in queues["outgoing"].items()) or "-"
+        rows.append((
+            str(st["id"]), st["name"], "up", _duration(st["uptime_s"]), ",".join(st["domains"]),
+            "yes" if st["router"] else "no", str(queues["input"]), str(queues["held_back"]),
+            outgoing, str(msgs["sent"]), str(msgs["delivered"]), f"{st['reactions_per_s']:g}",
+            "+".join(f"{k}x{k}" for k in st["clocks"].values()), _size(st["storage_bytes"]),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from aaabus.admin import stop_servers
+
+    config, ids, secret = _bus_and_ids(args)
+    outcome = stop_servers(config, ids, secret, timeout=args.timeout)
+    for sid, what in outcome.items():
+        print(f"server {sid}: {what}")
+    return 0 if all(what != "still stopping" for what in outcome.values()) else 1
+
+
+def _cmd_send(args: argparse.Namespace) -> int:
+    from aaabus.client import Client
+    from aaabus.config import load_config
+    from aaabus.errors import ConfigError
+    from aaabus.ids import AgentId
+    from aaabus.notifications import Notification
+
+    config = load_config(args.config)
+    text = args.to if args.to.startswith("#") else f"#{args.to}"
+    try:
+        to = AgentId.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"--to: {exc} (quote it in the shell: '#' starts a comment)") from None
+    if to.server not in config.servers:
+        raise ConfigError(f"--to {to}: server {to.server} is not in {args.config}")
+    cls: Any = _import_class(args.notification)
+    if not (isinstance(cls, type) and issubclass(cls, Notification)):
+        raise ConfigError(f"--notification {args.notification} is not a Notification class")
+    make: Callable[..., Any] = cls
+    try:
+        values = json.loads(args.args)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--args is not JSON ({exc})") from None
+    try:
+        if isinstance(values, dict):
+            note = make(**values)
+        elif isinstance(values, list):
+            note = make(*values)
+        else:
+            note = make(values)
+    except Exception as exc:
+        raise ConfigError(
+            f"--args do not make a {cls.__name__} ({type(exc).__name__}: {exc})"
+        ) from None
+    via = to.server if args.via is None else args.via
+    with Client(config, via, timeout=args.timeout) as client:
+        performed = client.send(to, note, request_id=args.request_id)
+    if performed:
+        print(f"sent {cls.__name__} to {to} through server {via}")
+    else:
+        print(f"request {args.request_id} was already accepted by server {via}: not sent again")
+    return 0
+
+
+def _import_class(path: str) -> Any:
+    from aaabus.errors import ConfigError
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--notification {path!r} is not of the form module:Class")
+    # Like `python -m`, look in the current directory too, where the user's modules are.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise ConfigError(
+            f"--notification {path} cannot be imported ({type(exc).__name__}: {exc}); "
+            "check the module path and PYTHONPATH"
+        ) from None
+    return target
 
 
 def _cmd_server(args: argparse.Namespace) -> int:
@@ -211,6 +398,34 @@ def _main_parser() -> _Parser:
         "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     launch.set_defaults(func=_cmd_launch)
+
+    status = sub.add_parser("status", help="show each server's figures, live")
+    status.add_argument("config")
+    status.add_argument("--id", type=int, help="only this server (default: all)")
+    status.add_argument("--json", action="store_true", help='print {"servers": [...]}')
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds per server")
+    status.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for all to be up"
+    )
+    status.set_defaults(func=_cmd_status)
+
+    stop = sub.add_parser("stop", help="stop servers cleanly (as SIGTERM does)")
+    stop.add_argument("config")
+    stop.add_argument("--id", type=int, help="only this server (default: all)")
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
+    stop.set_defaults(func=_cmd_stop)
+
+    send = sub.add_parser("send", help="send a notification to an agent from outside the bus")
+    send.add_argument("config")
+    send.add_argument("--to", required=True, help="the target agent, e.g. '#0.1.16' (quoted)")
+    send.add_argument(
+        "--notification", required=True, help="its class, module:Class (importable here)"
+    )
+    send.add_argument("--args", default="{}", help="JSON: an object (keywords) or a list")
+    send.add_argument("--via", type=int, help="server to go through (default: the target's)")
+    send.add_argument("--request-id", help="id making a retried send idempotent")
+    send.add_argument("--timeout", type=float, default=30.0, help="seconds, retries included")
+    send.set_defaults(func=_cmd_send)
 
     server = sub.add_parser("server", help="run one agent server (same as aaabus-server)")
     for action in _server_parser("aaabus server")._actions:

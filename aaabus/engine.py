@@ -41,7 +41,6 @@ from aaabus.notifications import (
     Notification,
     UnknownAgent,
 )
-
 from aaabus.store import StoreWriteFailed
 
 if TYPE_CHECKING:

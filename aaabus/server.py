@@ -15,10 +15,14 @@ import logging
 import os
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from BTrees.LOBTree import LOBTree
+from BTrees.OOBTree import OOBTree
 
 from aaabus.agent import Agent
 from aaabus.channel import Channel
@@ -27,14 +31,34 @@ from aaabus.domains import Topology
 from aaabus.engine import Engine
 from aaabus.errors import AaabusError, ConfigError
 from aaabus.ids import AgentId
+from aaabus.message import Message
 from aaabus.network import Network
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
 from aaabus.store import STORE_KINDS, Store, open_store
 from aaabus.trace import Tracer
 
+if TYPE_CHECKING:
+    from aaabus.admin import AdminEndpoint
+    from aaabus.metrics import MetricsEndpoint
+
 log = logging.getLogger("aaabus.server")
 T = TypeVar("T")
+
+#: Store root keys of the client request ids already accepted (see :meth:`accept_once`).
+_SEEN = "client_requests"
+_SEEN_ORDER = "client_requests_order"
+
+
+class ServerCounters:
+    """Counters the engine does not keep itself, bumped on the engine thread (read anywhere).
+
+    Counted since boot, as the work is done: a group that aborts (a reaction raised) and is
+    replayed counts its sends again, like ``EngineStats.reactions`` counts its reactions.
+    """
+
+    def __init__(self) -> None:
+        self.sent = 0
 
 
 class ServiceFailed(AaabusError):
@@ -132,7 +156,10 @@ class AgentServer:
         *,
         storage: str | os.PathLike[str] | None = None,
         store_kind: str | None = None,
+        endpoints: bool = False,
     ) -> None:
+        """``endpoints``: also serve the admin port and, if configured, the metrics port (what
+        a server process does; off for in-process simulations of many servers)."""
         self.config = config
         self.server_id = server_id
         self.spec = config.server(server_id)
@@ -147,6 +174,7 @@ class AgentServer:
         self.max_batch = _int_prop(config, server_id, "aaabus.engine.max_batch", 64)
         self.max_group_ms = _int_prop(config, server_id, "aaabus.engine.max_group_ms", 5)
         self.max_frame = _int_prop(config, server_id, "aaabus.max_frame", 16 << 20)
+        self.remember = _int_prop(config, server_id, "aaabus.client.remember", 100_000)
         allow_cycles = config.prop(server_id, "aaabus.test.allow_cycles", "false") == "true"
         # Validated at every boot: a cyclic domain graph would silently break causal order.
         self.topology = Topology.from_config(config, allow_cycles=allow_cycles)
@@ -162,6 +190,15 @@ class AgentServer:
         self.network: Network | None = None
         self.tracer: Tracer | None = None
         self.stopped = threading.Event()
+        self.counters = ServerCounters()
+        self.started_at = time.monotonic()
+        self.endpoints = endpoints
+        self.admin: AdminEndpoint | None = None
+        self.metrics: MetricsEndpoint | None = None
+        # stop() may come from a signal, the admin port and the owner at once: one at a time.
+        self._stop_lock = threading.Lock()
+        self._stop_requested = False
+        self._stopping = threading.Lock()
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
@@ -176,13 +213,21 @@ class AgentServer:
             )
             if self.trace_dir is not None:
                 self.tracer = self.engine.tracer = Tracer(self.trace_dir, self.server_id)
+            self._count_sends(self.engine)
             self._boot()
             self.engine.start()
             if self.channel is not None and self.topology.neighbours(self.server_id):
                 self.network = self._make_network(self.engine, self.channel)
                 self.channel.transport = self.network
                 self.network.start()
+            self.started_at = time.monotonic()
+            if self.endpoints:
+                self._start_endpoints()
         except BaseException:
+            self._stop_endpoints()
+            if self.network is not None:
+                self.network.stop()
+                self.network = None
             if self.engine is not None and self.engine.alive:
                 self.engine.stop()
             self.store.close()
@@ -190,9 +235,60 @@ class AgentServer:
             raise
         log.info("server %s started (%s)", self.server_id, self.store.description)
 
+    def _count_sends(self, engine: Engine) -> None:
+        # Every send of this server (reactions, factory, services, clients) goes through
+        # Engine.route: wrapping it on this one engine counts them without the engine knowing.
+        counters = self.counters
+        route = engine.route
+
+        def counting_route(msg: Message) -> None:
+            counters.sent += 1
+            route(msg)
+
+        engine.route = counting_route  # type: ignore[method-assign]
+
+    def _start_endpoints(self) -> None:
+        from aaabus.admin import AdminEndpoint, AdminError, admin_address
+
+        address, explicit = admin_address(self.config, self.server_id)
+        if address is not None:
+            try:
+                self.admin = AdminEndpoint(self, address)
+            except AdminError as exc:
+                if explicit:
+                    raise
+                # The default port is a convenience: a clash must not keep the bus down.
+                log.warning("%s; running without an admin endpoint", exc)
+            else:
+                self.admin.start()
+                log.info("server %s: admin endpoint on %s:%s", self.server_id, *address)
+        metrics_port = self.config.prop(self.server_id, "aaabus.metrics.port")
+        if metrics_port:
+            from aaabus.metrics import MetricsEndpoint
+
+            host = self.config.prop(self.server_id, "aaabus.metrics.host") or "127.0.0.1"
+            if not metrics_port.isdigit() or not 0 <= int(metrics_port) <= 65535:
+                raise ConfigError(
+                    f"property aaabus.metrics.port={metrics_port!r} is not a port in 0..65535",
+                    self.config.path,
+                )
+            self.metrics = MetricsEndpoint(self, host, int(metrics_port))
+            log.info(
+                "server %s: metrics on http://%s:%s/metrics", self.server_id, *self.metrics.address
+            )
+
+    def _stop_endpoints(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+            self.admin = None
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+
     def _boot(self) -> None:
         assert self.engine is not None and self.store is not None
-        record = self.store.record
+        store = self.store
+        record = store.record
         engine = self.engine
         ctx = BootContext(
             self.server_id,
@@ -209,6 +305,11 @@ class AgentServer:
             if self.tracer is not None:
                 clocks = list(self.channel.clocks.values())
                 self.tracer.watch_clocks(lambda: sum(c.dirty_bytes() for c in clocks))
+            # Client request ids already accepted (accept_once): created once, kept forever.
+            root = store.conn.root()
+            if _SEEN not in root:
+                root[_SEEN] = OOBTree()
+                root[_SEEN_ORDER] = LOBTree()
             record.boots += 1
             for spec, service in self._services:
                 first_time = spec.cls not in record.services_started
@@ -241,6 +342,59 @@ class AgentServer:
         """Send ``note`` to ``to`` from ``#s.s.0``; returns once it is durable here."""
         engine = self._require_engine()
         self.call(lambda: engine._context.send(to, note), timeout)
+
+    def accept_once(
+        self, request_id: str, fn: Callable[[], str], timeout: float = 30.0
+    ) -> tuple[str, bool]:
+        """Run ``fn`` as :meth:`call` does, unless request ``request_id`` was accepted before.
+
+        Returns ``(result, duplicate)``: ``fn``'s result, or the result remembered from the
+        first time. The request id is recorded in the same transaction as ``fn``'s effects, so
+        a client that retries after a lost answer gets exactly one effect. The last
+        ``aaabus.client.remember`` ids are remembered, in the store (they survive restarts).
+        """
+        engine = self._require_engine()
+        bound = self.remember
+
+        def once() -> tuple[str, bool]:
+            root = engine.store.conn.root()
+            seen: OOBTree = root[_SEEN]
+            order: LOBTree = root[_SEEN_ORDER]
+            hit = seen.get(request_id)
+            if hit is not None:
+                return hit[1], True
+            result = fn()
+            seq = order.maxKey() + 1 if order else 0
+            order[seq] = request_id
+            seen[request_id] = (seq, result)
+            # Keys are consecutive, so the count is a subtraction (len() of a BTree is a scan).
+            while seq - order.minKey() >= bound:
+                seen.pop(order.pop(order.minKey()), None)
+            return result, False
+
+        return self.call(once, timeout)
+
+    def send_now(self, to: AgentId, note: Notification) -> str:
+        """Engine thread only (inside :meth:`call`): send ``note`` from ``#s.s.0``."""
+        engine = self._require_engine()
+        if not isinstance(note, Notification):
+            raise TypeError(f"{type(note).__name__} is not an aaabus.Notification")
+        engine._context.send(to, note)
+        return ""
+
+    def deploy_now(self, agent: Agent, server: int | None) -> str:
+        """Engine thread only (inside :meth:`call`): deploy ``agent``; returns its id."""
+        if not isinstance(agent, Agent):
+            raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
+        return str(agent.deploy(server))
+
+    def request_stop(self) -> None:
+        """Stop as on SIGTERM, from another thread; returns at once (see :attr:`stopped`)."""
+        with self._stop_lock:
+            if self._stop_requested:
+                return
+            self._stop_requested = True
+        threading.Thread(target=self.stop, name=f"stop-{self.server_id}", daemon=True).start()
 
     def add_listener(self, listener: Callable[[AgentId, Notification], None]) -> None:
         """Receive, after commit, the notifications agents send to ``#s.s.<this server>``.
@@ -295,18 +449,31 @@ class AgentServer:
         return self.engine.failure if self.engine is not None else None
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Stop taking frames, finish the group in flight, stop the engine, close the store."""
-        try:
-            if self.network is not None:
-                self.network.stop(timeout)
-                self.network = None
-            if self.engine is not None:
-                self.engine.stop(timeout)
-        finally:
-            if self.store is not None:
-                self.store.close()
-                self.store = None
-            if self.tracer is not None:
-                self.tracer.close()
-            self.stopped.set()
-            log.info("server %s stopped", self.server_id)
+        """Stop taking frames, finish the group in flight, stop the engine, close the store.
+
+        Idempotent and safe from any thread. The admin endpoint closes last: a client that
+        asked for the stop sees its connection end once the store is closed.
+        """
+        with self._stop_lock:
+            self._stop_requested = True
+        with self._stopping:
+            if self.store is None:
+                self._stop_endpoints()
+                self.stopped.set()
+                return
+            try:
+                if self.network is not None:
+                    self.network.stop(timeout)
+                    self.network = None
+                if self.engine is not None:
+                    self.engine.stop(timeout)
+            finally:
+                if self.store is not None:
+                    self.store.close()
+                    self.store = None
+                if self.tracer is not None:
+                    self.tracer.close()
+                    self.tracer = None
+                self.stopped.set()
+                log.info("server %s stopped", self.server_id)
+                self._stop_endpoints()

@@ -1,0 +1,608 @@
+"""The admin endpoint of an agent server, and the client side of its protocol.
+
+Each server process listens on one more TCP port, its **admin port**, for the tools of the bus
+(``aaabus status``, ``aaabus stop``, ``aaabus send``, :class:`aaabus.client.Client`). The port is
+property ``aaabus.admin.port`` of the server, by default its first network port + 1000
+(:data:`ADMIN_PORT_OFFSET`), bound on the server's ``hostname``.
+
+Authentication
+    Exactly the handshake of the links between servers (:mod:`aaabus.wire`): a mutual HMAC
+    challenge-response on the bus secret, then every frame sequenced and MACed by a
+    :class:`~aaabus.wire.SessionCipher`. Server ids and client ids share the handshake's 32-bit id
+    field, so clients take their ids in a reserved range, ``CLIENT_ID_BASE`` (2**31) and above;
+    the endpoint refuses any other connector id, and the network ports refuse client ids (they
+    only accept the configured peers). Nothing is read from a connection beyond the 256-byte
+    handshake limit before the peer has proven it holds the secret.
+
+Protocol
+    After the handshake the client sends requests and the server answers each in order, one
+    session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
+    ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 pickle>}``,
+    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``. Answers are
+    ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``. Notifications and agents are
+    pickles, as between servers, and are unpickled only on an authenticated session; everything
+    else is JSON, which carries no code.
+
+Threads
+    One listener thread (``admin-<id>``) accepts connections and runs one short-lived thread per
+    connection (at most :data:`MAX_CONNECTIONS` at once). Whatever reads or changes the store is
+    handed to the engine thread with :meth:`AgentServer.call`, so status figures are one
+    consistent snapshot and sends are committed by the engine like any other.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import contextlib
+import json
+import logging
+import os
+import pickle
+import secrets
+import socket
+import socketserver
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+from aaabus.errors import AaabusError, ConfigError
+from aaabus.ids import AgentId
+from aaabus.wire import (
+    HANDSHAKE_MAX_FRAME,
+    MAX_SERVER_ID,
+    AcceptorHandshake,
+    ConnectorHandshake,
+    FrameDecoder,
+    SessionCipher,
+    WireError,
+)
+
+if TYPE_CHECKING:
+    from aaabus.config import BusConfig
+    from aaabus.server import AgentServer
+
+__all__ = [
+    "ADMIN_PORT_OFFSET",
+    "CLIENT_ID_BASE",
+    "AdminEndpoint",
+    "AdminError",
+    "Link",
+    "RequestRefused",
+    "ServerUnreachable",
+    "admin_address",
+    "bus_status",
+    "server_status",
+    "stop_servers",
+]
+
+log = logging.getLogger("aaabus.admin")
+
+#: Default admin port: the server's first network port plus this.
+ADMIN_PORT_OFFSET = 1000
+#: Handshake ids from here up are clients (tools, programs), never servers.
+CLIENT_ID_BASE = 0x8000_0000
+#: Concurrent admin connections per server; more are refused at once.
+MAX_CONNECTIONS = 32
+#: Seconds a connection has to complete the handshake.
+HANDSHAKE_TIMEOUT = 5.0
+#: Seconds an authenticated connection may stay idle between requests.
+IDLE_TIMEOUT = 300.0
+#: Longest client-chosen request id (they are remembered by the server for deduplication).
+MAX_REQUEST_ID = 128
+#: Window of the reactions-per-second figure, in seconds.
+RATE_WINDOW = 10.0
+
+
+class AdminError(AaabusError):
+    """An admin request could not be made or was refused."""
+
+
+class ServerUnreachable(AdminError):
+    """Nothing answers on the server's admin port (the server is down or unreachable)."""
+
+    exit_code = 1
+
+
+class RequestRefused(AdminError):
+    """The server received the request and refused it (bad target, undecodable notification)."""
+
+
+# -- where ------------------------------------------------------------------------------------
+
+
+def admin_address(config: BusConfig, server_id: int) -> tuple[tuple[str, int] | None, bool]:
+    """``((host, port), explicit)`` of a server's admin endpoint; ``(None, True)`` when off.
+
+    ``explicit`` tells whether property ``aaabus.admin.port`` chose it: an explicit port must be
+    bound or the server does not start, the default one is used when free (see docs/config.md).
+    """
+    spec = config.server(server_id)
+    raw = config.prop(server_id, "aaabus.admin.port")
+    if raw is None or raw == "":
+        port = spec.networks[0].port + ADMIN_PORT_OFFSET
+        if port > 65535:
+            return None, False
+        return (spec.hostname, port), False
+    if raw.strip().lower() == "off":
+        return None, True
+    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
+        raise ConfigError(
+            f"property aaabus.admin.port={raw!r} of server {server_id} is not a port in "
+            "1..65535 nor 'off'",
+            config.path,
+        )
+    return (spec.hostname, int(raw)), True
+
+
+# -- one authenticated connection ---------------------------------------------------------------
+
+
+class Link:
+    """A blocking, authenticated connection carrying JSON objects in session frames.
+
+    Used by both ends; not thread-safe (one request at a time).
+    """
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._cipher: SessionCipher | None = None
+        # Until the peer has authenticated, frames are held to the handshake's tiny limit.
+        self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
+        self._frames: deque[bytes] = deque()
+
+    def _authenticated(self, cipher: SessionCipher, max_frame: int) -> None:
+        self._cipher = cipher
+        self._decoder.max_frame = max_frame + SessionCipher.OVERHEAD
+
+    @classmethod
+    def connect(
+        cls,
+        address: tuple[str, int],
+        secret: bytes,
+        server_id: int,
+        *,
+        timeout: float = 5.0,
+        max_frame: int = 16 << 20,
+    ) -> Link:
+        """Connect to the admin endpoint of ``server_id`` and authenticate both ways.
+
+        Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
+        handshake fails (another bus's secret, another server on that port).
+        """
+        try:
+            sock = socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            raise ServerUnreachable(
+                f"server {server_id} does not answer on {address[0]}:{address[1]} "
+                f"({exc.strerror or exc})"
+            ) from None
+        link = cls(sock)
+        where = f"server {server_id} at {address[0]}:{address[1]}"
+        answered = False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A fresh random client id per connection: ids only have to differ from server ids.
+            client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
+            handshake = ConnectorHandshake(secret, client_id, server_id)
+            sock.sendall(handshake.receive(link._read_raw()))
+            answered = True
+            handshake.receive(link._read_raw())
+            link._authenticated(handshake.cipher(), max_frame)
+            return link
+        except WireError as exc:
+            link.close()
+            raise AdminError(f"{where}: {exc}") from None
+        except OSError as exc:
+            link.close()
+            if answered:
+                # It challenged us and hung up on our answer: it refused our proof.
+                raise AdminError(
+                    f"{where} refused the authentication: it does not use this bus secret"
+                ) from None
+            raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+
+    @classmethod
+    def accept(
+        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int
+    ) -> tuple[Link, int]:
+        """Authenticate an accepted connection; returns the link and the client's id."""
+        link = cls(sock)
+        handshake = AcceptorHandshake(secret, server_id, None)
+        sock.sendall(handshake.start())
+        proof = handshake.receive(link._read_raw())
+        client_id = handshake.peer_id
+        assert client_id is not None
+        if client_id < CLIENT_ID_BASE:
+            # A server of the bus holds the secret too, but has no business here: no proof.
+            raise WireError(f"id {client_id} is a server id, not a client id")
+        sock.sendall(proof)
+        link._authenticated(handshake.cipher(), max_frame)
+        return link, client_id
+
+    def _read_raw(self) -> bytes:
+        while not self._frames:
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("connection closed by the other end")
+            self._frames.extend(self._decoder.feed(data))
+        return self._frames.popleft()
+
+    def send(self, obj: Any) -> None:
+        assert self._cipher is not None, "not authenticated"
+        payload = json.dumps(obj, separators=(",", ":")).encode()
+        self.sock.sendall(self._cipher.wrap_frame(payload))
+
+    def receive(self) -> Any:
+        """The next JSON object; raises ConnectionResetError at the end of the stream."""
+        assert self._cipher is not None, "not authenticated"
+        payload = self._cipher.unwrap(self._read_raw())
+        try:
+            return json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WireError(f"admin frame is not JSON ({exc})") from None
+
+    def request(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.send(obj)
+        answer = self.receive()
+        if not isinstance(answer, dict):
+            raise WireError("admin answer is not a JSON object")
+        return answer
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait for the other end to close (True) or the deadline (False)."""
+        self.sock.settimeout(timeout)
+        try:
+            while self.sock.recv(65536):
+                pass
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+# -- status -------------------------------------------------------------------------------------
+
+
+def server_status(server: AgentServer, timeout: float = 10.0) -> dict[str, Any]:
+    """One consistent snapshot of a running server's figures (see docs/operations.md).
+
+    Queue depths, clocks, counters and the storage size are read together on the engine thread,
+    between two reactions, so that they describe the same instant.
+    """
+    engine = server.engine
+    channel = server.channel
+    if engine is None or channel is None:
+        raise AdminError(f"server {server.server_id} is not started")
+    network = server.network
+    counters = server.counters
+    me = server.server_id
+
+    def read() -> dict[str, Any]:
+        store = engine.store
+        depths = channel.depths()
+        clocks: dict[str, int] = {}
+        sent_remote = received_remote = 0
+        for name, clock in channel.clocks.items():
+            clocks[name] = clock.size
+            for j in range(clock.size):
+                if j != clock.me:
+                    sent_remote += clock.sent_to(j)
+                    received_remote += clock.received_from(j)
+        stats = engine.stats
+        return {
+            "queues": {
+                "input": len(store.qin),
+                "held_back": depths["held_back"],
+                "outgoing": {str(peer): n for peer, n in sorted(depths["outgoing"].items())},
+            },
+            "messages": {
+                "sent": counters.sent,
+                "delivered": stats.reactions,
+                "sent_remote": sent_remote,
+                "received_remote": received_remote,
+            },
+            "reactions": stats.reactions,
+            "commits": stats.commits,
+            "errors": stats.errors,
+            "boots": store.record.boots,
+            "clocks": clocks,
+            "clock_cells": sum(k * k for k in clocks.values()),
+            "storage_bytes": store.size_bytes(),
+        }
+
+    snapshot = server.call(read, timeout)
+    spec = server.spec
+    neighbours = server.topology.neighbours(me)
+    return {
+        "id": me,
+        "name": spec.name,
+        "up": True,
+        "pid": os.getpid(),
+        "uptime_s": round(time.monotonic() - server.started_at, 3),
+        "domains": list(spec.domains),
+        "router": server.topology.is_router(me),
+        "store": server.store_kind,
+        "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
+        **snapshot,
+    }
+
+
+class RateMeter:
+    """Reactions per second over the last :data:`RATE_WINDOW` seconds, from periodic samples."""
+
+    def __init__(self, read: Any) -> None:
+        self._read = read
+        self._samples: deque[tuple[float, int]] = deque()
+        self._lock = threading.Lock()
+        self.sample()
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            if self._samples and now - self._samples[-1][0] < 1.0:
+                return
+            self._samples.append((now, self._read()))
+            while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW:
+                self._samples.popleft()
+
+    def rate(self) -> float:
+        now, value = time.monotonic(), self._read()
+        with self._lock:
+            then, before = self._samples[0]
+        return round((value - before) / (now - then), 1) if now - then > 0.1 else 0.0
+
+
+# -- the endpoint -------------------------------------------------------------------------------
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+
+    endpoint: AdminEndpoint
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.endpoint._admit(request)
+
+    def service_actions(self) -> None:
+        # Called by serve_forever between polls: samples for the reactions-per-second figure
+        # without a thread of its own.
+        self.endpoint.rates.sample()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _TCPServer
+
+    def handle(self) -> None:
+        self.server.endpoint._serve(self.request, self.client_address)
+
+
+class AdminEndpoint:
+    """The admin listener of one server (see the module docstring)."""
+
+    def __init__(self, server: AgentServer, address: tuple[str, int]) -> None:
+        self.server = server
+        self.rates = RateMeter(lambda: server.engine.stats.reactions if server.engine else 0)
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._closing = False
+        try:
+            self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)
+        except OSError as exc:
+            raise AdminError(
+                f"admin port {address[1]} on {address[0]} of server {server.server_id} is not "
+                f"usable ({exc.strerror or exc}); set property aaabus.admin.port to a free port "
+                "or to off"
+            ) from None
+        self._tcp.endpoint = self
+        self._thread = threading.Thread(
+            target=self._tcp.serve_forever,
+            kwargs={"poll_interval": 0.25},
+            name=f"admin-{server.server_id}",
+            daemon=True,
+        )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._tcp.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, then close every open connection (clients see the end of stream)."""
+        with self._lock:
+            self._closing = True
+            conns = list(self._conns)
+        # shutdown() waits for serve_forever to notice: only if it runs, and not from inside it.
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._tcp.shutdown()
+        self._tcp.server_close()
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _admit(self, sock: socket.socket) -> bool:
+        with self._lock:
+            if self._closing or len(self._conns) >= MAX_CONNECTIONS:
+                return False
+            self._conns.add(sock)
+            return True
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        server = self.server
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        try:
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            try:
+                link, client = Link.accept(sock, server.secret, server.server_id, server.max_frame)
+            except (WireError, OSError) as exc:
+                log.warning(
+                    "server %s: admin connection from %s refused: %s", server.server_id, where, exc
+                )
+                return
+            log.debug(
+                "server %s: admin client %s connected from %s", server.server_id, client, where
+            )
+            sock.settimeout(IDLE_TIMEOUT)
+            while True:
+                try:
+                    request = link.receive()
+                except (WireError, OSError):
+                    return  # the client left, idled out, or broke the session: nothing to say
+                link.send(self._answer(request))
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(sock)
+
+    def _answer(self, request: Any) -> dict[str, Any]:
+        server = self.server
+        try:
+            if not isinstance(request, dict):
+                raise RequestRefused("a request is a JSON object")
+            op = request.get("op")
+            if op == "status":
+                status = server_status(server)
+                status["reactions_per_s"] = self.rates.rate()
+                return {"ok": True, "status": status}
+            if op == "stop":
+                log.info("server %s: stop requested through the admin port", server.server_id)
+                server.request_stop()
+                return {"ok": True}
+            if op == "send":
+                to = _target(server, request.get("to"))
+                note = _unpickle(request.get("note"), "notification")
+                key = _request_id(request)
+                _, duplicate = server.accept_once(key, lambda: server.send_now(to, note))
+                return {"ok": True, "duplicate": duplicate}
+            if op == "deploy":
+                agent = _unpickle(request.get("agent"), "agent")
+                where = request.get("server")
+                if where is not None and (
+                    not isinstance(where, int) or where not in server.config.servers
+                ):
+                    raise RequestRefused(f"server {where!r} is not in the bus")
+                key = _request_id(request)
+                agent_id, duplicate = server.accept_once(
+                    key, lambda: server.deploy_now(agent, where)
+                )
+                return {"ok": True, "agent": agent_id, "duplicate": duplicate}
+            raise RequestRefused(f"unknown request {op!r}")
+        except (AaabusError, TimeoutError) as exc:
+            return {"ok": False, "error": str(exc) or type(exc).__name__}
+        except Exception as exc:  # a failing send or deploy: its transaction was rolled back
+            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _request_id(request: dict[str, Any]) -> str:
+    key = request.get("id")
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_REQUEST_ID:
+        raise RequestRefused(f"a request id is a string of 1..{MAX_REQUEST_ID} characters")
+    return key
+
+
+def _target(server: AgentServer, text: Any) -> AgentId:
+    if not isinstance(text, str):
+        raise RequestRefused("'to' must be an agent id like #0.1.16")
+    try:
+        to = AgentId.parse(text)
+    except ValueError as exc:
+        raise RequestRefused(str(exc)) from None
+    if to.server not in server.config.servers:
+        raise RequestRefused(f"agent {to} is on server {to.server}, which is not in the bus")
+    return to
+
+
+def _unpickle(text: Any, what: str) -> Any:
+    # Only ever reached on an authenticated session: the client holds the bus secret, which is
+    # the same trust as a peer server, whose frames are unpickled too.
+    if not isinstance(text, str):
+        raise RequestRefused(f"the {what} is missing")
+    try:
+        return pickle.loads(base64.b64decode(text, validate=True))
+    except (binascii.Error, ValueError):
+        raise RequestRefused(f"the {what} is not base64") from None
+    except Exception as exc:
+        raise RequestRefused(
+            f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "
+            "importable by the server"
+        ) from None
+
+
+# -- bus-wide tools -----------------------------------------------------------------------------
+
+
+def _ask(
+    config: BusConfig, server_id: int, secret: bytes, request: dict[str, Any], timeout: float
+) -> tuple[Link, dict[str, Any]]:
+    address, _ = admin_address(config, server_id)
+    if address is None:
+        raise ServerUnreachable(f"server {server_id} has no admin port (aaabus.admin.port=off)")
+    link = Link.connect(address, secret, server_id, timeout=timeout)
+    try:
+        link.sock.settimeout(timeout)
+        answer = link.request(request)
+    except (WireError, OSError) as exc:
+        link.close()
+        raise ServerUnreachable(f"server {server_id} did not answer ({exc})") from None
+    if not answer.get("ok"):
+        link.close()
+        raise RequestRefused(f"server {server_id}: {answer.get('error', 'refused')}")
+    return link, answer
+
+
+def bus_status(
+    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 5.0
+) -> list[dict[str, Any]]:
+    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``."""
+
+    def one(sid: int) -> dict[str, Any]:
+        try:
+            link, answer = _ask(config, sid, secret, {"op": "status"}, timeout)
+        except ServerUnreachable:
+            return {"id": sid, "up": False}
+        link.close()
+        status: dict[str, Any] = answer["status"]
+        return status
+
+    ids = list(ids)
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(ids)))) as pool:
+        return list(pool.map(one, ids))
+
+
+def stop_servers(
+    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 30.0
+) -> dict[int, str]:
+    """Stop servers cleanly, in parallel; waits until each has closed its store.
+
+    Returns, per server, ``"stopped"``, ``"not running"`` or ``"still stopping"`` (the deadline
+    passed first).
+    """
+
+    def one(sid: int) -> str:
+        try:
+            link, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
+        except ServerUnreachable:
+            return "not running"
+        try:
+            # The server closes admin connections last, once its store is closed.
+            return "stopped" if link.wait_closed(timeout) else "still stopping"
+        finally:
+            link.close()
+
+    ids = list(ids)
+    with ThreadPoolExecutor(max_workers=min(16, max(1, len(ids)))) as pool:
+        return dict(zip(ids, pool.map(one, ids), strict=True))
