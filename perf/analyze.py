@@ -656,6 +656,8 @@ def verdict(fit: dict[str, Any], sse_l: float | None, sse_q: float | None) -> st
       level (a·w²/4 for a range of width w);
     * linear / decreasing: at least 3 servers counts, slope significant (95 %) and the line moves
       by >= PRACTICAL of the mean level across the range;
+    * uncertain: the line moves by that much but the slope is not significant (too few points or
+      too much noise): calling it constant would claim more than the data shows;
     * constant: neither;
     * insufficient data: fewer than 3 servers counts.
     """
@@ -684,6 +686,8 @@ def verdict(fit: dict[str, Any], sse_l: float | None, sse_q: float | None) -> st
         and abs(slope) * width >= PRACTICAL * level
     ):
         return "linear" if slope > 0 else "decreasing"
+    if slope is not None and abs(slope) * width >= PRACTICAL * level:
+        return "uncertain"
     return "constant"
 
 
