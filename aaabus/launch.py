@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from aaabus.admin import ADMIN_PORT_OFFSET
 from aaabus.cli import READY_LINE
 from aaabus.errors import AaabusError
 
@@ -249,7 +250,10 @@ def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 200) -> 
     would otherwise take ports that later servers must listen on.
     """
     low, high = _ephemeral_range()
-    spans = [(1024, low - count), (high + 1, 65536 - count)]
+    # Below the ephemeral range, with room for each server's admin port (its first port + 1000,
+    # see aaabus.admin) to stay below it too; above the range only when that is impossible.
+    spans = [(1024, low - count - ADMIN_PORT_OFFSET)]
+    spans = [(a, b) for a, b in spans if b > a] or [(high + 1, 65536 - count - ADMIN_PORT_OFFSET)]
     spans = [(a, b) for a, b in spans if b > a]
     if not spans:
         raise LaunchError(f"no room for {count} consecutive ports outside {low}-{high}")
