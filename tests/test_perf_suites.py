@@ -125,3 +125,19 @@ def test_sweep_in_process(tmp_path) -> None:
     rtt = pq.read_table(tmp_path / "rtt")
     assert set(rtt.column("process_mode").to_pylist()) == {"inprocess"}
     assert set(rtt.column("hops").to_pylist()) == {2}  # a tree of domains of 3: s0 -> leaf
+
+
+def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path) -> None:
+    traces, report = tmp_path / "traces", tmp_path / "report"
+    sweep = perf(
+        "sweep", "--topologies", "flat,star", "--sizes", "3,5,7", "--domain-size", "3",
+        "--tests", "remote", "--clock-modes", "delta", "--rounds", "8", "--warmup", "2",
+        "--inprocess", "--out", str(traces),
+    )  # fmt: skip
+    assert sweep["points"] == 6 and sweep["rows"] == 48
+    out = perf("analyze", str(traces), "--out", str(report), "--master", "local[2]")
+    assert out["rows"] == 48 and out["series"] == 2
+    text = (report / "report.md").read_text()
+    assert "flat" in text and "star" in text and str(traces) in text
+    assert (report / "rtt_remote.png").stat().st_size > 0
+    assert (report / "points.csv").exists()
