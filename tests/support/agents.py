@@ -346,13 +346,19 @@ class Gossiper(Agent):
 
         rng = random.Random(f"{self.seed}:{self.n}")
         name, dest = self.peers[rng.randrange(len(self.peers))]
+        mid, vc = self._record_send(name)
+        self.send_to(dest, Gossip(mid, vc, ttl))
+
+    def _record_send(self, dest_name: str) -> tuple[str, dict[str, int]]:
+        """Tick the vector clock for a send to ``dest_name``, record it; the message's id and
+        clock."""
         vc = dict(self.vc)
         vc[self.label] = vc.get(self.label, 0) + 1
         self.vc = vc
         mid = f"{self.label}#{self.n}"
         self.n += 1
-        self.sent.append((mid, name, dict(vc)))
-        self.send_to(dest, Gossip(mid, dict(vc), ttl))
+        self.sent.append((mid, dest_name, dict(vc)))
+        return mid, dict(vc)
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Peers):

@@ -1040,13 +1040,8 @@ class Scribe(Gossiper):
     instead of a random walk: the theorem needs one exact pattern of messages."""
 
     def _chain(self, name: str, dest: AgentId, then: list[tuple[str, AgentId]]) -> None:
-        vc = dict(self.vc)
-        vc[self.label] = vc.get(self.label, 0) + 1
-        self.vc = vc
-        mid = f"{self.label}#{self.n}"
-        self.n += 1
-        self.sent.append((mid, name, dict(vc)))
-        self.send_to(dest, Chain(mid, dict(vc), then))
+        mid, vc = self._record_send(name)
+        self.send_to(dest, Chain(mid, vc, then))
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Fire):
