@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from aaabus.errors import AaabusError, ConfigError
 from aaabus.ids import AgentId
+from aaabus.message import vet_body
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
@@ -528,13 +529,16 @@ def _target(server: AgentServer, text: Any) -> AgentId:
 
 def _unpickle(text: Any, what: str) -> Any:
     # Only ever reached on an authenticated session: the client holds the bus secret, which is
-    # the same trust as a peer server, whose frames are unpickled too.
+    # the same trust as a peer server, and its pickles are vetted the same way.
     if not isinstance(text, str):
         raise RequestRefused(f"the {what} is missing")
     try:
-        return pickle.loads(base64.b64decode(text, validate=True))
+        data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise RequestRefused(f"the {what} is not base64") from None
+    try:
+        vet_body(data)
+        return pickle.loads(data)
     except Exception as exc:
         raise RequestRefused(
             f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "

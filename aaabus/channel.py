@@ -26,7 +26,6 @@ storage cost.
 from __future__ import annotations
 
 import logging
-import pickle
 import struct
 import time
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,7 +35,7 @@ from BTrees.OOBTree import OOBTree
 from aaabus.clock import ClockError, DomainClock, Verdict
 from aaabus.errors import StoreError
 from aaabus.ids import AgentId
-from aaabus.message import Message
+from aaabus.message import Message, vet_body
 from aaabus.store import PersistentQueue
 
 if TYPE_CHECKING:
@@ -47,11 +46,18 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aaabus.channel")
 
-# First byte of every frame. An acknowledgement is recognised (and parsed) without unpickling,
-# on the network thread, so that it can be handed to the engine as lazy work.
+# First byte of every frame. Neither kind is pickled: a frame is checked and taken apart with
+# fixed-size fields in time linear in its length, whatever its bytes, and only the notification
+# body inside a data frame is ever unpickled (after :func:`aaabus.message.vet_body`).
 DATA = b"D"
 ACK = b"A"
-_ACK = struct.Struct(">cQ")  # followed by the domain name, UTF-8
+# An acknowledgement, parsed on the network thread and handed to the engine as lazy work:
+# kind, upto; followed by the domain name, UTF-8.
+_ACK = struct.Struct(">cQ")
+# A data frame: kind, link sequence number, sender id, target id (from, server, stamp each),
+# lengths of the domain name and of the stamp; followed by the domain name (UTF-8), the stamp
+# and the notification body, which runs to the end of the frame.
+_DATA = struct.Struct(">cQIIQIIQHI")
 
 
 class Transport(Protocol):
@@ -155,7 +161,7 @@ class Channel:
         if tracer is not None:
             tracer.stamped(hop.domain, hop.server, len(stamp), time.perf_counter_ns() - t0)
         seq = clock.sent_to(dest)
-        frame = _data_frame(seq, hop.domain, stamp, message)
+        frame = encode_data(seq, hop.domain, stamp, message)
         if len(frame) > self.max_frame - 64:  # room for the session's sequence number and MAC
             # Raised inside the sending reaction, which is rolled back: the sender hears of it.
             raise ValueError(
@@ -234,19 +240,16 @@ class Channel:
 
     def receive(self, peer: int, payload: bytes) -> None:
         """Handle one authenticated data frame from ``peer`` (engine thread, in the group)."""
-        if payload[:1] != DATA:
-            raise ValueError(f"unknown frame kind {payload[:1]!r} from server {peer}")
-        self._receive_data(peer, pickle.loads(payload[1:]))
-
-    def _receive_data(self, peer: int, frame: tuple[Any, ...]) -> None:
-        seq, domain, stamp, sender, target, body = frame
+        try:
+            seq, domain, stamp, message = decode_data(payload)
+        except ValueError as exc:
+            raise ValueError(f"bad frame from server {peer}: {exc}") from None
         clock = self.clocks.get(domain)
         index = self._index.get(domain, {})
         if clock is None or peer not in index:
             raise ValueError(f"server {peer} sent a message in domain {domain!r} it does not share")
         link = (peer, domain)
         src = index[peer]
-        message = Message(AgentId(*sender), AgentId(*target), body)
         tracer = self.tracer
         t0 = time.perf_counter_ns() if tracer is not None else 0
         try:
@@ -308,7 +311,7 @@ class Channel:
     def resend(self, peer: int) -> None:
         """The link to ``peer`` is (back) up: send everything it has not acknowledged, in order."""
         frames = [
-            _data_frame(seq, domain, stamp, message)
+            encode_data(seq, domain, stamp, message)
             for domain in self._links_of.get(peer, ())
             for seq, (stamp, message) in self._qout[peer, domain].items()
         ]
@@ -327,9 +330,29 @@ class Channel:
         }
 
 
-def _data_frame(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
-    # Ids travel as plain tuples: shorter to pickle than the named tuple's class reference.
-    return DATA + pickle.dumps(
-        (seq, domain, stamp, tuple(message.sender), tuple(message.target), message.body),
-        pickle.HIGHEST_PROTOCOL,
-    )
+def encode_data(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
+    """The data frame carrying ``message`` as number ``seq`` of its link in ``domain``."""
+    name = domain.encode()
+    sender, target = message.sender, message.target
+    head = _DATA.pack(DATA, seq, *sender, *target, len(name), len(stamp))
+    return b"".join((head, name, stamp, message.body))
+
+
+def decode_data(payload: bytes) -> tuple[int, str, bytes, Message]:
+    """Take a data frame apart: ``(seq, domain, stamp, message)``; ``ValueError`` if malformed.
+
+    The body is vetted here, on the server that received it, so that whatever later unpickles
+    it (this server's engine, or the next hop's) only ever sees bytes that passed the check.
+    """
+    if len(payload) < _DATA.size or payload[:1] != DATA:
+        raise ValueError(f"not a data frame ({len(payload)} bytes, kind {payload[:1]!r})")
+    _kind, seq, *ids, name_len, stamp_len = _DATA.unpack_from(payload)
+    start = _DATA.size
+    body_at = start + name_len + stamp_len
+    if body_at >= len(payload):
+        raise ValueError(f"data frame of {len(payload)} bytes is shorter than its fields")
+    domain = payload[start : start + name_len].decode("utf-8")  # UnicodeError is a ValueError
+    body = payload[body_at:]
+    vet_body(body)
+    message = Message(AgentId(*ids[:3]), AgentId(*ids[3:]), body)
+    return seq, domain, payload[start + name_len : body_at], message

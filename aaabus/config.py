@@ -58,6 +58,9 @@ ORDERS = ("causal", "fifo")
 STAMPS = ("delta", "full")
 
 DEFAULT_HOSTNAME = "127.0.0.1"
+# Server ids travel as 32-bit fields in frames; from 2**31 up they are left to external clients
+# (see aaabus.admin), so that a client never takes a server's id.
+MAX_SERVER_ID = 2**31 - 1
 
 # A dotted module path, a colon, one identifier: what ``importlib`` + ``getattr`` can resolve.
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -359,6 +362,10 @@ class _Checker:
             raise self.error(
                 f'<server> id={text!r} is not an integer; use a number >= 0 such as id="0"',
                 elem.line,
+            )
+        if int(text) > MAX_SERVER_ID:
+            raise self.error(
+                f"<server> id={text!r} is too big; server ids go up to {MAX_SERVER_ID}", elem.line
             )
         return int(text)
 

@@ -98,7 +98,11 @@ def run(args: argparse.Namespace) -> int:
         if args.fuzz_frames > 0:
             from tests.support.torture import fuzz_live_server
 
-            fuzz = fuzz_live_server(root / "fuzz", args.fuzz_frames, seed=args.seed, log=log)
+            try:
+                fuzz = fuzz_live_server(root / "fuzz", args.fuzz_frames, seed=args.seed, log=log)
+            except Exception as exc:  # the fuzzer could not go on: the server stopped serving
+                log(f"fuzzing FAILED: {type(exc).__name__}: {exc}")
+                fuzz = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
             totals["fuzz"] = fuzz
     totals["seconds"] = round(time.monotonic() - t0, 1)
     fuzz_ok = "fuzz" not in totals or totals["fuzz"]["ok"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import signal
 import socket
@@ -215,6 +216,12 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
             }
             status = link.request({"op": "status"})["status"]
             assert status["id"] == 0 and status["up"] and status["router"] is False
+            # A client holds the secret, but its pickles are vetted like a peer's: a memo bomb
+            # is refused, and the server goes on answering.
+            bomb = base64.b64encode(b")r\x99\n\xd6L.").decode()
+            answer = link.request({"op": "send", "id": "x", "to": "#0.0.1", "note": bomb})
+            assert answer["ok"] is False and "memo index" in answer["error"], answer
+            assert link.request({"op": "status"})["status"]["up"]
         finally:
             link.close()
     finally:

@@ -172,6 +172,7 @@ BAD: list[tuple[str, str, int, tuple[str, ...]]] = [
     ),
     ("non-integer id", '<server id="one"/>', 2, ("id='one' is not an integer",)),
     ("negative id", '<server id="-3"/>', 2, ("id='-3' is negative",)),
+    ("id too big", '<server id="2147483648"/>', 2, ("id='2147483648' is too big",)),
     (
         "port not integer",
         '<domain name="D"/>\n<server id="0">\n<network domain="D" port="http"/></server>',

@@ -5,10 +5,12 @@ unauthenticated (raw bytes) and, holding the bus secret, as the declared-but-abs
 (see :class:`tests.support.torture.FuzzTarget`). The server must never crash, must drop the
 offending connection or frame, and the rally must go on exactly (every volley once, in order).
 
-An authenticated peer is trusted by design: it holds the secret, and the channel unpickles what
-it sends. The mutated data frames here keep the notification *body* intact, so that the rally
-checks the channel's handling of frames; a body that cannot be unpickled is its own test at the
-end (the reaction fails alone, its input is consumed, and traffic goes on).
+An authenticated peer is trusted with the secret, but not with the server's life: a data frame is
+taken apart with fixed-size fields, never unpickled as a whole, and the notification body inside
+is vetted (:func:`aaabus.message.vet_body`, see tests/test_frames.py) before anything unpickles
+it. The fuzzer mutates the frame around an intact body, and the body inside an intact frame; a
+body that cannot be unpickled is also its own test at the end (the reaction fails alone, its
+input is consumed, and traffic goes on).
 
 Config: random edits of valid a3.xml files must only ever raise ``ConfigError``, one line long;
 ``aaabus check`` must answer 0 or 2 with one line on stderr and no traceback.
@@ -16,7 +18,6 @@ Config: random edits of valid a3.xml files must only ever raise ``ConfigError``,
 
 from __future__ import annotations
 
-import pickle
 import random
 import re
 import subprocess
@@ -27,12 +28,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aaabus.channel import ACK, DATA
+from aaabus.channel import ACK, DATA, encode_data
 from aaabus.clock import DomainClock
 from aaabus.config import parse_config
 from aaabus.domains import Topology
 from aaabus.errors import ConfigError
-from aaabus.message import encode_note
+from aaabus.ids import AgentId
+from aaabus.message import Message, encode_note
 from aaabus.wire import MAGIC, VERSION, encode_frame
 from tests.support.torture import (
     FuzzTarget,
@@ -97,22 +99,21 @@ def test_servers_survive_raw_fuzzing(target: FuzzTarget) -> None:
 
 
 def _data_frame(seq: int, domain: str, stamp: bytes, sender, target_id, body: bytes) -> bytes:
-    frame = (seq, domain, stamp, tuple(sender), tuple(target_id), body)
-    return DATA + pickle.dumps(frame, pickle.HIGHEST_PROTOCOL)
+    return encode_data(seq, domain, stamp, Message(AgentId(*sender), AgentId(*target_id), body))
 
 
 _STAMP = DomainClock(2, 0).prepare_send(1)
 _BODY = encode_note(Start(0, 0))
 
-ids = st.tuples(st.integers(-2, 2**33), st.integers(-2, 4), st.integers(-2, 2**33))
+ids = st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 4), st.integers(0, 2**64 - 1))
 structured = st.builds(
     _data_frame,
-    st.integers(-(2**65), 2**65),
+    st.integers(0, 2**64 - 1),
     st.sampled_from(["D0", "D1", "", "nope"]),
     st.one_of(st.just(_STAMP), st.binary(max_size=40), st.just(_STAMP).map(lambda s: s[:-1])),
     ids,
     ids,
-    st.just(_BODY),
+    st.one_of(st.just(_BODY), st.binary(max_size=80), st.just(b")r\x99\n\xd6L.")),
 )
 acks = st.builds(
     lambda upto, domain: ACK + upto.to_bytes(8, "big") + domain,
@@ -123,6 +124,7 @@ authenticated_payloads = st.one_of(
     st.binary(max_size=300),
     st.binary(max_size=300).map(lambda b: DATA + b),
     structured,
+    structured.flatmap(lambda frame: st.integers(0, len(frame)).map(lambda cut: frame[:cut])),
     acks,
     st.randoms(use_true_random=False).map(lambda r: mutate(r, ACK + bytes(8) + b"D0")),
 )
@@ -153,12 +155,21 @@ def test_a_frame_with_a_bad_mac_cuts_only_that_session(target: FuzzTarget) -> No
     assert_still_serving(target, target.rally())
 
 
-def test_undecodable_body_is_dropped_and_traffic_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not a pickle",
+        # A memo bomb: unpickled, these seven bytes would make s2 allocate 4 GB and clear it.
+        b")r" + (2**28).to_bytes(4, "little") + b".",
+    ],
+    ids=["garbage", "memo-bomb"],
+)
+def test_a_bad_body_is_dropped_and_traffic_goes_on(tmp_path: Path, body: bytes) -> None:
     with FuzzTarget(tmp_path) as target:
         before = target.rally()
-        garbage = _data_frame(1, "D0", _STAMP, (0, 0, 20), (2, 2, 999), b"not a pickle")
-        target.send_authenticated(garbage)
+        target.send_authenticated(_data_frame(1, "D0", _STAMP, (0, 0, 20), (2, 2, 999), body))
         assert_still_serving(target, before, timeout=5.0)
+        assert target.wait_dropped(1, 5.0), "the bad body was not refused"
 
 
 # -- configurations ----------------------------------------------------------------------------

@@ -92,13 +92,12 @@ def test_judges_see_a_lost_credit_a_duplicate_and_broken_money() -> None:
 
 
 def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(make_config) -> None:
-    import pickle
-
-    from aaabus.channel import DATA
+    from aaabus.channel import encode_data
     from aaabus.clock import DomainClock
     from aaabus.config import load_config
+    from aaabus.ids import AgentId
     from aaabus.inprocess import InProcessBus
-    from aaabus.message import encode_note
+    from aaabus.message import Message, encode_note
     from tests.support.torture import Start
 
     config = load_config(make_config(servers=2, properties={"aaabus.store": "memory"}))
@@ -106,14 +105,14 @@ def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(make_config) -
     sender = DomainClock(2, 0)
     stamps = [sender.prepare_send(1), sender.prepare_send(1)]
     body = encode_note(Start(0, 0))
-    second = (2, "D0", stamps[1], (0, 0, 16), (1, 1, 999), body)
+    second = encode_data(2, "D0", stamps[1], Message(AgentId(0, 0, 16), AgentId(1, 1, 999), body))
     with InProcessBus(config, server_ids=[1]) as bus:
         server = bus[1]
 
         def receive_second_only() -> int:
             channel = server.channel
             assert channel is not None
-            channel.receive(0, DATA + pickle.dumps(second))
+            channel.receive(0, second)
             return channel._acks.get((0, "D0"), 0)
 
         acked = server.call(receive_second_only)

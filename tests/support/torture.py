@@ -688,17 +688,13 @@ def raw_poke(addr: tuple[str, int], data: bytes) -> None:
 
 def template_frames(domain: str, target: AgentId, sender: AgentId) -> list[bytes]:
     """Well-formed channel payloads to mutate: a data frame with a real stamp, and an ack."""
-    import pickle
-
-    from aaabus.channel import ACK, DATA
+    from aaabus.channel import ACK, encode_data
     from aaabus.clock import DomainClock
-    from aaabus.message import encode_note
+    from aaabus.message import Message, encode_note
 
     clock = DomainClock(2, 0)
     stamp = clock.prepare_send(1)
-    body = encode_note(Start(0, 0))
-    frame = (1, domain, stamp, tuple(sender), tuple(target), body)
-    data = DATA + pickle.dumps(frame, pickle.HIGHEST_PROTOCOL)
+    data = encode_data(1, domain, stamp, Message(sender, target, encode_note(Start(0, 0))))
     ack = ACK + (5).to_bytes(8, "big") + domain.encode()
     return [data, ack]
 
@@ -755,7 +751,7 @@ class FuzzTarget:
         self.s2_d1 = ("127.0.0.1", cfg.servers[2].port_in("D1"))
         self.s1_d1 = ("127.0.0.1", cfg.servers[1].port_in("D1"))
         self.dropped = 0  # log lines of the engine dropping a bad input
-        self._lock = threading.Lock()
+        self._dropped_changed = threading.Condition()
         self.bus = Bus(self.config, [1, 2], workdir / "stores", cwd=REPO_ROOT, sink=self._line)
         self._peer: FakePeer | None = None
         self.sessions = 0
@@ -766,8 +762,14 @@ class FuzzTarget:
 
     def _line(self, line: str) -> None:
         if "dropping an input" in line:
-            with self._lock:
+            with self._dropped_changed:
                 self.dropped += 1
+                self._dropped_changed.notify_all()
+
+    def wait_dropped(self, at_least: int, timeout: float) -> bool:
+        """Wait until the servers have logged ``at_least`` dropped inputs in all."""
+        with self._dropped_changed:
+            return self._dropped_changed.wait_for(lambda: self.dropped >= at_least, timeout)
 
     def __enter__(self) -> FuzzTarget:
         self.bus.start(timeout=60)
@@ -839,9 +841,8 @@ def _random_object(rng: random.Random, depth: int = 0) -> Any:
 
 def _protected_mutation(rng: random.Random, data: bytes, body: bytes) -> bytes:
     """Mutate everything but the notification body (see ``tests/test_fuzz.py`` for why)."""
-    start = data.index(body) - 2  # SHORT_BINBYTES opcode and length byte
-    end = start + 2 + len(body)
-    return mutate(rng, data[:start]) + data[start:end] + mutate(rng, data[end:])
+    assert data.endswith(body)
+    return mutate(rng, data[: -len(body)]) + body
 
 
 def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> bytes:
@@ -852,16 +853,19 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
     from aaabus.message import encode_note
 
     data, ack = templates
-    kind = rng.randrange(6)
+    body = encode_note(Start(0, 0))
+    kind = rng.randrange(7)
     if kind == 0:
         return rng.randbytes(rng.randint(0, 300))
     if kind == 1:
-        return _protected_mutation(rng, data, encode_note(Start(0, 0)))
+        return _protected_mutation(rng, data, body)
     if kind == 2:
         return mutate(rng, ack)
-    if kind == 3:
-        return DATA + pickle.dumps(_random_object(rng), pickle.HIGHEST_PROTOCOL)
+    if kind == 3:  # a well-formed frame whose body is a mutated pickle (see vet_body)
+        return data[: -len(body)] + mutate(rng, body)
     if kind == 4:
+        return DATA + pickle.dumps(_random_object(rng), pickle.HIGHEST_PROTOCOL)
+    if kind == 5:
         upto = rng.choice([0, 1, 2**63, 2**64 - 1, rng.randrange(2**64)])
         return ACK + upto.to_bytes(8, "big") + rng.choice([b"D0", b"D1", b"", b"\xff\xfe"])
     return rng.choice([DATA, ACK, b"", b"X"]) + rng.randbytes(rng.randint(0, 20))
