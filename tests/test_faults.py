@@ -43,8 +43,8 @@ def rally_through_proxy(tmp_path: Path, make_config) -> tuple[Path, FaultProxy, 
     cfg = load_config(config)
     proxy = FaultProxy(("127.0.0.1", cfg.servers[1].networks[0].port), name="s0-s1")
     add_to_server(config, 0, f'<property name="aaabus.dial.1" value="127.0.0.1:{proxy.port}"/>')
-    spec = json.dumps({"echo": 1, "n": 10**9, "progress": str(progress), "every": 1})
-    service = f"<service class=\"tests.support.torture:rally_setup\" args='{spec}'/>"
+    spec = json.dumps({"echo": 1, "n": 10**9, "done": str(progress), "every": 1})
+    service = f"<service class=\"tests.support.agents:bounce_setup\" args='{spec}'/>"
     add_to_server(config, 0, service)
     return config, proxy, progress
 

@@ -265,13 +265,20 @@ class Echo(Agent):
 
 
 class Bouncer(Agent):
-    """Bounces ``Bounce(i)`` off an :class:`Echo` ``n`` times, checking every number."""
+    """Bounces ``Bounce(i)`` off an :class:`Echo` ``n`` times, checking every number.
 
-    def __init__(self, echo_server: int, n: int, done: str) -> None:
+    Writes ``{"count", "errors"}`` to ``done`` after the last bounce and, if ``every`` is set,
+    after every ``every`` bounces too: that progress lets a test see real traffic go on *after*
+    some event (a fuzzing run, a partition), not only that ``n`` bounces completed eventually.
+    The file is written again if a reaction is replayed after a crash: idempotent, a hint only.
+    """
+
+    def __init__(self, echo_server: int, n: int, done: str, every: int = 0) -> None:
         super().__init__("bouncer")
         self.echo_server = echo_server
         self.n = n
         self.done = done
+        self.every = every
         self.count = 0
         self.errors = 0
 
@@ -288,7 +295,7 @@ class Bouncer(Agent):
                 self.errors += 1
             if self.count < self.n:
                 self.send_to(self.echo, Bounce(self.count + 1))
-            else:
+            if self.count >= self.n or (self.every and self.count % self.every == 0):
                 _write_json(self.done, {"count": self.count, "errors": self.errors})
         else:
             super().react(sender, note)
@@ -297,7 +304,7 @@ class Bouncer(Agent):
 def bounce_setup(ctx: BootContext, args: str, first_time: bool) -> None:
     if first_time:
         spec = json.loads(args)
-        Bouncer(spec["echo"], spec["n"], spec["done"]).deploy()
+        Bouncer(spec["echo"], spec["n"], spec["done"], spec.get("every", 0)).deploy()
 
 
 # -- gossip with vector clocks, for the independent causality checker ------------------------------

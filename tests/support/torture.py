@@ -538,67 +538,6 @@ __all__ = [
 # -- wire fuzzing against a live server ------------------------------------------------------
 
 
-@dataclass
-class Volley(Notification):
-    i: int
-
-
-class Rally(Agent):
-    """Bounces ``Volley(i)`` off an :class:`Echo`-like agent on ``echo_server`` up to ``n`` times,
-    checking every number, and publishes its progress every ``every`` volleys.
-
-    The progress file lets a test see that real traffic keeps flowing *after* some event (a
-    fuzzing run, a partition), not only that a fixed number of bounces eventually completed.
-    """
-
-    def __init__(self, echo_server: int, n: int, progress: str, every: int = 10) -> None:
-        super().__init__("rally")
-        self.echo_server = echo_server
-        self.n = n
-        self.progress = progress
-        self.every = every
-        self.count = 0
-        self.errors = 0
-
-    def on_init(self, first_time: bool) -> None:
-        if first_time:
-            self.echo = Wall().deploy(self.echo_server)
-            self.send_to(self.echo, Volley(1))
-
-    def react(self, sender: AgentId, note: Notification) -> None:
-        if isinstance(note, Volley):
-            if note.i == self.count + 1:
-                self.count += 1
-            else:
-                self.errors += 1
-            if self.count < self.n:
-                self.send_to(self.echo, Volley(self.count + 1))
-            if self.count % self.every == 0 or self.count >= self.n:
-                # Written again if this reaction is replayed: idempotent, and only a hint.
-                target = Path(self.progress)
-                tmp = target.with_suffix(".tmp")
-                tmp.write_text(json.dumps({"count": self.count, "errors": self.errors}))
-                tmp.replace(target)
-        else:
-            super().react(sender, note)
-
-
-class Wall(Agent):
-    """Sends every :class:`Volley` straight back."""
-
-    def react(self, sender: AgentId, note: Notification) -> None:
-        if isinstance(note, Volley):
-            self.send_to(sender, note)
-        else:
-            super().react(sender, note)
-
-
-def rally_setup(ctx: BootContext, args: str, first_time: bool) -> None:
-    if first_time:
-        spec = json.loads(args)
-        Rally(spec["echo"], spec["n"], spec["progress"], spec.get("every", 10)).deploy()
-
-
 def read_progress(path: Path) -> dict[str, int]:
     try:
         data: dict[str, int] = json.loads(path.read_text())
@@ -734,9 +673,9 @@ class FuzzTarget:
         self.workdir = workdir
         self.progress = workdir / "rally.json"
         text = render([[0, 2], [1, 2]], 3, base_port=free_base(4))
-        spec = {"echo": 2, "n": 10**9, "progress": str(self.progress)}
+        spec = {"echo": 2, "n": 10**9, "done": str(self.progress), "every": 10}
         args = json.dumps(spec)
-        service = f"<service class=\"tests.support.torture:rally_setup\" args='{args}'/>"
+        service = f"<service class=\"tests.support.agents:bounce_setup\" args='{args}'/>"
         start = text.index('<server id="1"')
         end = text.index("</server>", start)
         text = text[:end] + "  " + service + "\n  " + text[end:]
@@ -755,9 +694,9 @@ class FuzzTarget:
         self.bus = Bus(self.config, [1, 2], workdir / "stores", cwd=REPO_ROOT, sink=self._line)
         self._peer: FakePeer | None = None
         self.sessions = 0
-        # The rally's "Volley" is not what fuzzed frames carry: they target a missing agent
-        # with a notification nobody handles, so a mutated frame reaching a real agent is
-        # an error report, never a counted volley.
+        # The rally (a Bouncer and its Echo) plays Bounce; fuzzed frames carry Start to a
+        # missing agent, a notification nobody handles, so a mutated frame that reaches a real
+        # agent is an error report, never a counted bounce.
         self.templates = template_frames("D0", AgentId(2, 2, 999), AgentId(0, 0, 20))
 
     def _line(self, line: str) -> None:
