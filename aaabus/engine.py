@@ -577,6 +577,15 @@ class Engine:
     def _send_from(self, sender: AgentId, to: AgentId, note: Notification) -> None:
         self.route(Message(sender, to, encode_note(note)))
 
+    def send(self, to: AgentId, note: Notification) -> None:
+        """Send ``note`` to ``to`` in the current group, as ``send_to`` does in a reaction.
+
+        Engine thread only (a boot service, or a function passed to :meth:`call`). The sender
+        is the agent reacting now, or the server itself (``#s.s.0``) outside a reaction.
+        Raises ``TypeError`` for a target that is not an :class:`AgentId`.
+        """
+        self._context.send(to, note)
+
     def deliver(self, msg: Message) -> None:
         """Queue a message that became deliverable here (engine thread, in the group)."""
         if self._ready_ok and not self.store.qin:

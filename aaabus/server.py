@@ -293,7 +293,7 @@ class AgentServer:
         ctx = BootContext(
             self.server_id,
             self.config,
-            lambda to, note: engine._context.send(to, note),
+            engine.send,
         )
 
         def boot() -> None:
@@ -341,7 +341,7 @@ class AgentServer:
     def send(self, to: AgentId, note: Notification, timeout: float = 30.0) -> None:
         """Send ``note`` to ``to`` from ``#s.s.0``; returns once it is durable here."""
         engine = self._require_engine()
-        self.call(lambda: engine._context.send(to, note), timeout)
+        self.call(lambda: engine.send(to, note), timeout)
 
     def accept_once(
         self, request_id: str, fn: Callable[[], str], timeout: float = 30.0
@@ -379,7 +379,7 @@ class AgentServer:
         engine = self._require_engine()
         if not isinstance(note, Notification):
             raise TypeError(f"{type(note).__name__} is not an aaabus.Notification")
-        engine._context.send(to, note)
+        engine.send(to, note)
         return ""
 
     def deploy_now(self, agent: Agent, server: int | None) -> str:

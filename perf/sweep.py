@@ -67,16 +67,33 @@ def _sizes(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--topologies", type=lambda t: _csv(t, KINDS), default=list(KINDS))
-    parser.add_argument("--sizes", type=_sizes, default=[10, 20, 30])
-    parser.add_argument("--domain-size", type=int, default=10)
-    parser.add_argument("--tests", type=lambda t: _csv(t, TESTS), default=list(TESTS))
     parser.add_argument(
-        "--clock-modes", type=lambda t: _csv(t, CLOCK_MODES), default=list(CLOCK_MODES)
+        "--topologies",
+        type=lambda t: _csv(t, KINDS),
+        default=list(KINDS),
+        help=f"comma-separated, among {','.join(KINDS)} (default: all)",
     )
-    parser.add_argument("--rounds", type=int, default=100)
-    parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--payload", type=int, default=0)
+    parser.add_argument(
+        "--sizes", type=_sizes, default=[10, 20, 30], help="servers per point, e.g. 10,20,30"
+    )
+    parser.add_argument(
+        "--domain-size", type=int, default=10, help="servers per domain (not flat) (default: 10)"
+    )
+    parser.add_argument(
+        "--tests",
+        type=lambda t: _csv(t, TESTS),
+        default=list(TESTS),
+        help=f"comma-separated, among {','.join(TESTS)} (default: all)",
+    )
+    parser.add_argument(
+        "--clock-modes",
+        type=lambda t: _csv(t, CLOCK_MODES),
+        default=list(CLOCK_MODES),
+        help="full: full-matrix stamps, whole clock saved; delta: the bus's best (default: both)",
+    )
+    parser.add_argument("--rounds", type=int, default=100, help="measured rounds per test")
+    parser.add_argument("--warmup", type=int, default=10, help="unmeasured rounds first")
+    parser.add_argument("--payload", type=int, default=0, help="padding bytes per notification")
     parser.add_argument("--out", required=True, help="traces directory (resumable)")
     parser.add_argument(
         "--inprocess", action="store_true", help="run each point's servers in this process"

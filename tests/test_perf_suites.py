@@ -6,11 +6,22 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from aaabus.launch import free_port_base
+from aaabus.topology import generate
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from tests.conftest import REPO_ROOT
+
+
+def shipped(tmp_path: Path, kind: str, servers: int, domain_size: int = 10) -> str:
+    """The topology of a config in domains/, on ports free now (the shipped ones are fixed)."""
+    path = tmp_path / f"{kind}-{servers}.xml"
+    base = free_port_base(3 * servers + 3)
+    path.write_text(generate(kind, servers, domain_size=domain_size, base_port=base))
+    return str(path)
 
 
 def perf(*args: str, timeout: float = 300) -> dict:
@@ -26,22 +37,21 @@ def perf(*args: str, timeout: float = 300) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_pingpong_local_json_shape() -> None:
-    out = perf(
-        "pingpong", "--config", "domains/flat-1.xml", "--test", "local", "--rounds", "50", "--json"
-    )
+def test_pingpong_local_json_shape(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 1)
+    out = perf("pingpong", "--config", config, "--test", "local", "--rounds", "50", "--json")
     assert out["test"] == "local" and out["servers"] == 1 and out["rounds"] == 50
     assert out["hops"] == 0
     rtt = out["rtt_ms"]
     assert 0 < rtt["p50"] <= rtt["p90"] <= rtt["p99"] and rtt["mean"] > 0
 
 
-def test_pingpong_through_routers_reports_hops() -> None:
+def test_pingpong_through_routers_reports_hops(tmp_path: Path) -> None:
     # bus-10: D0 = s0..s3, D1 = s3..s6, D2 = s6..s9, so s0 -> s9 crosses two routers.
     out = perf(
         "pingpong",
         "--config",
-        "domains/bus-10.xml",
+        shipped(tmp_path, "bus", 10, domain_size=4),
         "--test",
         "remote",
         "--rounds",
@@ -53,8 +63,9 @@ def test_pingpong_through_routers_reports_hops() -> None:
     assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
 
 
-def test_stream_counts_every_notification_in_order() -> None:
-    out = perf("stream", "--config", "domains/flat-2.xml", "--count", "3000", "--json")
+def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 2)
+    out = perf("stream", "--config", config, "--count", "3000", "--json")
     assert out["count"] == 3000 and out["out_of_order"] == 0 and out["msgs_per_s"] > 0
 
 
