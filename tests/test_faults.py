@@ -286,16 +286,33 @@ def test_torn_tail_of_a_crash_is_recovered(tmp_path, make_config) -> None:
     assert _counter_value(storage) == 200
 
 
-def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config) -> None:
+def _oid_of(storage: Path, which: str) -> bytes:
+    from ZODB.utils import z64
+
+    from aaabus.store import open_store
+    from tests.support.agents import Counter
+
+    if which == "root":
+        return z64  # every boot reads it anyway
+    store = open_store("file", storage, 0)
+    try:  # an agent: nothing but the boot check reads it before its next notification
+        oid: bytes = next(a for a in store.agents.values() if isinstance(a, Counter))._p_oid
+        return oid
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("which", ["root", "agent"])
+def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config, which) -> None:
     import ZODB.FileStorage
     from ZODB.FileStorage.format import DATA_HDR_LEN
-    from ZODB.utils import z64
 
     config, storage = _counter_store(tmp_path, make_config)
     data = storage / "data.fs"
+    oid = _oid_of(storage, which)
     fs = ZODB.FileStorage.FileStorage(str(data), read_only=True)
     try:
-        pos = fs._lookup_pos(z64)  # the root mapping: every boot reads it
+        pos = fs._lookup_pos(oid)
     finally:
         fs.close()
     with data.open("r+b") as f:
@@ -305,7 +322,7 @@ def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config) ->
     assert refused is not None, "a store with a garbled live record booted"
     assert refused.returncode == 2
     last = refused.stdout.strip().splitlines()[-1]
-    assert f"storage {data} is damaged" in last, last
+    assert f"storage {data} is damaged: object 0x{int.from_bytes(oid, 'big'):x}" in last, last
     assert "Traceback" not in refused.stdout
 
 
