@@ -42,6 +42,7 @@ import pickle
 import secrets
 import socket
 import socketserver
+import ssl
 import threading
 import time
 from collections import deque
@@ -52,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from aaabus.errors import AaabusError, ConfigError
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
+from aaabus.tls import tls_contexts
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
@@ -168,12 +170,17 @@ class Link:
         *,
         timeout: float = 5.0,
         max_frame: int = 16 << 20,
+        tls: ssl.SSLContext | None = None,
     ) -> Link:
         """Connect to the admin endpoint of ``server_id`` and authenticate both ways.
 
+        With ``tls`` (the dialing context of :func:`aaabus.tls.tls_contexts`) the connection
+        runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
         Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
-        handshake fails (another bus's secret, another server on that port).
+        handshake fails (another bus's secret, another server on that port, a certificate the
+        server does not accept).
         """
+        where = f"server {server_id} at {address[0]}:{address[1]}"
         try:
             sock = socket.create_connection(address, timeout=timeout)
         except OSError as exc:
@@ -181,8 +188,16 @@ class Link:
                 f"server {server_id} does not answer on {address[0]}:{address[1]} "
                 f"({exc.strerror or exc})"
             ) from None
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=address[0])
+            except ssl.SSLError as exc:
+                sock.close()
+                raise AdminError(f"{where}: TLS handshake failed ({exc.reason or exc})") from None
+            except OSError as exc:
+                sock.close()
+                raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
         link = cls(sock)
-        where = f"server {server_id} at {address[0]}:{address[1]}"
         answered = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -397,6 +412,7 @@ class AdminEndpoint:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closing = False
+        self._tls = tls_contexts(server.config, server.server_id)[0]
         try:
             self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)
         except OSError as exc:
@@ -446,6 +462,17 @@ class AdminEndpoint:
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         try:
             sock.settimeout(HANDSHAKE_TIMEOUT)
+            if self._tls is not None:
+                try:
+                    sock = self._wrap(sock)
+                except (ssl.SSLError, OSError) as exc:
+                    log.warning(
+                        "server %s: admin connection from %s refused: TLS handshake failed (%s)",
+                        server.server_id,
+                        where,
+                        exc,
+                    )
+                    return
             try:
                 link, client = Link.accept(sock, server.secret, server.server_id, server.max_frame)
             except (WireError, OSError) as exc:
@@ -468,6 +495,18 @@ class AdminEndpoint:
         finally:
             with self._lock:
                 self._conns.discard(sock)
+            if isinstance(sock, ssl.SSLSocket):
+                sock.close()  # socketserver closes only the plain socket it accepted
+
+    def _wrap(self, sock: socket.socket) -> ssl.SSLSocket:
+        """Run the server side of TLS on an accepted connection (a socket :meth:`stop` sees)."""
+        assert self._tls is not None
+        with self._lock:
+            self._conns.discard(sock)
+        wrapped = self._tls.wrap_socket(sock, server_side=True)
+        with self._lock:
+            self._conns.add(wrapped)
+        return wrapped
 
     def _answer(self, request: Any) -> dict[str, Any]:
         server = self.server
@@ -555,7 +594,9 @@ def _ask(
     address, _ = admin_address(config, server_id)
     if address is None:
         raise ServerUnreachable(f"server {server_id} has no admin port (aaabus.admin.port=off)")
-    link = Link.connect(address, secret, server_id, timeout=timeout)
+    link = Link.connect(
+        address, secret, server_id, timeout=timeout, tls=tls_contexts(config, server_id)[1]
+    )
     try:
         link.sock.settimeout(timeout)
         answer = link.request(request)

@@ -47,6 +47,7 @@ from aaabus.ids import AgentId
 from aaabus.message import encode_note
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
+from aaabus.tls import tls_contexts
 from aaabus.wire import WireError
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]
@@ -58,6 +59,8 @@ class Client:
     ``config``: the bus's ``a3.xml`` (path or loaded). ``server``: the server to go through
     (default: the lowest id). ``secret``: the bus key (default: read from the file the config
     names, ``bus.key`` beside it). ``timeout``: seconds a request may take, retries included.
+    When the server's config sets ``aaabus.tls.cert``, the connection runs inside TLS with the
+    certificate files the config names.
     Not thread-safe: one request at a time.
     """
 
@@ -82,6 +85,9 @@ class Client:
             secret if secret is not None else load_secret(secret_path(self.config, self.server))
         )
         self.timeout = timeout
+        # TLS when the server's properties ask for it (aaabus.tls.*): the client presents the
+        # same certificate, so it must run where those files are readable.
+        self._tls = tls_contexts(self.config, self.server)[1]
         self._link: Link | None = None
         self._pause = threading.Event()  # never set: a wait that cannot be cut short
 
@@ -155,7 +161,11 @@ class Client:
                 if self._link is None:
                     left = max(0.1, deadline - time.monotonic())
                     self._link = Link.connect(
-                        self.address, self.secret, self.server, timeout=min(5.0, left)
+                        self.address,
+                        self.secret,
+                        self.server,
+                        timeout=min(5.0, left),
+                        tls=self._tls,
                     )
                 self._link.sock.settimeout(max(0.1, deadline - time.monotonic()))
                 answer = self._link.request(request)

@@ -13,7 +13,6 @@ from __future__ import annotations
 import importlib
 import logging
 import os
-import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -36,6 +35,7 @@ from aaabus.network import Network
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
 from aaabus.store import STORE_KINDS, Store, open_store
+from aaabus.tls import tls_contexts
 from aaabus.trace import Tracer
 
 if TYPE_CHECKING:
@@ -95,31 +95,6 @@ def secret_path(config: BusConfig, server_id: int | None = None) -> Path:
     """Where the bus secret is: property ``aaabus.secret`` (relative to the config) or bus.key."""
     name = config.prop(server_id, "aaabus.secret") or "bus.key"
     return Path(config.path).resolve().parent / name
-
-
-def tls_contexts(
-    config: BusConfig, server_id: int
-) -> tuple[ssl.SSLContext | None, ssl.SSLContext | None]:
-    """TLS contexts from properties ``aaabus.tls.cert``/``key``/``ca`` (paths relative to the
-    config), or ``(None, None)`` when no certificate is configured."""
-    cert = config.prop(server_id, "aaabus.tls.cert")
-    if not cert:
-        return None, None
-    base = Path(config.path).resolve().parent
-    key = config.prop(server_id, "aaabus.tls.key")
-    ca = config.prop(server_id, "aaabus.tls.ca") or cert
-    try:
-        server_ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(base / ca))
-        server_ctx.load_cert_chain(str(base / cert), str(base / key) if key else None)
-        server_ctx.verify_mode = ssl.CERT_REQUIRED
-        client_ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(base / ca))
-        client_ctx.load_cert_chain(str(base / cert), str(base / key) if key else None)
-        client_ctx.check_hostname = False  # membership is proven by the bus secret
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"TLS set-up failed ({exc}); check properties aaabus.tls.cert/key/ca", config.path
-        ) from None
-    return server_ctx, client_ctx
 
 
 def resolve_service(cfg: BusConfig, service: ServiceConfig) -> Callable[..., Any]:

@@ -7,19 +7,17 @@ a condition with a deadline; every Network and socket a test opens is closed by 
 from __future__ import annotations
 
 import logging
-import shutil
 import socket
 import ssl
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 import pytest
 
 from aaabus.network import Network, NetworkError
 from aaabus.wire import ConnectorHandshake, FrameDecoder, FrameTooLarge, encode_frame
+from tests.support.tls import make_certificate
 
 SECRET = b"s" * 32
 WRONG_SECRET = b"w" * 32
@@ -464,21 +462,7 @@ def test_port_in_use_is_one_line(make_net: Factory) -> None:
 
 @pytest.fixture(scope="module")
 def tls_contexts(tmp_path_factory: pytest.TempPathFactory) -> tuple[ssl.SSLContext, ...]:
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        pytest.skip("openssl command not available to make a test certificate")
-    work: Path = tmp_path_factory.mktemp("tls")
-    cert, key = work / "cert.pem", work / "key.pem"
-    subprocess.run(
-        [
-            *(openssl, "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256"),
-            *("-nodes", "-days", "1", "-subj", "/CN=localhost", "-addext"),
-            *("subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)),
-        ],
-        check=True,
-        capture_output=True,
-        timeout=30,
-    )
+    cert, key = make_certificate(tmp_path_factory.mktemp("tls"))
     server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     server.load_cert_chain(cert, key)
     client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
