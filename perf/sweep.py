@@ -110,7 +110,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=200,
         help="skip flat points above this size (a flat bus of n servers opens n(n-1)/2 links)",
     )
-    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per point")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds a point may take (default: 600 + 3 per server)",
+    )
 
 
 def points_of(args: argparse.Namespace) -> list[Point]:
@@ -178,7 +183,7 @@ def run_point(point: Point, args: argparse.Namespace, work: Path) -> list[dict[s
         plain, work / "a3.xml", {0: [("agents.pingpong:bench_service", json.dumps(first))]}
     )
     outs = [Path(spec["out"]) for spec in specs]
-    deadline = time.monotonic() + args.timeout
+    deadline = time.monotonic() + (args.timeout or 600.0 + 3.0 * point.servers)
     if args.inprocess:
         with InProcessBus(load_config(config), store_kind=store, storage_root=work / "store"):
             _wait_all(outs, deadline, lambda: None)
@@ -306,6 +311,7 @@ def run(args: argparse.Namespace) -> int:
     done = _done_keys(out)
     todo = [p for p in points if p.key not in done]
     rows = 0
+    failed: list[str] = []
     from tqdm import tqdm
 
     with tqdm(
@@ -319,8 +325,18 @@ def run(args: argparse.Namespace) -> int:
             bar.set_postfix_str(point.key)
             t0 = time.monotonic()
             work = out / "work" / point.key
-            results = run_point(point, args, work)
-            rtt_rows, hop_rows = _rows(point, args, results, work)
+            try:
+                results = run_point(point, args, work)
+                rtt_rows, hop_rows = _rows(point, args, results, work)
+            except Exception as exc:  # a point that fails must not cost the points after it
+                bar.write(
+                    f"perf sweep: point {point.key} failed ({type(exc).__name__}: {exc}); "
+                    "going on (the same command retries it later)",
+                    file=sys.stderr,
+                )
+                failed.append(point.key)
+                bar.update(1)
+                continue
             _write(out, point, rtt_rows, hop_rows)
             rows += len(rtt_rows)
             summary = {
@@ -334,8 +350,9 @@ def run(args: argparse.Namespace) -> int:
                 f.write(json.dumps(summary) + "\n")
             _cleanup(work)
             bar.update(1)
-    print(json.dumps({"points": len(points), "ran": len(todo), "rows": rows, "out": str(out)}))
-    return 0
+    summary = {"points": len(points), "ran": len(todo), "rows": rows, "out": str(out)}
+    print(json.dumps({**summary, "failed": failed}))
+    return 1 if failed else 0
 
 
 def _cleanup(work: Path) -> None:

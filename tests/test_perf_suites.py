@@ -90,7 +90,7 @@ def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
         str(tmp_path),
     ]
     first = perf(*args)
-    assert first == {"points": 4, "ran": 4, "rows": 4 * 2 * 5, "out": str(tmp_path)}
+    assert first == {"points": 4, "ran": 4, "rows": 4 * 2 * 5, "out": str(tmp_path), "failed": []}
     rtt = pq.read_table(tmp_path / "rtt")
     assert set(RTT_SCHEMA.names) <= set(rtt.column_names) and rtt.num_rows == 40
     assert set(rtt.column("schema_version").to_pylist()) == {SCHEMA_VERSION}
@@ -136,6 +136,29 @@ def test_sweep_in_process(tmp_path) -> None:
     rtt = pq.read_table(tmp_path / "rtt")
     assert set(rtt.column("process_mode").to_pylist()) == {"inprocess"}
     assert set(rtt.column("hops").to_pylist()) == {2}  # a tree of domains of 3: s0 -> leaf
+
+
+def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path) -> None:
+    # A timeout far too short for a million rounds: each point fails alone, in one line, and
+    # is not recorded as done, so that the same command retries it.
+    args = ["sweep", "--topologies", "flat,tree", "--sizes", "3", "--domain-size", "2",
+            "--tests", "local", "--clock-modes", "delta", "--rounds", "1000000", "--inprocess",
+            "--timeout", "0.001", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-m", "perf", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        stdin=subprocess.DEVNULL,
+    )
+    assert proc.returncode == 1
+    assert "Traceback" not in proc.stderr
+    failures = [line for line in proc.stderr.splitlines() if "failed (TimeoutError" in line]
+    assert [line.split()[3] for line in failures] == ["flat-3-delta", "tree-3-delta"]
+    last = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert last["failed"] == ["flat-3-delta", "tree-3-delta"] and last["rows"] == 0
+    assert not (tmp_path / "points.jsonl").exists()
 
 
 def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path) -> None:
