@@ -13,6 +13,7 @@ from pathlib import Path
 from types import TracebackType
 
 from aaabus.config import BusConfig
+from aaabus.domains import Topology
 from aaabus.server import AgentServer
 
 
@@ -31,12 +32,15 @@ class InProcessBus:
             raise ValueError("a file store needs storage_root")
         root = Path(storage_root) if storage_root is not None else None
         ids = sorted(config.servers) if server_ids is None else list(server_ids)
+        # One validated topology for all (each server would otherwise build the same graph).
+        topology = Topology.from_config(config, allow_cycles=_allows_cycles(config, ids))
         self.servers: dict[int, AgentServer] = {
             sid: AgentServer(
                 config,
                 sid,
                 storage=(root / f"s{sid}") if root is not None else None,
                 store_kind=store_kind,
+                topology=topology,
             )
             for sid in ids
         }
@@ -76,3 +80,8 @@ class InProcessBus:
         tb: TracebackType | None,
     ) -> None:
         self.stop()
+
+
+def _allows_cycles(config: BusConfig, ids: list[int]) -> bool:
+    # The test-only switch is a server property; a server that differs builds its own topology.
+    return bool(ids) and config.prop(ids[0], "aaabus.test.allow_cycles", "false") == "true"

@@ -132,9 +132,12 @@ class AgentServer:
         storage: str | os.PathLike[str] | None = None,
         store_kind: str | None = None,
         endpoints: bool = False,
+        topology: Topology | None = None,
     ) -> None:
         """``endpoints``: also serve the admin port and, if configured, the metrics port (what
-        a server process does; off for in-process simulations of many servers)."""
+        a server process does; off for in-process simulations of many servers).
+        ``topology``: the validated topology of ``config``, shared by the servers of one
+        process (default: built and validated here)."""
         self.config = config
         self.server_id = server_id
         self.spec = config.server(server_id)
@@ -152,7 +155,9 @@ class AgentServer:
         self.remember = _int_prop(config, server_id, "aaabus.client.remember", 100_000)
         allow_cycles = config.prop(server_id, "aaabus.test.allow_cycles", "false") == "true"
         # Validated at every boot: a cyclic domain graph would silently break causal order.
-        self.topology = Topology.from_config(config, allow_cycles=allow_cycles)
+        if topology is None or topology.cfg is not config or topology.allow_cycles != allow_cycles:
+            topology = Topology.from_config(config, allow_cycles=allow_cycles)
+        self.topology = topology
         self.secret_path = secret_path(config, server_id)
         self.secret = load_secret(self.secret_path)
         trace_dir = config.prop(server_id, "aaabus.trace")
