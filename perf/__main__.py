@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -114,6 +115,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         suite.add_arguments(parser_)
         parser_.set_defaults(func=suite.run)
     args = parser.parse_args(argv)
+    _stop_cleanly_on_signals()
     try:
         code: int = args.func(args)
         return code
@@ -123,6 +125,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"perf {args.suite}: interrupted; every server started was stopped", file=sys.stderr)
         return 130
+
+
+def _stop_cleanly_on_signals() -> None:
+    """SIGTERM, and SIGINT even when the launching shell ignored it (as ``cmd &`` does), raise
+    KeyboardInterrupt in the main thread: every suite's ``with`` blocks then stop the servers
+    they started, which an unhandled SIGTERM would leave behind."""
+
+    def interrupt(_signum: int, _frame: object) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 if __name__ == "__main__":

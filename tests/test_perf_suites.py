@@ -4,8 +4,11 @@ JSON, write traces of the documented schema, resume, and clean up."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -175,3 +178,46 @@ def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path) -> None:
     assert "flat" in text and "star" in text and str(traces) in text
     assert (report / "rtt_remote.png").stat().st_size > 0
     assert (report / "points.csv").exists()
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (read from /proc: no extra dependency)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path) -> None:
+    args = ["sweep", "--topologies", "flat", "--sizes", "2", "--tests", "remote",
+            "--clock-modes", "delta", "--rounds", "1000000", "--out", str(tmp_path)]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "perf", *args],
+        cwd=REPO_ROOT,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        servers: list[int] = []
+        while len(servers) < 2:  # both server processes of the point exist
+            assert proc.poll() is None and time.monotonic() < deadline, "servers never started"
+            servers = _children(proc.pid)
+            threading.Event().wait(0.1)  # another process's state: nothing to block on
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted; every server started was stopped" in err and "Traceback" not in err
+    assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
