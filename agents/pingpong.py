@@ -5,8 +5,13 @@ round, the time until every responder's ball has come back (local: one responder
 server; remote: one on the highest-numbered server; broadcast: one on every server). Each
 :class:`Pong` sends the ball straight back.
 
-The driver's timings are kept in volatile attributes (``_v_*``, never persisted): writing a
-growing list at every commit would make the measurement measure itself.
+Each ball carries the driver's clock reading at the moment it was sent (``sent_ns``, 8 bytes):
+the round trip is measured when the ball is back on the same process, and nothing needs to survive
+in the driver between rounds. The collected timings are kept in volatile attributes (``_v_*``,
+never persisted): writing a growing list at every commit would make the measurement measure
+itself. ZODB may drop volatile attributes whenever it turns an object into a ghost (after an
+aborted group, for instance); the driver then starts collecting again and reports the rounds it
+actually timed.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from aaabus import Agent, AgentCreateReply, AgentId, BootContext, Notification, 
 class Ball(Notification):
     round: int
     payload: bytes = b""
+    #: time.perf_counter_ns() on the driver's process when the round started.
+    sent_ns: int = 0
 
 
 class Pong(Agent):
@@ -115,7 +122,7 @@ class PingDriver(Agent):
                     rtts = self._v_rtts = []
                     self._v_wall0 = now
                 if self.round >= self.warmup:
-                    rtts.append(now - self._v_t0)
+                    rtts.append(now - note.sent_ns)
                 if self.round + 1 < self.warmup + self.rounds:
                     self._next_round()
                 else:
@@ -132,13 +139,12 @@ class PingDriver(Agent):
         if self.round == self.warmup:
             self._v_wall0 = time.perf_counter_ns()
             self._v_epoch0 = time.time_ns()
-        ball = Ball(self.round, b"x" * self.payload)
-        self._v_t0 = time.perf_counter_ns()
+        ball = Ball(self.round, b"x" * self.payload, time.perf_counter_ns())
         for pong in self.pongs:
             self.send_to(pong, ball)
 
     def _write_result(self, rtts: list[int], now: int) -> None:
-        wall_ms = (now - self._v_wall0) / 1e6
+        wall_ms = (now - getattr(self, "_v_wall0", now)) / 1e6
         result: dict[str, Any] = {
             "test": self.test,
             "rounds": len(rtts),
