@@ -160,7 +160,11 @@ class Store:
 def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: int) -> Store:
     """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors."""
     if kind == "memory":
-        return Store(ZODB.DB(None), f"in-memory store of server {server_id}", server_id)
+        # The same object cache as a file store: ZODB's default (400 objects) is smaller than
+        # what one group touches on a busy router, and an evicted agent loses its volatile
+        # (_v_) attributes and is unpickled again at its next notification.
+        db = ZODB.DB(None, cache_size=CACHE_SIZE)
+        return Store(db, f"in-memory store of server {server_id}", server_id)
     if kind != "file":
         raise StoreError(
             f"unknown store kind {kind!r}; "

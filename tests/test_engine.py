@@ -234,3 +234,30 @@ def test_on_init_first_time_then_at_each_boot(tmp_path, make_config) -> None:
     server.stop()
     state = stored_agent(storage, counter)
     assert state is not None and (state.inits, state.count) == (2, 2)
+
+
+@pytest.mark.parametrize("kind", ["memory", "file"])
+def test_an_agent_stays_in_the_object_cache_through_busy_groups(tmp_path, kind) -> None:
+    # As in a broadcast on a router: the agent reacts first, then the channel writes a thousand
+    # queue entries in the same transaction, so at the commit the agent is the oldest object.
+    # ZODB's default cache (400 objects, which memory stores had) then evicted it: unpickled
+    # again at its next notification, it lost its volatile attributes (perf drivers keep their
+    # timings there).
+    from persistent.mapping import PersistentMapping
+
+    store = open_store(kind, tmp_path / "s0", 0)
+    try:
+        root = store.conn.root()
+        root["agent"] = agent = PersistentMapping()
+        store.tm.commit()
+        agent._v_mark = "still here"
+        for group in range(20):
+            agent["group"] = group
+            root[f"queue{group}"] = queue = PersistentMapping()
+            for i in range(500):
+                queue[i] = PersistentMapping(i=i)
+            store.tm.commit()
+        assert getattr(agent, "_v_mark", None) == "still here", "the agent was evicted"
+    finally:
+        store.tm.abort()
+        store.close()
