@@ -176,6 +176,18 @@ class Label(Notification):
     label: str
 
 
+def merge_and_tick(mine: dict[str, int], theirs: dict[str, int], me: str) -> dict[str, int]:
+    """A vector clock after receiving ``theirs``: entry-wise maximum, then ``me`` ticks once.
+
+    Test agents record these for the independent checker (tests/support/checker.py).
+    """
+    merged = {k: max(v, theirs.get(k, 0)) for k, v in mine.items()}
+    for k, v in theirs.items():
+        merged.setdefault(k, v)
+    merged[me] = merged.get(me, 0) + 1
+    return merged
+
+
 def _write_json(path: str, data: Any) -> None:
     target = Path(path)
     tmp = target.with_suffix(".tmp")
@@ -375,11 +387,7 @@ class Gossiper(Agent):
                 self._send(note.ttl)
         elif isinstance(note, Gossip):
             self.delivered.append(note.mid)
-            vc = {k: max(v, note.vc.get(k, 0)) for k, v in self.vc.items()}
-            for k, v in note.vc.items():
-                vc.setdefault(k, v)
-            vc[self.label] = vc.get(self.label, 0) + 1
-            self.vc = vc
+            self.vc = merge_and_tick(self.vc, note.vc, self.label)
             if note.ttl > 0:
                 self._send(note.ttl - 1)
         else:

@@ -48,7 +48,7 @@ from aaabus.inprocess import InProcessBus
 from aaabus.launch import Bus
 from aaabus.secret import ensure_secret
 from aaabus.topology import render
-from tests.support.agents import Gossiper
+from tests.support.agents import Gossiper, merge_and_tick
 from tests.support.checker import Send, check
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -123,11 +123,7 @@ class Account(Agent):
         elif isinstance(note, Credit):
             self.received.append((note.mid, note.amount))
             self.balance += note.amount
-            vc = {k: max(v, note.vc.get(k, 0)) for k, v in self.vc.items()}
-            for k, v in note.vc.items():
-                vc.setdefault(k, v)
-            vc[self.label] = vc.get(self.label, 0) + 1
-            self.vc = vc
+            self.vc = merge_and_tick(self.vc, note.vc, self.label)
             if note.ttl > 0:
                 self._pay(note.ttl - 1)
         else:
@@ -992,11 +988,7 @@ class Scribe(Gossiper):
                 self._chain(name, dest, then)
         elif isinstance(note, Chain):
             self.delivered.append(note.mid)
-            vc = {k: max(v, note.vc.get(k, 0)) for k, v in self.vc.items()}
-            for k, v in note.vc.items():
-                vc.setdefault(k, v)
-            vc[self.label] = vc.get(self.label, 0) + 1
-            self.vc = vc
+            self.vc = merge_and_tick(self.vc, note.vc, self.label)
             if note.then:
                 name, dest = note.then[0]
                 self._chain(name, dest, note.then[1:])
