@@ -26,14 +26,24 @@ import json
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from aaabus.errors import AaabusError
+from perf.sparkjob import (
+    TraceError,
+    add_spark_arguments,
+    check_footer,
+    local_path,
+    parquet_files,
+    read_dataset,
+    spark_errors,
+    spark_location,
+    spark_session,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -47,10 +57,6 @@ FIT_METRICS += ["clock_cpu_us_per_msg"]
 #: Per-point columns that are not numbers to fit or compare.
 _NOT_METRICS = {*KEYS, "run_ids", "ts_first", "ts_last", "domain_size"}
 _NOT_METRICS |= {"mixed_domain_size", "mixed_payload", "mixed_process_mode"}
-#: Driver JVM options with a local master. An analysis is a short job on a small machine: the
-#: C2 compiler's and G1's background threads cost more CPU than they give back (measured on
-#: 2 cores: 1,000,000 rows in 25-30 s with them off, 40 s and more with the defaults).
-LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 #: percentile_approx accuracy: rank error at most rows/ACCURACY within each point.
 PERCENTILE_ACCURACY = 10_000
 #: A trend must move the series by this fraction of its mean level across the measured range.
@@ -61,16 +67,6 @@ QUAD_SSE_RATIO = 0.5
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179]
 _T975 += [2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064]
 _T975 += [2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
-
-
-class TraceError(AaabusError):
-    """The traces cannot be analysed: one line for the user, exit status 2."""
-
-
-class SparkStartError(AaabusError):
-    """Spark itself could not start (no Java, bad master URL...)."""
-
-    exit_code = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -89,85 +85,6 @@ class Inventory:
     notes: list[str] = field(default_factory=list)
 
 
-def _is_hidden(rel: str) -> bool:
-    # Spark skips files and directories whose name starts with "_" or ".": so must we.
-    return any(part.startswith(("_", ".")) for part in rel.split("/") if part)
-
-
-def _parquet_files(fs: Any, directory: str) -> list[str] | None:
-    """Parquet files under ``directory`` (recursively), or None if it does not exist."""
-    import pyarrow.fs as pafs
-
-    info = fs.get_file_info(directory)
-    if info.type == pafs.FileType.NotFound:
-        return None
-    if info.type != pafs.FileType.Directory:
-        raise TraceError(f"{directory} is not a directory")
-    selector = pafs.FileSelector(directory, recursive=True)
-    files = []
-    for entry in fs.get_file_info(selector):
-        rel = entry.path[len(directory) :]
-        if entry.type == pafs.FileType.File and rel.endswith(".parquet") and not _is_hidden(rel):
-            files.append(entry.path)
-    return sorted(files)
-
-
-def _check_footer(fs: Any, path: str, kind: str, expected: pa.Schema) -> int:
-    """Check one file's footer against ``expected``; return its row count."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from perf.schema import SCHEMA_VERSION
-
-    try:
-        with fs.open_input_file(path) as handle:
-            meta = pq.read_metadata(handle)
-            schema = meta.schema.to_arrow_schema()
-    except (pa.ArrowException, OSError) as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise TraceError(f"corrupted trace file {path}: {first}") from None
-    kv = {k.decode(): v.decode() for k, v in (schema.metadata or {}).items()}
-    trace = kv.get("aaabus.trace")
-    if trace is not None and trace != kind:
-        raise TraceError(f"{path} is a {trace!r} trace, found under {kind}/")
-    version = kv.get("aaabus.schema_version")
-    if version is not None and version != str(SCHEMA_VERSION):
-        raise TraceError(
-            f"{path} has trace schema version {version}; this analyzer reads version "
-            f"{SCHEMA_VERSION} only"
-        )
-    missing = [f.name for f in expected if f.name not in schema.names]
-    if missing:
-        raise TraceError(f"{path} lacks column(s) {', '.join(missing)}: not a {kind} trace")
-    for f in expected:
-        got = schema.field(f.name).type
-        # Timestamps in another unit or zone read fine in Spark; anything else would not.
-        same = got == f.type or (pa.types.is_timestamp(got) and pa.types.is_timestamp(f.type))
-        if not same:
-            raise TraceError(f"{path}: column {f.name} is {got}, expected {f.type}")
-    # The column's statistics give its range without reading a page.
-    col = schema.get_field_index("schema_version")
-    for g in range(meta.num_row_groups):
-        stats = meta.row_group(g).column(col).statistics
-        if stats is not None and stats.has_min_max and (stats.min, stats.max) != (1, 1):
-            bad = stats.max if stats.max != SCHEMA_VERSION else stats.min
-            raise TraceError(
-                f"{path} has rows of trace schema version {bad}; this analyzer reads version "
-                f"{SCHEMA_VERSION} only"
-            )
-    return int(meta.num_rows)
-
-
-def _local_path(location: str) -> Path | None:
-    """The local path ``location`` names, or None if it is a URI of another filesystem."""
-    parsed = urlparse(location)
-    if parsed.scheme == "file":
-        return Path(parsed.path)
-    if parsed.scheme == "" or len(parsed.scheme) == 1:  # a plain path (or "C:\\...")
-        return Path(location)
-    return None
-
-
 def validate_traces(location: str, master: str) -> Inventory:
     """Check the traces with pyarrow where the driver can see them; raise TraceError if bad.
 
@@ -179,7 +96,7 @@ def validate_traces(location: str, master: str) -> Inventory:
     from perf.schema import HOP_SCHEMA, RTT_SCHEMA
 
     inv = Inventory()
-    local = _local_path(location)
+    local = local_path(location)
     fs: Any
     if local is not None:
         if (
@@ -201,159 +118,22 @@ def validate_traces(location: str, master: str) -> Inventory:
         raise TraceError(f"traces directory {location} does not exist")
     if info.type != pafs.FileType.Directory:
         raise TraceError(f"{location} is not a directory (expected one holding rtt/ and hops/)")
-    rtt_files = _parquet_files(fs, root.rstrip("/") + "/rtt")
+    rtt_files = parquet_files(fs, root.rstrip("/") + "/rtt")
     if rtt_files is None:
         raise TraceError(f"{location} has no rtt/ directory: not a traces directory")
     if not rtt_files:
         raise TraceError(f"no rtt traces: {location}/rtt holds no .parquet file")
     inv.rtt_files = len(rtt_files)
-    inv.rtt_rows = sum(_check_footer(fs, f, "rtt", RTT_SCHEMA) for f in rtt_files)
+    inv.rtt_rows = sum(check_footer(fs, f, "rtt", RTT_SCHEMA) for f in rtt_files)
     if inv.rtt_rows == 0:
         raise TraceError(
             f"no rtt rows: the {len(rtt_files)} file(s) under {location}/rtt are empty"
         )
-    hop_files = _parquet_files(fs, root.rstrip("/") + "/hops") or []
+    hop_files = parquet_files(fs, root.rstrip("/") + "/hops") or []
     inv.hop_files = len(hop_files)
-    inv.hop_rows = sum(_check_footer(fs, f, "hops", HOP_SCHEMA) for f in hop_files)
+    inv.hop_rows = sum(check_footer(fs, f, "hops", HOP_SCHEMA) for f in hop_files)
     inv.hops_present = inv.hop_rows > 0
     return inv
-
-
-# --------------------------------------------------------------------------------------------
-# Spark session: quiet, small shuffles, and its JVM's output in a log file, never on the terminal.
-
-
-@contextmanager
-def spark_session(
-    master: str,
-    shuffle_partitions: int,
-    log_path: Path | None,
-    log_level: str = "WARN",
-    jvm_options: str = LOCAL_JVM_OPTIONS,
-) -> Iterator[SparkSession]:
-    """A SparkSession for one analysis, stopped on exit.
-
-    The JVM's stdout and stderr go to ``log_path``: Spark prints warnings, progress and stack
-    traces there even for failures we report ourselves as one line. If a JVM is already running
-    in this process (a test session, a notebook), it is reused and left running.
-    ``jvm_options`` are the driver JVM's options, applied with a local master only (where the
-    driver's JVM does all the work).
-    """
-    from pyspark import SparkConf, SparkContext
-    from pyspark.errors import PySparkException
-    from pyspark.java_gateway import launch_gateway
-    from pyspark.sql import SparkSession
-
-    conf = (
-        SparkConf()
-        .setMaster(master)
-        .setAppName("aaabus-perf-analyze")
-        .set("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .set("spark.ui.enabled", "false")  # no port to find, a second less at start
-        .set("spark.ui.showConsoleProgress", "false")  # the progress bar writes to stderr
-        .set("spark.sql.session.timeZone", "UTC")
-    )
-    if master.startswith("local") and jvm_options.strip():
-        conf.set("spark.driver.extraJavaOptions", jvm_options)
-    owned = SparkContext._active_spark_context is None
-    log = open(log_path, "wb") if log_path is not None and owned else None  # noqa: SIM115
-    try:
-        if owned and SparkContext._gateway is None:
-            try:
-                gateway = launch_gateway(conf, popen_kwargs={"stdout": log, "stderr": log})
-                SparkContext(conf=conf, gateway=gateway)
-            except (PySparkException, OSError) as exc:
-                where = f"; see {log_path}" if log_path else ""
-                raise SparkStartError(f"could not start Spark ({exc}){where}") from None
-        spark = SparkSession.builder.config(conf=conf).getOrCreate()
-        if owned:
-            spark.sparkContext.setLogLevel(log_level)
-        try:
-            yield spark
-        finally:
-            if owned:
-                spark.stop()
-    finally:
-        if log is not None:
-            log.close()
-
-
-def _java_messages(exc: BaseException) -> list[str]:
-    """The messages of a Py4J Java exception and of its causes, outermost first."""
-    java = getattr(exc, "java_exception", None)
-    messages: list[str] = []
-    try:
-        while java is not None and len(messages) < 12:
-            message = java.getMessage()
-            if message:
-                messages.append(str(message))
-            java = java.getCause()
-    except Exception:  # the JVM may be gone: the Python side message will do
-        pass
-    return messages
-
-
-def _spark_message(exc: BaseException) -> str:
-    """One line saying what Spark failed at, without the JVM stack.
-
-    A failed job's outer message embeds the whole executor stack; the first cause that carries a
-    Spark error condition (``[FAILED_READ_FILE...] ...``) says what happened, the root cause why.
-    """
-    messages = _java_messages(exc) or [str(exc)]
-    lines = [ln.strip() for m in messages for ln in m.splitlines()[:1] if ln.strip()]
-    conditioned = [ln for ln in lines if ln.startswith("[")]
-    head = conditioned[0] if conditioned else lines[0] if lines else type(exc).__name__
-    head = head.removeprefix("An error occurred while calling ").split(" SQLSTATE:")[0].strip()
-    if len(lines) > 1 and lines[-1] not in head:
-        head += f" (cause: {lines[-1]})"
-    return head if len(head) <= 400 else head[:397] + "..."
-
-
-@contextmanager
-def spark_errors(what: str, log_path: Path | None) -> Iterator[None]:
-    """Turn Spark and Py4J failures while doing ``what`` into one-line TraceErrors."""
-    from py4j.protocol import Py4JError
-    from pyspark.errors import PySparkException
-
-    try:
-        yield
-    except (PySparkException, Py4JError) as exc:
-        where = f" (Spark's log: {log_path})" if log_path else ""
-        raise TraceError(f"{what}: {_spark_message(exc)}{where}") from None
-
-
-# --------------------------------------------------------------------------------------------
-# The Spark job.
-
-
-def _spark_schema(schema: pa.Schema) -> Any:
-    """The Spark StructType of one of our Parquet schemas (every column nullable, as read)."""
-    from pyspark.sql import types as T
-
-    mapping = {"int32": T.IntegerType(), "int64": T.LongType(), "string": T.StringType()}
-    fields = []
-    for f in schema:
-        spark_type = T.TimestampType() if str(f.type).startswith("timestamp") else None
-        fields.append(T.StructField(f.name, spark_type or mapping[str(f.type)], True))
-    return T.StructType(fields)
-
-
-def _read(spark: SparkSession, location: str, kind: str, schema: pa.Schema) -> DataFrame | None:
-    """The dataset ``location/kind``; None if that directory does not exist."""
-    from pyspark.errors import AnalysisException
-
-    reader = (
-        spark.read.schema(_spark_schema(schema))
-        .option("recursiveFileLookup", "true")
-        .option("pathGlobFilter", "*.parquet")
-    )
-    try:
-        return reader.parquet(location.rstrip("/") + "/" + kind)
-    except AnalysisException as exc:
-        condition = exc.getCondition() or ""
-        if condition.startswith("PATH_NOT_FOUND"):
-            return None
-        raise
 
 
 def _checks(schema: pa.Schema, prefix: str, nulls: bool) -> list[Any]:
@@ -770,12 +550,12 @@ def analyze(
 
     inventory = inventory or Inventory()
     out.mkdir(parents=True, exist_ok=True)
-    location = _spark_location(traces, spark)
+    location = spark_location(traces, spark)
     with spark_errors(f"cannot read the traces under {traces}", log_path):
-        rtt = _read(spark, location, "rtt", RTT_SCHEMA)
+        rtt = read_dataset(spark, location, "rtt", RTT_SCHEMA)
         if rtt is None:
             raise TraceError(f"traces directory {traces}/rtt does not exist")
-        hops = _read(spark, location, "hops", HOP_SCHEMA) if inventory.hops_present else None
+        hops = read_dataset(spark, location, "hops", HOP_SCHEMA) if inventory.hops_present else None
     with spark_errors(f"analysis of {traces} failed", log_path):
         # The per-point table is the small result everything else is built from: computed once,
         # checked, then handed back to Spark for the ratios and fits (no cache needed).
@@ -854,15 +634,6 @@ def _fits_schema() -> pa.Schema:
     )
 
 
-def _spark_location(traces: str, spark: SparkSession) -> str:
-    """What to hand Spark: a local path becomes a file: URI when Spark runs locally."""
-    local = _local_path(traces)
-    master = spark.sparkContext.master or ""
-    if local is not None and (master.startswith("local") or urlparse(traces).scheme == "file"):
-        return local.resolve().as_uri()
-    return traces  # a URI, or a cluster path on Spark's default filesystem
-
-
 # --------------------------------------------------------------------------------------------
 # Command line.
 
@@ -871,8 +642,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``python -m perf analyze``."""
     parser.add_argument("traces", help="traces directory holding rtt/ (and hops/) Parquet files")
     parser.add_argument("--out", required=True, help="report directory (written by the driver)")
-    parser.add_argument("--master", default="local[*]", help="Spark master URL (default local[*])")
-    parser.add_argument("--shuffle-partitions", type=int, default=8, metavar="N")
+    add_spark_arguments(parser, default_master="local[*]", log="OUT/spark.log")
     parser.add_argument(
         "--fit-on",
         choices=["means", "rows"],
@@ -882,20 +652,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--exact-percentiles", action="store_true", help="exact percentiles instead of approx"
     )
-    parser.add_argument(
-        "--spark-log-level", default="WARN", help="level of the JVM log kept in OUT/spark.log"
-    )
-    parser.add_argument(
-        "--jvm-options",
-        default=LOCAL_JVM_OPTIONS,
-        help=f"driver JVM options with a local master (default: {LOCAL_JVM_OPTIONS!r}; '' for "
-        "the JVM's defaults, better for long jobs)",
-    )
 
 
 def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
-    out = _local_path(args.out)
+    out = local_path(args.out)
     try:
         if out is None:
             raise TraceError(f"--out must be a local directory, got {args.out}")
@@ -908,6 +669,7 @@ def run(args: argparse.Namespace) -> int:
             log_path,
             args.spark_log_level,
             args.jvm_options,
+            app_name="aaabus-perf-analyze",
         ) as spark:
             result = analyze(
                 spark,
