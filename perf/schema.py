@@ -8,6 +8,12 @@ Two Parquet datasets under a traces directory, one file per measured point:
 Every row carries the run's keys (run id, topology, servers, domain size, clock mode, test) so
 that either dataset can be grouped on its own. ``schema_version`` changes whenever a column
 changes meaning; readers refuse versions they do not know.
+
+A third dataset, ``traffic/``, says who talks to whom: one row per (time window, source server,
+destination server) with the notifications and bytes sent in that window. It is written by the
+live servers (:class:`aaabus.traffic.TrafficRecorder`) and by ``perf synth-traffic``, and read by
+``perf plan``. It is kept compact (it may hold billions of rows): no run keys, and its schema
+version lives in the file metadata only.
 """
 
 from __future__ import annotations
@@ -55,4 +61,16 @@ HOP_SCHEMA = pa.schema(
         pa.field("group_hops", pa.int32(), nullable=False),  # hops sharing that commit
     ],
     metadata={"aaabus.trace": "hops", "aaabus.schema_version": str(SCHEMA_VERSION)},
+)
+
+TRAFFIC_SCHEMA = pa.schema(
+    [
+        pa.field("window_start", pa.int64(), nullable=False),  # epoch ms, a multiple of window_ms
+        pa.field("window_ms", pa.int32(), nullable=False),
+        pa.field("src", pa.int32(), nullable=False),  # the server where the sender runs
+        pa.field("dst", pa.int32(), nullable=False),  # the addressee's server, not the next hop
+        pa.field("notes", pa.int64(), nullable=False),  # notifications sent in the window
+        pa.field("bytes", pa.int64(), nullable=False),  # their bytes on the wire
+    ],
+    metadata={"aaabus.trace": "traffic", "aaabus.schema_version": str(SCHEMA_VERSION)},
 )

@@ -1,0 +1,127 @@
+"""The traffic recorder (aaabus.traffic): counts per window and destination, written off the engine
+thread as Parquet files of the traffic schema. A test clock drives the windows."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from collections import Counter
+from pathlib import Path
+
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from aaabus.traffic import TrafficError, TrafficRecorder
+from perf.schema import TRAFFIC_SCHEMA
+
+
+class Clock:
+    """Seconds since the epoch, moved by the test only."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def read_rows(directory: Path) -> list[dict[str, int]]:
+    table = ds.dataset(directory / "traffic", format="parquet").to_table()
+    rows: list[dict[str, int]] = table.to_pylist()
+    return rows
+
+
+def test_rows_written_equal_counts_recorded(tmp_path: Path) -> None:
+    clock = Clock()
+    rec = TrafficRecorder(tmp_path, 7, window_ms=1000, batch_windows=2, clock=clock)
+    expected_notes: Counter[tuple[int, int]] = Counter()
+    expected_bytes: Counter[tuple[int, int]] = Counter()
+    for step in range(5):  # five windows, three destinations with different loads
+        for dst in (1, 2, 3):
+            for i in range(dst * (step + 1)):
+                rec.record(dst, 100 + i)
+                window = int(clock.now * 1000) // 1000 * 1000
+                expected_notes[window, dst] += 1
+                expected_bytes[window, dst] += 100 + i
+        clock.now += 1.0
+    rec.close()
+    rows = read_rows(tmp_path)
+    got_notes = {(r["window_start"], r["dst"]): r["notes"] for r in rows}
+    got_bytes = {(r["window_start"], r["dst"]): r["bytes"] for r in rows}
+    assert len(rows) == 15  # one row per (window, destination): no duplicate, nothing lost
+    assert got_notes == dict(expected_notes)
+    assert got_bytes == dict(expected_bytes)
+    assert {r["src"] for r in rows} == {7} and {r["window_ms"] for r in rows} == {1000}
+    files = sorted((tmp_path / "traffic").iterdir())
+    assert len(files) == 3  # windows 1-2, 3-4, then the fifth at close()
+    for f in files:
+        assert f.name.startswith("traffic-s7-") and f.suffix == ".parquet"
+        assert pq.read_schema(f).equals(TRAFFIC_SCHEMA, check_metadata=True)
+    assert rec.files_written == 3 and rec.dropped_rows == 0
+
+
+def test_windows_align_on_the_epoch_and_roll_hands_over_an_idle_window(tmp_path: Path) -> None:
+    clock = Clock(1_800_000_000.75)  # 750 ms into a 1 s window
+    rec = TrafficRecorder(tmp_path, 1, window_ms=1000, batch_windows=1, clock=clock)
+    rec.record(2, 10)
+    rec.roll()  # the window is not over: nothing to hand over yet
+    clock.now += 0.5
+    rec.roll()  # over, and nothing more is sent: the writer gets it anyway
+    rec.close()
+    rows = read_rows(tmp_path)
+    assert rows == [
+        {
+            "window_start": 1_800_000_000_000,
+            "window_ms": 1000,
+            "src": 1,
+            "dst": 2,
+            "notes": 1,
+            "bytes": 10,
+        }
+    ]
+    assert rec.files_written == 1
+
+
+def test_writer_is_a_named_thread_and_close_is_idempotent(tmp_path: Path) -> None:
+    rec = TrafficRecorder(tmp_path, 3, clock=Clock())
+    assert "traffic-s3" in {t.name for t in threading.enumerate()}
+    rec.record(4, 1)
+    rec.close()
+    rec.close()
+    assert "traffic-s3" not in {t.name for t in threading.enumerate()}
+    with pytest.raises(TrafficError, match="closed"):
+        rec.record(4, 1)
+    assert len(read_rows(tmp_path)) == 1
+
+
+def test_a_failed_write_is_logged_and_counted_never_raised(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    clock = Clock()
+    rec = TrafficRecorder(tmp_path, 5, window_ms=1000, batch_windows=1, clock=clock)
+    (tmp_path / "traffic").rmdir()
+    (tmp_path / "traffic").write_text("a file where the directory was")
+    with caplog.at_level(logging.ERROR, logger="aaabus.traffic"):
+        rec.record(6, 1)
+        rec.record(7, 1)
+        rec.close()
+    assert rec.dropped_rows == 2 and rec.files_written == 0
+    assert "cannot write" in caplog.text and "2 rows dropped" in caplog.text
+
+
+def test_without_pyarrow_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "pyarrow", None)  # what an install without it looks like
+    with pytest.raises(TrafficError, match=r"needs pyarrow .*pip install 'aaabus\[perf\]'"):
+        TrafficRecorder(tmp_path, 0)
+    assert not (tmp_path / "traffic").exists()
+
+
+def test_bad_window_and_unwritable_directory(tmp_path: Path) -> None:
+    with pytest.raises(TrafficError, match="must be >= 1"):
+        TrafficRecorder(tmp_path, 0, window_ms=0)
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(TrafficError, match="cannot create the traffic directory"):
+        TrafficRecorder(blocker, 0)
