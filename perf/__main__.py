@@ -78,6 +78,8 @@ _MODULE_SUITES = [
     ("sweep", "perf.sweep", "scaling sweep: topologies x sizes x tests x clock modes"),
     ("synth", "perf.synth", "write synthetic traces with known growth laws"),
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
+    ("synth-traffic", "perf.synth_traffic", "write synthetic traffic traces with known groups"),
+    ("plan", "perf.plan", "Spark job: traffic traces to causality domains (a3.xml) and their cost"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
 ]
