@@ -42,7 +42,7 @@ class SparkStartError(AaabusError):
 # Trace files, checked with pyarrow before any JVM exists.
 
 
-def is_hidden(rel: str) -> bool:
+def _is_hidden(rel: str) -> bool:
     # Spark skips files and directories whose name starts with "_" or ".": so must we.
     return any(part.startswith(("_", ".")) for part in rel.split("/") if part)
 
@@ -60,7 +60,7 @@ def parquet_files(fs: Any, directory: str) -> list[str] | None:
     files = []
     for entry in fs.get_file_info(selector):
         rel = entry.path[len(directory) :]
-        if entry.type == pafs.FileType.File and rel.endswith(".parquet") and not is_hidden(rel):
+        if entry.type == pafs.FileType.File and rel.endswith(".parquet") and not _is_hidden(rel):
             files.append(entry.path)
     return sorted(files)
 
