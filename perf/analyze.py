@@ -30,7 +30,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
 
 from aaabus.errors import AaabusError
 from perf.sparkjob import (
@@ -38,6 +37,7 @@ from perf.sparkjob import (
     add_spark_arguments,
     check_footer,
     local_path,
+    open_traces,
     parquet_files,
     read_dataset,
     spark_errors,
@@ -91,33 +91,14 @@ def validate_traces(location: str, master: str) -> Inventory:
     On a cluster, a path without a scheme means Spark's default filesystem (HDFS, say): it is only
     checked here if it also exists locally; Spark's own checks cover the rest.
     """
-    import pyarrow.fs as pafs
-
     from perf.schema import HOP_SCHEMA, RTT_SCHEMA
 
     inv = Inventory()
-    local = local_path(location)
-    fs: Any
-    if local is not None:
-        if (
-            not master.startswith("local")
-            and urlparse(location).scheme == ""
-            and not local.exists()
-        ):
-            inv.notes.append("traces not visible to the driver: checked by Spark only")
-            return inv
-        fs, root = pafs.LocalFileSystem(), str(local.resolve())
-    else:
-        try:
-            fs, root = pafs.FileSystem.from_uri(location)
-        except (ValueError, OSError, ImportError):  # pyarrow lacks that filesystem: Spark checks
-            inv.notes.append(f"no pyarrow filesystem for {location}: checked by Spark only")
-            return inv
-    info = fs.get_file_info(root)
-    if info.type == pafs.FileType.NotFound:
-        raise TraceError(f"traces directory {location} does not exist")
-    if info.type != pafs.FileType.Directory:
-        raise TraceError(f"{location} is not a directory (expected one holding rtt/ and hops/)")
+    opened = open_traces(location, master, "rtt/ and hops/")
+    if isinstance(opened, str):
+        inv.notes.append(opened)
+        return inv
+    fs, root = opened
     rtt_files = parquet_files(fs, root.rstrip("/") + "/rtt")
     if rtt_files is None:
         raise TraceError(f"{location} has no rtt/ directory: not a traces directory")

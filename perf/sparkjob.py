@@ -124,6 +124,36 @@ def local_path(location: str) -> Path | None:
     return None
 
 
+def open_traces(location: str, master: str, holding: str) -> tuple[Any, str] | str:
+    """The pyarrow filesystem and root directory of the traces at ``location``, or, when the
+    driver cannot look at them, a note saying so (Spark's own checks then cover them).
+
+    On a cluster, a path without a scheme means Spark's default filesystem (HDFS, say): it is
+    only looked at here if it also exists locally. Raises TraceError if ``location`` does not
+    exist or is not a directory (``holding`` says what it should hold).
+    """
+    import pyarrow.fs as pafs
+
+    local = local_path(location)
+    fs: Any
+    if local is not None:
+        on_cluster = not master.startswith("local") and urlparse(location).scheme == ""
+        if on_cluster and not local.exists():
+            return "traces not visible to the driver: checked by Spark only"
+        fs, root = pafs.LocalFileSystem(), str(local.resolve())
+    else:
+        try:
+            fs, root = pafs.FileSystem.from_uri(location)
+        except (ValueError, OSError, ImportError):  # pyarrow lacks that filesystem: Spark checks
+            return f"no pyarrow filesystem for {location}: checked by Spark only"
+    info = fs.get_file_info(root)
+    if info.type == pafs.FileType.NotFound:
+        raise TraceError(f"traces directory {location} does not exist")
+    if info.type != pafs.FileType.Directory:
+        raise TraceError(f"{location} is not a directory (expected one holding {holding})")
+    return fs, root
+
+
 def add_spark_arguments(parser: argparse.ArgumentParser, *, default_master: str, log: str) -> None:
     """The Spark options every Spark command takes; ``log`` says where the JVM's log goes."""
     parser.add_argument(

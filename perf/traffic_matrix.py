@@ -21,13 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING
 
 from perf.sparkjob import (
     TraceError,
     check_footer,
-    local_path,
+    open_traces,
     parquet_files,
     read_dataset,
     spark_errors,
@@ -77,28 +76,10 @@ def _schema(kind: str) -> pa.Schema:
 
 def validate(location: str, master: str) -> Source:
     """Find the traffic dataset under ``location`` and check its footers; TraceError if bad."""
-    import pyarrow.fs as pafs
-
-    local = local_path(location)
-    fs: Any
-    if local is not None:
-        if (
-            not master.startswith("local")
-            and urlparse(location).scheme == ""
-            and not local.exists()
-        ):
-            return Source(None, notes=["traces not visible to the driver: checked by Spark only"])
-        fs, root = pafs.LocalFileSystem(), str(local.resolve())
-    else:
-        try:
-            fs, root = pafs.FileSystem.from_uri(location)
-        except (ValueError, OSError, ImportError):  # pyarrow lacks that filesystem: Spark checks
-            return Source(None, notes=[f"no pyarrow filesystem for {location}: Spark checks it"])
-    info = fs.get_file_info(root)
-    if info.type == pafs.FileType.NotFound:
-        raise TraceError(f"traces directory {location} does not exist")
-    if info.type != pafs.FileType.Directory:
-        raise TraceError(f"{location} is not a directory (expected one holding traffic/ or hops/)")
+    opened = open_traces(location, master, "traffic/ or hops/")
+    if isinstance(opened, str):
+        return Source(None, notes=[opened])
+    fs, root = opened
     for kind in KINDS:
         files = parquet_files(fs, root.rstrip("/") + "/" + kind)
         if not files:
