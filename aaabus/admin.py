@@ -38,7 +38,6 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import secrets
 import socket
 import socketserver
@@ -54,6 +53,7 @@ from aaabus.errors import AaabusError, ConfigError
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
 from aaabus.tls import tls_contexts
+from aaabus.trust import UntrustedClass
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
@@ -523,12 +523,12 @@ class AdminEndpoint:
                 return {"ok": True}
             if op == "send":
                 to = _target(server, request.get("to"))
-                note = _unpickle(request.get("note"), "notification")
+                note = _unpickle(server, request.get("note"), "notification")
                 key = _request_id(request)
                 _, duplicate = server.accept_once(key, lambda: server.send_now(to, note))
                 return {"ok": True, "duplicate": duplicate}
             if op == "deploy":
-                agent = _unpickle(request.get("agent"), "agent")
+                agent = _unpickle(server, request.get("agent"), "agent")
                 where = request.get("server")
                 if where is not None and (
                     not isinstance(where, int) or where not in server.config.servers
@@ -565,9 +565,9 @@ def _target(server: AgentServer, text: Any) -> AgentId:
     return to
 
 
-def _unpickle(text: Any, what: str) -> Any:
-    # Only ever reached on an authenticated session: the client holds the bus secret, which is
-    # the same trust as a peer server, and its pickles are vetted the same way.
+def _unpickle(server: AgentServer, text: Any, what: str) -> Any:
+    # Only ever reached on an authenticated session, and even then loaded under the server's
+    # trust policy: holding a tool credential must not mean running code inside the server.
     if not isinstance(text, str):
         raise RequestRefused(f"the {what} is missing")
     try:
@@ -576,7 +576,10 @@ def _unpickle(text: Any, what: str) -> Any:
         raise RequestRefused(f"the {what} is not base64") from None
     try:
         vet_body(data)
-        return pickle.loads(data)
+        return server.trust.loads(data)
+    except UntrustedClass as exc:
+        log.warning("server %s: admin %s refused: %s", server.server_id, what, exc)
+        raise RequestRefused(f"the {what} was refused: {exc}") from None
     except Exception as exc:
         raise RequestRefused(
             f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "

@@ -145,9 +145,12 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 
 def _cmd_secret(args: argparse.Namespace) -> int:
-    from aaabus.secret import make_secret
+    from aaabus.secret import make_secret, write_secret
 
-    sys.stdout.write(make_secret())
+    if args.out is None:
+        sys.stdout.write(make_secret())
+    else:
+        write_secret(args.out)
     return 0
 
 
@@ -385,7 +388,11 @@ def _main_parser() -> _Parser:
     topo.add_argument("--host", default="127.0.0.1")
     topo.set_defaults(func=_cmd_topology)
 
-    secret = sub.add_parser("secret", help="print a new bus secret (aaabus secret > bus.key)")
+    secret = sub.add_parser("secret", help="make a new bus secret (aaabus secret --out bus.key)")
+    secret.add_argument(
+        "--out",
+        help="create this file (mode 0600, never overwritten); without it the key is printed",
+    )
     secret.set_defaults(func=_cmd_secret)
 
     launch = sub.add_parser(

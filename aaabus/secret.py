@@ -9,6 +9,11 @@ The header lets a future format coexist with this one and makes a file of the wr
 key, an empty file, a config pasted by mistake) fail with a clear message rather than being
 silently used as key material. Blank lines and lines starting with ``#`` are ignored so that an
 operator may annotate the file.
+
+The key is the bus: whoever reads it can join as a server (see docs/operations.md, Trust model).
+A key file is therefore created mode 0600 by :func:`write_secret` (exclusive create: an existing
+file, or a symlink planted at the name, is never followed nor overwritten), and
+:func:`load_secret` refuses a file that its group or others may read.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from aaabus.errors import SecretError
 HEADER = "aaabus-secret-v1"
 KEY_BYTES = 32
 
-_FIX = "run `aaabus secret > bus.key` beside the config (or set property aaabus.secret)"
+_FIX = "run `aaabus secret --out bus.key` beside the config (or set property aaabus.secret)"
 
 
 def make_secret() -> str:
@@ -52,15 +57,44 @@ def parse_secret(text: str, where: str = "secret") -> bytes:
         raise SecretError(f"{where}: bus key is not hexadecimal; {_FIX}") from None
 
 
+def write_secret(path: str | os.PathLike[str]) -> None:
+    """Create ``path`` holding a fresh key, mode 0600; never replaces nor follows what is there.
+
+    Raises :class:`SecretError` (one line) if the file exists or cannot be created.
+    """
+    where = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(where, flags, 0o600)
+    except FileExistsError:
+        raise SecretError(
+            f"{where} already exists; a bus key is never overwritten: keep it, or move it away "
+            "(every server and tool of the bus must then get the new one)"
+        ) from None
+    except OSError as exc:
+        raise SecretError(f"{where}: cannot create bus key ({exc.strerror})") from None
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(make_secret())
+        out.flush()
+        os.fsync(out.fileno())
+
+
 def load_secret(path: str | os.PathLike[str]) -> bytes:
     """Read the key bytes from a ``bus.key`` file.
 
     Raises :class:`SecretError` (one line naming the file and the fix) if the file is missing,
-    unreadable or malformed.
+    unreadable, malformed, or readable by its group or others (the line gives the ``chmod``).
     """
     where = os.fspath(path)
     try:
-        text = Path(path).read_text(encoding="ascii")
+        with open(where, encoding="ascii") as key_file:
+            mode = os.fstat(key_file.fileno()).st_mode
+            if mode & 0o077:
+                raise SecretError(
+                    f"{where}: bus key is open to group or others (mode {mode & 0o777:o}): "
+                    f"anyone who reads it can join the bus; run `chmod 600 {where}`"
+                )
+            text = key_file.read()
     except FileNotFoundError:
         raise SecretError(f"{where}: bus key file not found; {_FIX}") from None
     except UnicodeDecodeError:

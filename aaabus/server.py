@@ -34,9 +34,10 @@ from aaabus.ids import AgentId
 from aaabus.network import Network
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
-from aaabus.store import STORE_KINDS, Store, open_store
+from aaabus.store import STORE_KINDS, Store, bus_identity, open_store
 from aaabus.tls import tls_contexts
 from aaabus.trace import Tracer
+from aaabus.trust import policy_for
 
 if TYPE_CHECKING:
     from aaabus.admin import AdminEndpoint
@@ -149,6 +150,8 @@ class AgentServer:
         self.topology = topology
         self.secret_path = secret_path(config, server_id)
         self.secret = load_secret(self.secret_path)
+        #: What pickles from peers, tools and the store may construct (see aaabus.trust).
+        self.trust = policy_for(config, server_id)
         trace_dir = config.prop(server_id, "aaabus.trace")
         self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
         # Import every service before touching the store: a typo must not leave half a boot.
@@ -170,7 +173,9 @@ class AgentServer:
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
-        self.store = open_store(self.store_kind, self.storage, self.server_id)
+        self.store = open_store(
+            self.store_kind, self.storage, self.server_id, self.trust, bus_identity(self.secret)
+        )
         try:
             self.engine = Engine(
                 self.store,
@@ -178,6 +183,7 @@ class AgentServer:
                 max_batch=self.max_batch,
                 max_group_s=self.max_group_ms / 1000.0,
                 on_exit=self.stopped.set,
+                trust=self.trust,
             )
             failpoints = os.environ.get(FAILPOINTS_ENV)
             if failpoints:

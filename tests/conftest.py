@@ -18,6 +18,8 @@ from aaabus.secret import ensure_secret
 from aaabus.topology import generate, render
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+#: What the servers of test buses trust (aaabus.trust): the suite's, the agents' and examples'.
+TEST_TRUST = "tests,agents,examples,perf"
 
 
 def free_ports(count: int) -> list[int]:
@@ -55,6 +57,8 @@ def make_config(tmp_path: Path) -> Callable[..., Path]:
         layout: list[list[int]] | None = None,
     ) -> Path:
         base = contiguous_free_base(servers * 3)
+        # The servers of a test bus construct the test suite's own classes (aaabus.trust).
+        properties = {"aaabus.trust": TEST_TRUST, **(properties or {})}
         if layout is not None:
             servers = 1 + max(max(members) for members in layout)
             text = render(layout, servers, base_port=base, properties=properties)

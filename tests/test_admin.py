@@ -255,6 +255,9 @@ def test_command_line_errors_are_one_line_with_status_2(
 
     # A bus that is down is not an error for status and stop: it is what they report.
     (tmp_path / "bus.key").write_text("aaabus-secret-v1 " + "ab" * 32 + "\n")
+    # A key others may read is refused, with the chmod that fixes it.
+    assert "run `chmod 600 " in fails("status", config)
+    (tmp_path / "bus.key").chmod(0o600)
     assert main(["status", config, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
         "servers": [{"id": 0, "up": False}, {"id": 1, "up": False}]

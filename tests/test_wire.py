@@ -336,6 +336,7 @@ def test_make_and_load_secret(tmp_path: Path) -> None:
     assert text.startswith("aaabus-secret-v1 ") and text.endswith("\n")
     path = tmp_path / "bus.key"
     path.write_text("# the bus key\n" + text)
+    path.chmod(0o600)
     key = load_secret(path)
     assert len(key) == 32 and key.hex() in text
     assert make_secret() != text
@@ -355,11 +356,12 @@ def test_bad_secret_file(tmp_path: Path, content: str | None, reason: str) -> No
     path = tmp_path / "bus.key"
     if content is not None:
         path.write_text(content)
+        path.chmod(0o600)
     with pytest.raises(SecretError, match=reason) as info:
         load_secret(path)
     message = str(info.value)
     assert "\n" not in message and str(path) in message
-    assert "run `aaabus secret > bus.key` beside the config" in message
+    assert "run `aaabus secret --out bus.key` beside the config" in message
 
 
 def test_ensure_secret_creates_once_with_private_mode(tmp_path: Path) -> None:
@@ -368,3 +370,35 @@ def test_ensure_secret_creates_once_with_private_mode(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert ensure_secret(path) == key == load_secret(path)
     assert [p.name for p in tmp_path.iterdir()] == ["bus.key"]  # no temporary left behind
+
+
+def test_secret_command_creates_a_private_key_once_and_never_follows_a_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aaabus.cli import main
+
+    old = os.umask(0o022)  # the usual umask, under which `aaabus secret > bus.key` made 0644
+    try:
+        path = tmp_path / "bus.key"
+        assert main(["secret", "--out", str(path)]) == 0
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(load_secret(path)) == 32
+        key = path.read_bytes()
+        assert main(["secret", "--out", str(path)]) == 2  # never overwritten
+        assert "already exists" in capsys.readouterr().err and path.read_bytes() == key
+        target = tmp_path / "victim"
+        target.write_text("precious")
+        (tmp_path / "planted.key").symlink_to(target)
+        assert main(["secret", "--out", str(tmp_path / "planted.key")]) == 2
+        assert target.read_text() == "precious"
+    finally:
+        os.umask(old)
+
+
+def test_a_key_readable_by_others_is_refused_with_the_chmod_to_run(tmp_path: Path) -> None:
+    path = tmp_path / "bus.key"
+    path.write_text(make_secret())
+    path.chmod(0o644)
+    with pytest.raises(SecretError, match=rf"run `chmod 600 {path}`"):
+        load_secret(path)
+    path.chmod(0o600)
+    assert len(load_secret(path)) == 32
