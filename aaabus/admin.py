@@ -50,6 +50,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from aaabus.errors import AaabusError, ConfigError
+from aaabus.gate import PendingTable, RefusalLog
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
 from aaabus.tls import tls_contexts
@@ -75,6 +76,7 @@ __all__ = [
     "AdminError",
     "Link",
     "RequestRefused",
+    "ServerBusy",
     "ServerUnreachable",
     "admin_address",
     "bus_status",
@@ -88,9 +90,12 @@ log = logging.getLogger("aaabus.admin")
 ADMIN_PORT_OFFSET = 1000
 #: Handshake ids from here up are clients (tools, programs), never servers.
 CLIENT_ID_BASE = 0x8000_0000
-#: Concurrent admin connections per server; more are refused at once.
+#: Concurrent authenticated admin sessions per server; more are told the server is busy.
 MAX_CONNECTIONS = 32
-#: Seconds a connection has to complete the handshake.
+#: Connections waiting to authenticate, in all and per address; beyond, the oldest is evicted.
+MAX_PENDING = 32
+MAX_PENDING_PER_ADDRESS = 16
+#: Seconds a connection has to complete the handshake, from accept (an absolute deadline).
 HANDSHAKE_TIMEOUT = 5.0
 #: Seconds an authenticated connection may stay idle between requests.
 IDLE_TIMEOUT = 300.0
@@ -106,6 +111,13 @@ class AdminError(AaabusError):
 
 class ServerUnreachable(AdminError):
     """Nothing answers on the server's admin port (the server is down or unreachable)."""
+
+    exit_code = 1
+
+
+class ServerBusy(AdminError):
+    """The server accepted the connection and dropped it before authenticating: it is up but
+    turning connections away (overloaded, or under a flood of unauthenticated connections)."""
 
     exit_code = 1
 
@@ -150,8 +162,10 @@ class Link:
     Used by both ends; not thread-safe (one request at a time).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
         self.sock = sock
+        #: While set (the handshake), every read is bounded by this ``time.monotonic()`` value.
+        self._deadline = deadline
         self._cipher: SessionCipher | None = None
         # Until the peer has authenticated, frames are held to the handshake's tiny limit.
         self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
@@ -196,7 +210,10 @@ class Link:
                 raise AdminError(f"{where}: TLS handshake failed ({exc.reason or exc})") from None
             except OSError as exc:
                 sock.close()
-                raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+                raise ServerBusy(
+                    f"{where} is busy: it accepted the connection and dropped it during TLS "
+                    f"({exc.strerror or exc}); try again later"
+                ) from None
         link = cls(sock)
         answered = False
         try:
@@ -219,14 +236,21 @@ class Link:
                 raise AdminError(
                     f"{where} refused the authentication: it does not use this bus secret"
                 ) from None
-            raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+            # Something listens and took the connection, but dropped it (or kept silent)
+            # before its challenge: the server is up and turning connections away.
+            raise ServerBusy(
+                f"{where} is busy: it accepted the connection and dropped it before the "
+                f"handshake ({exc.strerror or exc}); try again later"
+            ) from None
 
     @classmethod
     def accept(
-        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int
+        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int, deadline: float
     ) -> tuple[Link, int]:
-        """Authenticate an accepted connection; returns the link and the client's id."""
-        link = cls(sock)
+        """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
+        the link and the client's id. Raises ``TimeoutError`` past the deadline, however
+        slowly the bytes trickle in."""
+        link = cls(sock, deadline)
         handshake = AcceptorHandshake(secret, server_id, None)
         sock.sendall(handshake.start())
         proof = handshake.receive(link._read_raw())
@@ -237,10 +261,16 @@ class Link:
             raise WireError(f"id {client_id} is a server id, not a client id")
         sock.sendall(proof)
         link._authenticated(handshake.cipher(), max_frame)
+        link._deadline = None
         return link, client_id
 
     def _read_raw(self) -> bytes:
         while not self._frames:
+            if self._deadline is not None:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("handshake deadline passed")
+                self.sock.settimeout(left)
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionResetError("connection closed by the other end")
@@ -387,12 +417,13 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     endpoint: AdminEndpoint
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        return self.endpoint._admit(request)
+        return self.endpoint._admit(request, client_address)
 
     def service_actions(self) -> None:
         # Called by serve_forever between polls: samples for the reactions-per-second figure
-        # without a thread of its own.
+        # and enforces the handshake deadline, without a thread of their own.
         self.endpoint.rates.sample()
+        self.endpoint._expire()
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -408,8 +439,15 @@ class AdminEndpoint:
     def __init__(self, server: AgentServer, address: tuple[str, int]) -> None:
         self.server = server
         self.rates = RateMeter(lambda: server.engine.stats.reactions if server.engine else 0)
+        # ``_lock`` guards the connection sets: the listener thread admits and expires, the
+        # connection threads authenticate and leave.
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._pending: PendingTable[socket.socket] = PendingTable(
+            MAX_PENDING, MAX_PENDING_PER_ADDRESS
+        )
+        self._sessions = 0
+        self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
         self._tls = tls_contexts(server.config, server.server_id)[0]
         try:
@@ -449,35 +487,58 @@ class AdminEndpoint:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def _admit(self, sock: socket.socket) -> bool:
+    def _admit(self, sock: socket.socket, peer: Any) -> bool:
+        """Listener thread: take ``sock`` into the waiting room, evicting the oldest if full."""
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
         with self._lock:
-            if self._closing or len(self._conns) >= MAX_CONNECTIONS:
+            if self._closing:
                 return False
             self._conns.add(sock)
+            evicted = self._pending.add(sock, address, time.monotonic())
+        for old in evicted:
+            _hang_up(old)
+            self._refusals.refused(address, "evicted: too many unauthenticated connections")
+        return True
+
+    def _expire(self) -> None:
+        """Listener thread: hang up on connections past their handshake deadline."""
+        with self._lock:
+            late = self._pending.added_before(time.monotonic() - HANDSHAKE_TIMEOUT)
+        for sock in late:
+            _hang_up(sock)
+
+    def _authenticated(self, sock: socket.socket) -> bool:
+        """Leave the waiting room for a session slot; False when every slot is taken."""
+        with self._lock:
+            self._pending.remove(sock)
+            if self._sessions >= MAX_CONNECTIONS:
+                return False
+            self._sessions += 1
             return True
 
     def _serve(self, sock: socket.socket, peer: Any) -> None:
         server = self.server
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        in_session = False
         try:
+            deadline = time.monotonic() + HANDSHAKE_TIMEOUT
             sock.settimeout(HANDSHAKE_TIMEOUT)
             if self._tls is not None:
                 try:
                     sock = self._wrap(sock)
                 except (ssl.SSLError, OSError) as exc:
-                    log.warning(
-                        "server %s: admin connection from %s refused: TLS handshake failed (%s)",
-                        server.server_id,
-                        where,
-                        exc,
-                    )
+                    self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client = Link.accept(sock, server.secret, server.server_id, server.max_frame)
-            except (WireError, OSError) as exc:
-                log.warning(
-                    "server %s: admin connection from %s refused: %s", server.server_id, where, exc
+                link, client = Link.accept(
+                    sock, server.secret, server.server_id, server.max_frame, deadline
                 )
+            except (WireError, OSError) as exc:
+                self._refusals.refused(where, str(exc) or type(exc).__name__)
+                return
+            in_session = self._authenticated(sock)
+            if not in_session:
+                link.send({"ok": False, "error": "busy: every admin session is taken"})
                 return
             log.debug(
                 "server %s: admin client %s connected from %s", server.server_id, client, where
@@ -494,17 +555,21 @@ class AdminEndpoint:
         finally:
             with self._lock:
                 self._conns.discard(sock)
+                self._pending.remove(sock)
+                if in_session:
+                    self._sessions -= 1
             if isinstance(sock, ssl.SSLSocket):
                 sock.close()  # socketserver closes only the plain socket it accepted
 
     def _wrap(self, sock: socket.socket) -> ssl.SSLSocket:
         """Run the server side of TLS on an accepted connection (a socket :meth:`stop` sees)."""
         assert self._tls is not None
-        with self._lock:
-            self._conns.discard(sock)
         wrapped = self._tls.wrap_socket(sock, server_side=True)
         with self._lock:
+            # The waiting room and stop() now hold the wrapper: it is what must be shut down.
+            self._conns.discard(sock)
             self._conns.add(wrapped)
+            self._pending.replace(sock, wrapped)
         return wrapped
 
     def _answer(self, request: Any) -> dict[str, Any]:
@@ -587,6 +652,12 @@ def _unpickle(server: AgentServer, text: Any, what: str) -> Any:
         ) from None
 
 
+def _hang_up(sock: socket.socket) -> None:
+    """Make the thread serving ``sock`` see the end of the stream (it closes the socket)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 # -- bus-wide tools -----------------------------------------------------------------------------
 
 
@@ -614,11 +685,14 @@ def _ask(
 def bus_status(
     config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 5.0
 ) -> list[dict[str, Any]]:
-    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``."""
+    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``,
+    busy ones (they accepted and dropped the connection) ``up: null`` with ``busy``: why."""
 
     def one(sid: int) -> dict[str, Any]:
         try:
             link, answer = _ask(config, sid, secret, {"op": "status"}, timeout)
+        except ServerBusy as exc:
+            return {"id": sid, "up": None, "busy": str(exc)}
         except ServerUnreachable:
             return {"id": sid, "up": False}
         link.close()
@@ -635,13 +709,15 @@ def stop_servers(
 ) -> dict[int, str]:
     """Stop servers cleanly, in parallel; waits until each has closed its store.
 
-    Returns, per server, ``"stopped"``, ``"not running"`` or ``"still stopping"`` (the deadline
-    passed first).
+    Returns, per server, ``"stopped"``, ``"not running"``, ``"still stopping"`` (the deadline
+    passed first) or ``"busy"`` (it accepted and dropped the connection: running, not stopped).
     """
 
     def one(sid: int) -> str:
         try:
             link, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
+        except ServerBusy:
+            return "busy"
         except ServerUnreachable:
             return "not running"
         try:

@@ -249,7 +249,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"servers": servers}, indent=2))
     else:
         print(_status_table(servers))
-    return 1 if args.wait and not all(st["up"] for st in servers) else 0
+    busy = [st for st in servers if st.get("busy")]
+    for st in busy:
+        print(st["busy"], file=sys.stderr)
+    # A busy server is running but not answering: a monitoring script must not read "fine".
+    return 1 if busy or (args.wait and not all(st["up"] for st in servers)) else 0
 
 
 def _status_table(servers: list[dict[str, Any]]) -> str:
@@ -260,7 +264,8 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
     rows: list[tuple[str, ...]] = [head]
     for st in servers:
         if not st["up"]:
-            rows.append((str(st["id"]), "", "down") + ("",) * (len(head) - 3))
+            state = "busy" if st.get("busy") else "down"
+            rows.append((str(st["id"]), "", state) + ("",) * (len(head) - 3))
             continue
         queues, msgs = st["queues"], st["messages"]
         outgoing = ",".join(f"{p}:{n}" for p, n in queues["outgoing"].items()) or "-"
@@ -299,7 +304,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     outcome = stop_servers(config, ids, secret, timeout=args.timeout)
     for sid, what in outcome.items():
         print(f"server {sid}: {what}")
-    return 0 if all(what != "still stopping" for what in outcome.values()) else 1
+    return 0 if all(what not in ("still stopping", "busy") for what in outcome.values()) else 1
 
 
 def _cmd_send(args: argparse.Namespace) -> int:

@@ -38,6 +38,7 @@ from aaabus.admin import (
     AdminError,
     Link,
     RequestRefused,
+    ServerBusy,
     ServerUnreachable,
     admin_address,
 )
@@ -169,7 +170,7 @@ class Client:
                     )
                 self._link.sock.settimeout(max(0.1, deadline - time.monotonic()))
                 answer = self._link.request(request)
-            except (ServerUnreachable, WireError, OSError) as exc:
+            except (ServerUnreachable, ServerBusy, WireError, OSError) as exc:
                 # The request may or may not have been performed: send it again, same id.
                 self.close()
                 if time.monotonic() + delay >= deadline:

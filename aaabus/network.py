@@ -65,9 +65,10 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from aaabus.errors import AaabusError
+from aaabus.gate import PendingTable, RefusalLog
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     AcceptorHandshake,
@@ -94,9 +95,14 @@ _CLOSED = 4
 _BACKOFF_FIRST = 0.02
 _BACKOFF_MAX = 1.0
 _READ_SIZE = 256 * 1024
-#: Unauthenticated connections allowed at once: beyond this a flood of idle clients would only
-#: eat file descriptors, so new ones are refused until some finish or time out.
+#: Unauthenticated connections held at once from the configured peers' addresses, in all and per
+#: address; beyond either bound the oldest waiting one is evicted (see aaabus.gate).
 _MAX_PENDING = 256
+_MAX_PENDING_PER_ADDRESS = 64
+#: The same for addresses that are no peer's: they can never authenticate here, so a flood from
+#: them gets a small room of its own and cannot push a peer's connection out.
+_MAX_STRANGERS = 32
+_MAX_STRANGERS_PER_ADDRESS = 8
 #: Longest the I/O thread sleeps without a timer; it is woken by the socketpair anyway, so this
 #: only bounds the damage of a lost wake-up.
 _MAX_SELECT = 1.0
@@ -125,6 +131,7 @@ class _Conn:
         "sock",
         "state",
         "tls_want",
+        "verified",
     )
 
     def __init__(
@@ -148,6 +155,7 @@ class _Conn:
         self.mask = 0  # events currently registered with the selector (0: not registered)
         self.tls_want = _READ
         self.deadline = 0.0
+        self.verified = False  # a session frame from the peer passed its MAC
 
 
 class _Dial:
@@ -212,7 +220,13 @@ class Network:
         # connection's own lock then tells whether it is still up.
         self._up: dict[int, _Conn] = {}
         self._conns: set[_Conn] = set()
-        self._pending_count = 0  # incoming connections not yet authenticated
+        # Incoming connections not yet authenticated: from peers' addresses, and from others.
+        self._pending: PendingTable[_Conn] = PendingTable(_MAX_PENDING, _MAX_PENDING_PER_ADDRESS)
+        self._strangers: PendingTable[_Conn] = PendingTable(
+            _MAX_STRANGERS, _MAX_STRANGERS_PER_ADDRESS
+        )
+        self._peer_addresses: frozenset[str] = frozenset()
+        self._refusals = RefusalLog(self._log, name)
         self._listeners: list[socket.socket] = []
         self._sel: selectors.BaseSelector | None = None
         self._wake_r: socket.socket | None = None
@@ -248,6 +262,7 @@ class Network:
                 lsock.close()
             self._listeners.clear()
             raise
+        self._peer_addresses = _addresses_of(self._peers[p][0] for p in self._acceptable)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -512,19 +527,13 @@ class Network:
                 self._log.warning("%s: accept failed: %s", self._name, exc)
                 return
             label = f"{addr[0]}:{addr[1]}"
-            if self._pending_count >= _MAX_PENDING:
-                self._log.warning(
-                    "%s: refused connection from %s: too many unauthenticated connections",
-                    self._name,
-                    label,
-                )
-                sock.close()
-                continue
             sock.setblocking(False)
             _tune(sock)
             conn = _Conn(sock, label, outgoing=False, peer=None, host=addr[0])
             self._conns.add(conn)
-            self._pending_count += 1
+            table = self._pending if addr[0] in self._peer_addresses else self._strangers
+            for old in table.add(conn, addr[0]):
+                self._close(old, "evicted: too many unauthenticated connections", logging.DEBUG)
             conn.deadline = time.monotonic() + self._handshake_timeout
             self._add_timer(conn.deadline, conn)
             self._secure_or_handshake(conn)
@@ -590,21 +599,22 @@ class Network:
         peer = handshake.peer_id
         conn.handshake = None
         conn.decoder.max_frame = self._max_frame + SessionCipher.OVERHEAD
-        if not conn.outgoing:
-            self._pending_count -= 1
+        self._forget_pending(conn)
         old = self._up.get(peer)
         if old is not None:
-            self._close(old, "replaced by a new connection from the same server", logging.INFO)
+            # Only a holder of this pair's key can do this: the peer restarted (fine) or its key
+            # leaked (not fine). Either way the operator should see both ends.
+            self._close(
+                old,
+                f"replaced by a new connection from {conn.label} claiming the same server id",
+                logging.WARNING,
+            )
         conn.peer = peer
         with conn.lock:
             conn.cipher = handshake.cipher()
             conn.state = _UP
             conn.direct = not isinstance(conn.sock, ssl.SSLSocket)
         self._up[peer] = conn
-        if conn.outgoing:
-            dial = self._dials[peer]
-            dial.failures = 0
-            dial.last_error = ""
         self._log.info(
             "%s: server %d %s %s is up",
             self._name,
@@ -672,12 +682,30 @@ class Network:
             except AuthError as exc:
                 self._fail(conn, str(exc), violation=True)
                 return
+            if not conn.verified:
+                self._verified(conn)
             try:
                 on_frame(peer, payload)
             except Exception:
                 self._log.exception("%s: on_frame(%d) failed", self._name, peer)
             if conn.state != _UP:  # closed meanwhile (replaced, stopped)
                 return
+
+    def _verified(self, conn: _Conn) -> None:
+        """The first session frame of ``conn`` passed its MAC: the link really works.
+
+        Only now does a dial count as a success (backoff reset): a peer, or a relay, that
+        completes handshakes and then breaks the session must not earn fast redials.
+        """
+        conn.verified = True
+        if conn.outgoing and conn.peer is not None:
+            dial = self._dials[conn.peer]
+            dial.failures = 0
+            dial.last_error = ""
+
+    def _forget_pending(self, conn: _Conn) -> None:
+        if not self._pending.remove(conn):
+            self._strangers.remove(conn)
 
     def _handshake_step(self, conn: _Conn) -> bool:
         """Run buffered handshake messages; True once the connection is up."""
@@ -783,21 +811,30 @@ class Network:
             return
         was_up = conn.state == _UP
         if not was_up and not conn.outgoing:
-            self._pending_count -= 1
+            self._forget_pending(conn)
         with conn.lock:
             conn.state = _CLOSED
             conn.direct = False
             conn.out.clear()
         peer = conn.peer
-        if was_up:
-            message = f"server {peer} at {conn.label} is down"
-        elif conn.outgoing:
-            message = f"dialling server {peer} at {conn.label} failed"
-        else:
-            message = f"refused connection from {conn.label}"
         # Logged before the socket closes, so that whoever watches the peer's end sees the
         # record already written when they observe the close.
-        self._log.log(level, "%s: %s: %s", self._name, message, reason)
+        if was_up:
+            self._log.log(
+                level, "%s: server %s at %s is down: %s", self._name, peer, conn.label, reason
+            )
+        elif conn.outgoing:
+            self._log.log(
+                level,
+                "%s: dialling server %s at %s failed: %s",
+                self._name,
+                peer,
+                conn.label,
+                reason,
+            )
+        else:
+            # A stranger or a flood: rate-limited, so that the log cannot amplify an attack.
+            self._refusals.refused(conn.label, reason)
         self._unregister(conn)
         with contextlib.suppress(OSError):
             conn.sock.close()
@@ -835,6 +872,18 @@ class Network:
             raise NetworkError(f"cannot listen on {host}:{port} {where}: {detail}") from None
         lsock.setblocking(False)
         return lsock
+
+
+def _addresses_of(hosts: Iterable[str]) -> frozenset[str]:
+    """The numeric addresses ``hosts`` resolve to now (a host that does not resolve: none)."""
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        found.update(str(info[4][0]) for info in infos)
+    return frozenset(found)
 
 
 def _tune(sock: socket.socket) -> None:
