@@ -18,7 +18,9 @@ Protocol
     After the handshake the client sends requests and the server answers each in order, one
     session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
     ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 pickle>}``,
-    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``. Answers are
+    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``,
+    ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
+    :meth:`AgentServer.arm_failpoints`). Answers are
     ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``. Notifications and agents are
     pickles, as between servers, and are unpickled only on an authenticated session; everything
     else is JSON, which carries no code.
@@ -539,6 +541,12 @@ class AdminEndpoint:
                     key, lambda: server.deploy_now(agent, where)
                 )
                 return {"ok": True, "agent": agent_id, "duplicate": duplicate}
+            if op == "failpoints":
+                spec = request.get("arm")
+                if not isinstance(spec, str):
+                    raise RequestRefused("'arm' must be a text like engine.commit:kill:0")
+                server.arm_failpoints(spec)
+                return {"ok": True}
             raise RequestRefused(f"unknown request {op!r}")
         except (AaabusError, TimeoutError) as exc:
             return {"ok": False, "error": str(exc) or type(exc).__name__}

@@ -167,6 +167,7 @@ class AgentServer:
         self._stop_lock = threading.Lock()
         self._stop_requested = False
         self._stopping = threading.Lock()
+        self.failpoints_allowed = False
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
@@ -179,7 +180,10 @@ class AgentServer:
                 max_group_s=self.max_group_ms / 1000.0,
                 on_exit=self.stopped.set,
             )
+            # The variable being set at all (even empty) is the operator's opt-in to arming
+            # failpoints later through the admin port (see arm_failpoints).
             failpoints = os.environ.get(FAILPOINTS_ENV)
+            self.failpoints_allowed = failpoints is not None
             if failpoints:
                 self.engine.failpoints.arm_from_text(failpoints)
             if self.trace_dir is not None:
@@ -347,6 +351,21 @@ class AgentServer:
         if not isinstance(agent, Agent):
             raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
         return str(agent.deploy(server))
+
+    def arm_failpoints(self, text: str) -> None:
+        """Arm failpoints (``name:action[:skip[:times]],...``) from another thread: a testing
+        tool, refused unless the process was started with ``AAABUS_FAILPOINTS`` set.
+
+        Not through :meth:`call`: a transaction would itself go through the steps being armed.
+        The engine thread reads the registry's plain dicts; a hit racing with the arming is
+        counted before or after it, which is all a test needs.
+        """
+        if not self.failpoints_allowed:
+            raise ConfigError(
+                f"server {self.server_id}: failpoints are off (start the server with "
+                f"{FAILPOINTS_ENV} set, even empty, to allow arming them; tests only)"
+            )
+        self._require_engine().failpoints.arm_from_text(text, where="failpoints request")
 
     def request_stop(self) -> None:
         """Stop as on SIGTERM, from another thread; returns at once (see :attr:`stopped`)."""

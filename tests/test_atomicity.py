@@ -3,16 +3,27 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from aaabus import AgentId
+from aaabus import AgentDeleteAck, AgentDeleteRequest, AgentId, ExceptionNotification, UnknownAgent
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
 from tests.conftest import Inbox
-from tests.support.agents import Deployer, Go, InitSender, Marker, Recorder, Seen
+from tests.support.agents import (
+    Deployer,
+    Go,
+    InitSender,
+    Leaving,
+    Marker,
+    Poke,
+    Probe,
+    Recorder,
+    Seen,
+)
 
 
 @pytest.fixture
@@ -110,6 +121,41 @@ def test_deploy_from_outside_survives_a_replayed_group(two_servers) -> None:
     assert engine.failpoints.fired("engine.commit") == 1
     bus[0].send(deployer, Marker("works"))
     assert _labels(inbox, 1) == ["works"]
+
+
+def test_a_failing_on_delete_keeps_the_agent_and_reports_to_the_sender(
+    two_servers, caplog: pytest.LogCaptureFixture
+) -> None:
+    """on_delete sends, then raises: the deletion and the send vanish, the requester gets an
+    exception notification, the log has one line naming the agent; a later delete works."""
+    bus = two_servers
+    inbox = Inbox()
+    bus[0].add_listener(inbox)
+    probe = bus[0].deploy(Probe())
+    leaving = bus[1].deploy(Leaving(probe))
+
+    def received() -> object:
+        seen = inbox.get()
+        assert isinstance(seen, Seen) and seen.by == probe, seen
+        return seen.note
+
+    with caplog.at_level(logging.WARNING, logger="aaabus"):
+        bus[0].send(probe, Poke(leaving, AgentDeleteRequest()))
+        report = received()
+    assert isinstance(report, ExceptionNotification), report
+    assert report.target == leaving and report.error_type == "RuntimeError"
+    assert report.error_message == "not leaving"
+    lines = [r.getMessage() for r in caplog.records if str(leaving) in r.getMessage()]
+    assert len(lines) == 1 and "RuntimeError: not leaving" in lines[0], lines
+    # Still there, and the rolled-back goodbye was never delivered.
+    bus[0].send(probe, Poke(leaving, Marker("comply")))
+    bus[0].send(probe, Poke(leaving, AgentDeleteRequest()))
+    goodbye, ack = received(), received()
+    assert goodbye == Marker("goodbye") and ack == AgentDeleteAck(leaving)
+    bus[0].send(probe, Poke(leaving, Marker("anyone?")))
+    gone = received()
+    assert isinstance(gone, UnknownAgent) and gone.target == leaving
+    _assert_counts_match(bus)
 
 
 def _assert_counts_match(bus: InProcessBus) -> None:

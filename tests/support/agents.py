@@ -455,3 +455,24 @@ class InitSender(Agent):
             self.send_to(self.peer, note)
         else:
             super().react(sender, note)
+
+
+class Leaving(Agent):
+    """Says goodbye to ``peer`` from ``on_delete``, and refuses to go (raises) while ``refuse``;
+    ``Marker("comply")`` clears the flag."""
+
+    def __init__(self, peer: AgentId) -> None:
+        super().__init__("leaving")
+        self.peer = peer
+        self.refuse = True
+
+    def on_delete(self) -> None:
+        self.send_to(self.peer, Marker("goodbye"))
+        if self.refuse:
+            raise RuntimeError("not leaving")
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Marker) and note.label == "comply":
+            self.refuse = False
+        else:
+            super().react(sender, note)
