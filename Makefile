@@ -21,7 +21,7 @@ test: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy aaabus agents perf
+	$(VENV)/bin/mypy aaabus agents perf tests
 
 demo: $(STAMP)
 	$(PY) -m perf demo

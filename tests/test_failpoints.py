@@ -30,9 +30,9 @@ from aaabus.config import load_config, parse_config
 from aaabus.failpoints import STEPS, FailpointError, Failpoints
 from aaabus.inprocess import InProcessBus
 from aaabus.secret import ensure_secret
+from aaabus.testing.proxy import FaultProxy
 from aaabus.topology import render
-from tests.conftest import contiguous_free_base
-from tests.support.proxy import FaultProxy
+from tests.support.harness import contiguous_free_base
 from tests.support.walk import Run, Scenario, scenarios, wait_idle
 
 LAYOUT = [[0, 1, 2], [2, 3]]

@@ -2,7 +2,7 @@
 
 Wire: a live server s2 (real process) plays a rally with s1 while the fuzzer connects to it
 unauthenticated (raw bytes) and, holding the bus secret, as the declared-but-absent server s0
-(see :class:`tests.support.torture.FuzzTarget`). The server must never crash, must drop the
+(see :class:`aaabus.testing.torture.FuzzTarget`). The server must never crash, must drop the
 offending connection or frame, and the rally must go on exactly (every volley once, in order).
 
 An authenticated peer is trusted with the secret, but not with the server's life: a data frame is
@@ -22,6 +22,7 @@ import random
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,7 @@ from aaabus.domains import Topology
 from aaabus.errors import ConfigError
 from aaabus.ids import AgentId
 from aaabus.message import Message, encode_note
-from aaabus.wire import MAGIC, VERSION, encode_frame
-from tests.support.torture import (
+from aaabus.testing.torture import (
     FuzzTarget,
     Start,
     mutate,
@@ -44,6 +44,7 @@ from tests.support.torture import (
     random_raw_bytes,
     wait_progress,
 )
+from aaabus.wire import MAGIC, VERSION, encode_frame
 
 FUZZ = settings(
     max_examples=1000,
@@ -55,7 +56,7 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory):
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
     with FuzzTarget(tmp_path_factory.mktemp("fuzz")) as t:
         yield t
     assert t.codes == {1: 0, 2: 0}, f"servers did not stop cleanly after the fuzzing: {t.codes}"
@@ -98,7 +99,14 @@ def test_servers_survive_raw_fuzzing(target: FuzzTarget) -> None:
 # -- after authentication --------------------------------------------------------------------
 
 
-def _data_frame(seq: int, domain: str, stamp: bytes, sender, target_id, body: bytes) -> bytes:
+def _data_frame(
+    seq: int,
+    domain: str,
+    stamp: bytes,
+    sender: tuple[int, int, int],
+    target_id: tuple[int, int, int],
+    body: bytes,
+) -> bytes:
     return encode_data(seq, domain, stamp, Message(AgentId(*sender), AgentId(*target_id), body))
 
 
@@ -182,7 +190,7 @@ VALID = [
   <server id="1" name="s1"><network domain="D0" port="20001"/><network domain="D1" port="20002"/>
     <property name="aaabus.store" value="memory"/></server>
   <server id="2"><network domain="D1" port="20003"/><network domain="D2" port="20004"/>
-    <service class="tests.support.agents:bounce_setup" args="{}"/></server>
+    <service class="aaabus.testing.workload:bounce_setup" args="{}"/></server>
   <server id="3"><network domain="D2" port="20005"/></server>
 </config>
 """,

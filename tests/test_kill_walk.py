@@ -34,9 +34,9 @@ from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
 from aaabus.launch import Bus
 from aaabus.secret import ensure_secret
+from aaabus.testing.torture import stop_all
 from aaabus.topology import render
-from tests.conftest import contiguous_free_base
-from tests.support.torture import REPO_ROOT, stop_all
+from tests.support.harness import REPO_ROOT, contiguous_free_base
 from tests.support.walk import Actor, Directory, Run, Scenario, scenarios, start_step
 
 pytestmark = pytest.mark.slow

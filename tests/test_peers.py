@@ -10,7 +10,7 @@ from pathlib import Path
 
 from aaabus.topology import generate
 from perf.peers import PEERS, ratios
-from tests.conftest import REPO_ROOT, contiguous_free_base, free_ports
+from tests.support.harness import REPO_ROOT, contiguous_free_base, free_ports
 
 
 def test_unreachable_brokers_are_skipped_and_aaabus_is_measured(tmp_path: Path) -> None:

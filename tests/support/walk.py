@@ -43,8 +43,8 @@ from aaabus import (
     UnknownAgent,
 )
 from aaabus.failpoints import FailpointError
-from tests.support.agents import merge_and_tick
-from tests.support.checker import Report, Send, check
+from aaabus.testing.checker import Report, Send, check
+from aaabus.testing.workload import merge_and_tick
 
 Plan = tuple[Any, ...]
 
