@@ -27,6 +27,9 @@ from tests.support.agents import Counter, Inc, Marker, Probe, Seen
 from tests.support.bus import wait_json
 from tests.support.harness import REPO_ROOT, Inbox, free_ports
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 N = 100
 
 

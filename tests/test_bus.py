@@ -20,6 +20,9 @@ from aaabus.wire import AcceptorHandshake, ConnectorHandshake, FrameDecoder
 from tests.support.bus import add_to_server, listen_port, wait_json
 from tests.support.harness import REPO_ROOT
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 
 def figure13(tmp_path: Path, make_config: Callable[..., Path], order: str) -> list[str]:
     """A1 on s1 sends n1 to A3 on s3, then n2 to A2 on s2, which forwards n3 to A3; the s1->s3

@@ -28,6 +28,9 @@ import pytest
 from examples._bus import free_base
 from tests.support.harness import REPO_ROOT
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 DOCS = ["README.md", "docs/tutorial.md", "docs/operations.md"]
 FENCE = re.compile(r"^```(\w+)[ \t]*([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)
 

@@ -9,6 +9,9 @@ import pytest
 
 from tests.support.harness import REPO_ROOT
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 EXPECTED = {
     "hello": ["deployed a Greeter on server 1", "hello #1, world", "hello #2, again"],
     "chat": [

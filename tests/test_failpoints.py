@@ -132,6 +132,7 @@ class Walk:
         return outcome, hits
 
 
+@pytest.mark.slow
 def test_every_failpoint_fails_every_scenario_cleanly(walk_bus: WalkBus) -> None:
     walk = Walk(walk_bus)
     started = time.monotonic()

@@ -35,6 +35,9 @@ from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
 from tests.support.harness import REPO_ROOT
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 # -- network faults ------------------------------------------------------------------------------
 
 

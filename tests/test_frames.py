@@ -165,6 +165,7 @@ def test_pickle_end_finds_each_pickle_of_a_store_record() -> None:
     record = first + second
     assert pickle_end(record) == len(first)
     assert pickle_end(record, len(first)) == len(record)
-    garbled = record.replace(b"tests.support", b"tests.\xde\xad\xbe\xefort")
+    garbled = record.replace(b"aaabus.testing", b"aaabus.\xde\xad\xbe\xefing")
+    assert garbled != record
     with pytest.raises(MalformedPickle, match="is not UTF-8"):
         pickle_end(garbled)

@@ -85,12 +85,14 @@ raw_frames = st.one_of(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=raw_frames, to_s1=st.booleans())
 def test_raw_bytes_before_authentication(target: FuzzTarget, data: bytes, to_s1: bool) -> None:
     target.send_raw(data, to_s1=to_s1)
 
 
+@pytest.mark.slow
 def test_servers_survive_raw_fuzzing(target: FuzzTarget) -> None:
     # Runs after the hypothesis test above (file order): the servers took 1,000 intruders.
     assert_still_serving(target, target.rally())
@@ -138,23 +140,27 @@ authenticated_payloads = st.one_of(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(payload=authenticated_payloads)
 def test_garbage_from_an_authenticated_peer(target: FuzzTarget, payload: bytes) -> None:
     target.send_authenticated(payload)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=500)
 @given(r=st.randoms(use_true_random=False))
 def test_mutated_frames_from_an_authenticated_peer(target: FuzzTarget, r: random.Random) -> None:
     target.send_authenticated(random_authenticated_payload(r, target.templates))
 
 
+@pytest.mark.slow
 def test_servers_survive_authenticated_fuzzing(target: FuzzTarget) -> None:
     assert target.dropped > 100, "the garbage never reached the engine: the fuzzing tested nothing"
     assert_still_serving(target, target.rally())
 
 
+@pytest.mark.slow
 def test_a_frame_with_a_bad_mac_cuts_only_that_session(target: FuzzTarget) -> None:
     sessions = target.sessions
     target.send_authenticated(b"D", tamper=True)
@@ -172,6 +178,7 @@ def test_a_frame_with_a_bad_mac_cuts_only_that_session(target: FuzzTarget) -> No
     ],
     ids=["garbage", "memo-bomb"],
 )
+@pytest.mark.slow
 def test_a_bad_body_is_dropped_and_traffic_goes_on(tmp_path: Path, body: bytes) -> None:
     with FuzzTarget(tmp_path) as target:
         before = target.rally()
@@ -268,6 +275,7 @@ def test_valid_bases_are_valid() -> None:
         Topology.from_config(parse_config(text, "a3.xml"))
 
 
+@pytest.mark.slow
 def test_mutated_configs_through_the_check_command(tmp_path: Path) -> None:
     r = random.Random(2024)
     codes: set[int] = set()

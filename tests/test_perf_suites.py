@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from aaabus.launch import free_port_base
 from aaabus.topology import generate
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 
 def shipped(tmp_path: Path, kind: str, servers: int, domain_size: int = 10) -> str:

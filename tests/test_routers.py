@@ -18,6 +18,9 @@ from aaabus.testing.proxy import FaultProxy
 from tests.support.bus import add_to_server, wait_json
 from tests.support.harness import REPO_ROOT
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 # Three domains in a line: A1's server s0 in D0, A2's s2 in D1, A3's s4 in D2; s1 and s3 route.
 #   D0 [s0 s1]   D1 [s1 s2 s3]   D2 [s3 s4]
 LINE = [[0, 1], [1, 2, 3], [3, 4]]

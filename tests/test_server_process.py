@@ -19,6 +19,9 @@ from aaabus.launch import ServerProcess
 from aaabus.secret import ensure_secret
 from tests.support.harness import REPO_ROOT
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 READY_TIMEOUT = 30.0
 
 

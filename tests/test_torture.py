@@ -27,6 +27,7 @@ from aaabus.testing.torture import (
 SEEDS = [schedule_seed(2024, i) for i in range(3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
 def test_crash_schedule(tmp_path: Path, seed: int) -> None:
     schedule = make_schedule(seed, kills=4, span=3.0, ttl=30)
