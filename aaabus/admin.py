@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from aaabus.errors import AaabusError, ConfigError
+from aaabus.errors import AaabusError
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
 from aaabus.tls import tls_contexts
@@ -126,21 +126,13 @@ def admin_address(config: BusConfig, server_id: int) -> tuple[tuple[str, int] | 
     bound or the server does not start, the default one is used when free (see docs/config.md).
     """
     spec = config.server(server_id)
-    raw = config.prop(server_id, "aaabus.admin.port")
-    if raw is None or raw == "":
+    if not config.prop(server_id, "aaabus.admin.port"):  # unset or empty: the default port
         port = spec.networks[0].port + ADMIN_PORT_OFFSET
         if port > 65535:
             return None, False
         return (spec.hostname, port), False
-    if raw.strip().lower() == "off":
-        return None, True
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ConfigError(
-            f"property aaabus.admin.port={raw!r} of server {server_id} is not a port in "
-            "1..65535 nor 'off'",
-            config.path,
-        )
-    return (spec.hostname, int(raw)), True
+    chosen: int | None = config.setting(server_id, "aaabus.admin.port")
+    return (None if chosen is None else (spec.hostname, chosen)), True
 
 
 # -- one authenticated connection ---------------------------------------------------------------
