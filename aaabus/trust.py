@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from persistent import Persistent
 
-from aaabus.errors import AaabusError, ConfigError
+from aaabus.errors import AaabusError
 
 if TYPE_CHECKING:
     from aaabus.config import BusConfig
@@ -208,29 +208,16 @@ class _Unpickler(pickle.Unpickler):
 
 
 def policy_for(config: BusConfig, server_id: int | None) -> TrustPolicy:
-    """The policy of ``server_id`` from properties ``aaabus.trust`` and ``aaabus.trust.by_value``.
-
-    Raises :class:`ConfigError` (one line) for a malformed value.
-    """
-    raw = config.prop(server_id, "aaabus.trust")
-    if raw is None:
+    """The policy of ``server_id`` from properties ``aaabus.trust`` and ``aaabus.trust.by_value``
+    (both checked when the config was read, see :mod:`aaabus.settings`)."""
+    entries: tuple[str, ...] | None = config.setting(server_id, "aaabus.trust")
+    if entries is None:
         # The application's own code: the modules its boot services come from, on any server
         # (a service on server 0 deploys agents and sends notifications of its module to all).
-        entries = sorted(
-            {s.cls.partition(":")[0] for srv in config.servers.values() for s in srv.services}
+        entries = tuple(
+            sorted(
+                {s.cls.partition(":")[0] for srv in config.servers.values() for s in srv.services}
+            )
         )
-    else:
-        entries = [e.strip() for e in raw.split(",") if e.strip()]
-        for entry in entries:
-            if not all(part.isidentifier() for part in entry.split(".")):
-                raise ConfigError(
-                    f"property aaabus.trust: {entry!r} is not a module or module.Class name; "
-                    "give comma-separated names like myapp,otherapp.notes.Ping",
-                    config.path,
-                )
-    flag = (config.prop(server_id, "aaabus.trust.by_value") or "false").strip().lower()
-    if flag not in ("true", "false"):
-        raise ConfigError(
-            f"property aaabus.trust.by_value={flag!r} is neither true nor false", config.path
-        )
-    return TrustPolicy(entries, by_value=flag == "true")
+    by_value: bool = config.setting(server_id, "aaabus.trust.by_value")
+    return TrustPolicy(entries, by_value=by_value)

@@ -23,8 +23,10 @@ from aaabus.admin import admin_address, bus_status
 from aaabus.config import BusConfig, load_config
 from aaabus.launch import Bus
 from aaabus.secret import load_secret
-from tests.conftest import REPO_ROOT, Inbox
-from tests.support.agents import Bounce, Echo
+from aaabus.testing.workload import Bounce, Echo
+from tests.support.harness import REPO_ROOT, Inbox
+
+pytestmark = pytest.mark.slow  # real server processes and tool subprocesses
 
 
 class Attacker:
@@ -97,7 +99,6 @@ def round_trip(server0: AgentServer, inbox: Inbox, echo: Any, i: int) -> float:
     return time.monotonic() - started
 
 
-@pytest.mark.slow
 def test_slowloris_on_the_admin_port_leaves_status_and_ping_pong_working(
     tmp_path: Path, make_config: Any
 ) -> None:
@@ -145,7 +146,6 @@ def test_slowloris_on_the_admin_port_leaves_status_and_ping_pong_working(
     assert max(figures["during"]) < 2.0 and len(figures["during"]) >= 3
 
 
-@pytest.mark.slow
 def test_a_restarted_peer_relinks_within_two_seconds_under_a_connection_flood(
     tmp_path: Path, make_config: Any
 ) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import transaction
 import ZODB
 import ZODB.FileStorage
@@ -26,12 +27,13 @@ from aaabus.launch import Bus
 from aaabus.notifications import AgentCreateReply, ExceptionNotification
 from aaabus.secret import load_secret
 from aaabus.trust import TrustPolicy, UntrustedClass
-from tests.conftest import REPO_ROOT, Inbox
+from tests.support.harness import REPO_ROOT, Inbox
 from tests.support.hostile import Inject, Injector, Planted, planted_pickle
 
 SYSTEM = f"{__import__('os').system.__module__}.system"  # posix.system on this machine
 
 
+@pytest.mark.slow
 def test_peer_frames_naming_untrusted_globals_are_refused_before_construction(
     tmp_path: Path, make_config: Any
 ) -> None:
@@ -61,6 +63,7 @@ def test_peer_frames_naming_untrusted_globals_are_refused_before_construction(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_admin_send_and_deploy_of_untrusted_globals_are_refused(
     tmp_path: Path, make_config: Any
 ) -> None:
@@ -83,6 +86,7 @@ def test_admin_send_and_deploy_of_untrusted_globals_are_refused(
     assert not marker.exists()
 
 
+@pytest.mark.slow
 def test_a_planted_store_is_refused_at_boot_with_one_line(tmp_path: Path, make_config: Any) -> None:
     config = make_config(servers=1)
     marker = tmp_path / "pwned-by-store"

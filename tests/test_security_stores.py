@@ -17,7 +17,9 @@ import pytest
 
 from aaabus.launch import ServerProcess
 from aaabus.secret import write_secret
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
+
+pytestmark = pytest.mark.slow  # every test boots a server process
 
 READY = 30.0
 
