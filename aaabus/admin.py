@@ -55,6 +55,7 @@ from aaabus.errors import AaabusError
 from aaabus.gate import PendingTable, RefusalLog
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
+from aaabus.secret import Credential, as_tool_key, tool_key
 from aaabus.tls import tls_contexts
 from aaabus.trust import UntrustedClass
 from aaabus.wire import (
@@ -173,7 +174,7 @@ class Link:
     def connect(
         cls,
         address: tuple[str, int],
-        secret: bytes,
+        secret: bytes | Credential,
         server_id: int,
         *,
         timeout: float = 5.0,
@@ -184,6 +185,8 @@ class Link:
 
         With ``tls`` (the dialing context of :func:`aaabus.tls.tls_contexts`) the connection
         runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
+        ``secret``: the bus key (bytes) or a :class:`~aaabus.secret.Credential` (a bus key or a
+        tool key file's); either way the handshake proves the tool key, never the bus key.
         Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
         handshake fails (another bus's secret, another server on that port, a certificate the
         server does not accept).
@@ -214,7 +217,7 @@ class Link:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A fresh random client id per connection: ids only have to differ from server ids.
             client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
-            handshake = ConnectorHandshake(secret, client_id, server_id)
+            handshake = ConnectorHandshake(as_tool_key(secret), client_id, server_id)
             sock.sendall(handshake.receive(link._read_raw()))
             answered = True
             handshake.receive(link._read_raw())
@@ -243,8 +246,8 @@ class Link:
         cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int, deadline: float
     ) -> tuple[Link, int]:
         """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
-        the link and the client's id. Raises ``TimeoutError`` past the deadline, however
-        slowly the bytes trickle in."""
+        the link and the client's id. ``secret``: the tool key (what clients prove). Raises
+        ``TimeoutError`` past the deadline, however slowly the bytes trickle in."""
         link = cls(sock, deadline)
         handshake = AcceptorHandshake(secret, server_id, None)
         sock.sendall(handshake.start())
@@ -444,6 +447,8 @@ class AdminEndpoint:
         self._sessions = 0
         self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
+        # Clients prove the tool key, which opens no link between servers (aaabus.secret).
+        self._tool_key = tool_key(server.secret)
         self._tls = tls_contexts(server.config, server.server_id)[0]
         try:
             self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)
@@ -526,7 +531,7 @@ class AdminEndpoint:
                     return
             try:
                 link, client = Link.accept(
-                    sock, server.secret, server.server_id, server.max_frame, deadline
+                    sock, self._tool_key, server.server_id, server.max_frame, deadline
                 )
             except (WireError, OSError) as exc:
                 self._refusals.refused(where, str(exc) or type(exc).__name__)
@@ -663,7 +668,11 @@ def _hang_up(sock: socket.socket) -> None:
 
 
 def _ask(
-    config: BusConfig, server_id: int, secret: bytes, request: dict[str, Any], timeout: float
+    config: BusConfig,
+    server_id: int,
+    secret: bytes | Credential,
+    request: dict[str, Any],
+    timeout: float,
 ) -> tuple[Link, dict[str, Any]]:
     address, _ = admin_address(config, server_id)
     if address is None:
@@ -684,7 +693,7 @@ def _ask(
 
 
 def bus_status(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 5.0
+    config: BusConfig, ids: Iterable[int], secret: bytes | Credential, timeout: float = 5.0
 ) -> list[dict[str, Any]]:
     """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``,
     busy ones (they accepted and dropped the connection) ``up: null`` with ``busy``: why."""
@@ -706,7 +715,7 @@ def bus_status(
 
 
 def stop_servers(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 30.0
+    config: BusConfig, ids: Iterable[int], secret: bytes | Credential, timeout: float = 30.0
 ) -> dict[int, str]:
     """Stop servers cleanly, in parallel; waits until each has closed its store.
 

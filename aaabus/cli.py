@@ -145,9 +145,14 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 
 def _cmd_secret(args: argparse.Namespace) -> int:
-    from aaabus.secret import make_secret, write_secret
+    from aaabus.errors import ConfigError
+    from aaabus.secret import make_secret, write_secret, write_tool_key
 
-    if args.out is None:
+    if args.tool:
+        if args.out is None:
+            raise ConfigError("--tool needs --out FILE (a key is never printed to a terminal)")
+        write_tool_key(args.out, args.bus_key)
+    elif args.out is None:
         sys.stdout.write(make_secret())
     else:
         write_secret(args.out)
@@ -221,16 +226,23 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 # -- status, stop, send ------------------------------------------------------------------------
 
 
-def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
-    from aaabus.config import load_config
-    from aaabus.secret import load_secret
+def _tool_credential(args: argparse.Namespace, config: Any) -> Any:
+    """The key file a tool proves itself with: ``--key`` (a tool key or the bus key), else the
+    bus key the config names."""
+    from aaabus.secret import load_credential
     from aaabus.server import secret_path
+
+    return load_credential(args.key if args.key is not None else secret_path(config))
+
+
+def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], Any]:
+    from aaabus.config import load_config
 
     config = load_config(args.config)
     ids = sorted(config.servers) if args.id is None else [args.id]
     for sid in ids:
         config.server(sid)  # unknown id: one line, exit 2
-    return config, ids, load_secret(secret_path(config))
+    return config, ids, _tool_credential(args, config)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -342,7 +354,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             f"--args do not make a {cls.__name__} ({type(exc).__name__}: {exc})"
         ) from None
     via = to.server if args.via is None else args.via
-    with Client(config, via, timeout=args.timeout) as client:
+    credential = _tool_credential(args, config)
+    with Client(config, via, secret=credential, timeout=args.timeout) as client:
         performed = client.send(to, note, request_id=args.request_id)
     if performed:
         print(f"sent {cls.__name__} to {to} through server {via}")
@@ -376,6 +389,12 @@ def _cmd_server(args: argparse.Namespace) -> int:
     return run_server(args, "aaabus server")
 
 
+KEY_HELP = (
+    "key file to authenticate with: a tool key (aaabus secret --tool) or the bus key "
+    "(default: the config's aaabus.secret, bus.key)"
+)
+
+
 def _main_parser() -> _Parser:
     parser = _Parser(prog="aaabus", description="Tools of the aaabus agent bus.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -398,6 +417,18 @@ def _main_parser() -> _Parser:
         "--out",
         help="create this file (mode 0600, never overwritten); without it the key is printed",
     )
+    secret.add_argument(
+        "--tool",
+        action="store_true",
+        help="write the tool key derived from the bus key instead: it lets its holder run "
+        "status, stop, send and Client requests, and cannot open a link as a server",
+    )
+    secret.add_argument(
+        "--from",
+        dest="bus_key",
+        default="bus.key",
+        help="with --tool: the bus key file to derive from (default bus.key)",
+    )
     secret.set_defaults(func=_cmd_secret)
 
     launch = sub.add_parser(
@@ -413,6 +444,7 @@ def _main_parser() -> _Parser:
 
     status = sub.add_parser("status", help="show each server's figures, live")
     status.add_argument("config")
+    status.add_argument("--key", help=KEY_HELP)
     status.add_argument("--id", type=int, help="only this server (default: all)")
     status.add_argument("--json", action="store_true", help='print {"servers": [...]}')
     status.add_argument("--timeout", type=float, default=5.0, help="seconds per server")
@@ -423,12 +455,14 @@ def _main_parser() -> _Parser:
 
     stop = sub.add_parser("stop", help="stop servers cleanly (as SIGTERM does)")
     stop.add_argument("config")
+    stop.add_argument("--key", help=KEY_HELP)
     stop.add_argument("--id", type=int, help="only this server (default: all)")
     stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
     stop.set_defaults(func=_cmd_stop)
 
     send = sub.add_parser("send", help="send a notification to an agent from outside the bus")
     send.add_argument("config")
+    send.add_argument("--key", help=KEY_HELP)
     send.add_argument("--to", required=True, help="the target agent, e.g. '#0.1.16' (quoted)")
     send.add_argument(
         "--notification", required=True, help="its class, module:Class (importable here)"

@@ -69,6 +69,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from aaabus.errors import AaabusError
 from aaabus.gate import PendingTable, RefusalLog
+from aaabus.secret import link_key
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     AcceptorHandshake,
@@ -175,7 +176,8 @@ class Network:
     ``my_id``: this server; ``listen``: addresses to accept on (port 0: let the OS choose, see
     :attr:`addresses`); ``peers``: every other server of the network and its address (only the
     addresses of higher ids are dialled; lower ids are the only ones accepted). ``secret``: the
-    bus key. ``max_frame``: largest payload sent or accepted. ``name`` names the thread
+    bus key, from which the key of each link is derived (:func:`aaabus.secret.link_key`).
+    ``max_frame``: largest payload sent or accepted. ``name`` names the thread
     (``f"{name}-io"``), prefixes log lines and appears in errors as the network's name.
     ``handshake_timeout``: seconds from connect/accept to an authenticated link.
     """
@@ -585,9 +587,10 @@ class Network:
         conn.state = _HANDSHAKE
         if conn.outgoing:
             assert conn.peer is not None
-            conn.handshake = ConnectorHandshake(self._secret, self._my_id, conn.peer)
+            key = link_key(self._secret, self._my_id, conn.peer)
+            conn.handshake = ConnectorHandshake(key, self._my_id, conn.peer)
         else:
-            conn.handshake = AcceptorHandshake(self._secret, self._my_id, self._acceptable)
+            conn.handshake = AcceptorHandshake(self._pair_key, self._my_id, self._acceptable)
         first = conn.handshake.start()
         self._set_mask(conn)
         if first:
@@ -690,6 +693,12 @@ class Network:
                 self._log.exception("%s: on_frame(%d) failed", self._name, peer)
             if conn.state != _UP:  # closed meanwhile (replaced, stopped)
                 return
+
+    def _pair_key(self, peer: int) -> bytes:
+        """The key of the link with ``peer``: a connection claiming ``peer``'s id must prove
+        it holds this pair's key, which neither another server's pair key nor a tool key gives
+        (see :mod:`aaabus.secret`)."""
+        return link_key(self._secret, self._my_id, peer)
 
     def _verified(self, conn: _Conn) -> None:
         """The first session frame of ``conn`` passed its MAC: the link really works.

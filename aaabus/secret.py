@@ -1,4 +1,4 @@
-"""The bus secret: the shared key every server of a bus must hold to be let in.
+"""Key files and the credentials derived from them.
 
 A ``bus.key`` file is one line: a header word naming the format, then the key as 64 hexadecimal
 digits (32 random bytes)::
@@ -10,23 +10,38 @@ key, an empty file, a config pasted by mistake) fail with a clear message rather
 silently used as key material. Blank lines and lines starting with ``#`` are ignored so that an
 operator may annotate the file.
 
-The key is the bus: whoever reads it can join as a server (see docs/operations.md, Trust model).
-A key file is therefore created mode 0600 by :func:`write_secret` (exclusive create: an existing
-file, or a symlink planted at the name, is never followed nor overwritten), and
-:func:`load_secret` refuses a file that its group or others may read.
+Credentials that mean what they say
+    Nothing on the wire is keyed with the bus key itself. Each pair of servers ``a < b``
+    authenticates its link with its own key, ``link_key = HMAC(bus_key, "aaabus/1 link key" |
+    a | b)``, and the tools authenticate on admin ports with ``tool_key = HMAC(bus_key,
+    "aaabus/1 tool key")``. HMAC is one-way: a tool key gives no link key, and the key of pair
+    (j, k) gives neither the key of (i, k) nor the bus key. So a tool can run requests but never
+    open a link as a server, and whoever learns one pair's key (a captured server j, talking to
+    k) still cannot pass for server i to k. A server derives every key from the bus key; a tool
+    needs only the tool key, which ``aaabus secret --tool`` writes (header
+    ``aaabus-tool-key-v1``) so that tool users never hold the bus key. Who holds which file and
+    what it allows: docs/security.md.
+
+The bus key lets its holder derive every credential (see docs/security.md, Trust model). A key
+file is therefore created mode 0600 by :func:`write_secret` (exclusive create: an existing file,
+or a symlink planted at the name, is never followed nor overwritten), and :func:`load_secret`
+refuses a file that its group or others may read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hmac
 import os
 import secrets
+import struct
 import tempfile
 from pathlib import Path
 
 from aaabus.errors import SecretError
 
 HEADER = "aaabus-secret-v1"
+TOOL_HEADER = "aaabus-tool-key-v1"
 KEY_BYTES = 32
 
 _FIX = "run `aaabus secret --out bus.key` beside the config (or set property aaabus.secret)"
@@ -37,14 +52,62 @@ def make_secret() -> str:
     return f"{HEADER} {secrets.token_bytes(KEY_BYTES).hex()}\n"
 
 
+def link_key(bus_key: bytes, a: int, b: int) -> bytes:
+    """The key of the link between servers ``a`` and ``b`` (either order gives the same key)."""
+    low, high = sorted((a, b))
+    return hmac.digest(bus_key, b"aaabus/1 link key" + struct.pack(">II", low, high), "sha256")
+
+
+def tool_key(bus_key: bytes) -> bytes:
+    """The key tools authenticate with on admin ports; it opens no link between servers."""
+    return hmac.digest(bus_key, b"aaabus/1 tool key", "sha256")
+
+
+class Credential:
+    """What a process read from its key file: the bus key (a server, or an operator's tool) or
+    a tool key (a tool only). Immutable; shared freely between threads."""
+
+    def __init__(self, key: bytes, *, tool: bool = False) -> None:
+        self._key = bytes(key)
+        self.is_tool = tool
+
+    def tool_key(self) -> bytes:
+        """The key to present on an admin port."""
+        return self._key if self.is_tool else tool_key(self._key)
+
+
+def as_tool_key(credential: bytes | Credential) -> bytes:
+    """The admin-port key of ``credential``: plain bytes are a bus key (what servers and
+    programs that read ``bus.key`` hold), a :class:`Credential` may also be a tool key."""
+    if isinstance(credential, Credential):
+        return credential.tool_key()
+    return tool_key(credential)
+
+
 def parse_secret(text: str, where: str = "secret") -> bytes:
     """Decode the text of a ``bus.key`` file; ``where`` names it in the error message."""
+    header, key = _parse_key(text, where)
+    if header == TOOL_HEADER:
+        raise SecretError(
+            f"{where}: this is a tool key, which opens admin ports only; a server needs the bus "
+            f"key; {_FIX}"
+        )
+    return key
+
+
+def parse_credential(text: str, where: str = "secret") -> Credential:
+    """Decode a bus key or a tool key file; ``where`` names it in the error message."""
+    header, key = _parse_key(text, where)
+    return Credential(key, tool=header == TOOL_HEADER)
+
+
+def _parse_key(text: str, where: str) -> tuple[str, bytes]:
     words: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
             words.extend(stripped.split())
-    if len(words) != 2 or words[0] != HEADER:
+    if len(words) != 2 or words[0] not in (HEADER, TOOL_HEADER):
         raise SecretError(f"{where}: not a bus key (expected '{HEADER} <64 hex digits>'); {_FIX}")
     digits = words[1]
     if len(digits) != 2 * KEY_BYTES:
@@ -52,13 +115,14 @@ def parse_secret(text: str, where: str = "secret") -> bytes:
             f"{where}: bus key has {len(digits)} hex digits, expected {2 * KEY_BYTES}; {_FIX}"
         )
     try:
-        return bytes.fromhex(digits)
+        return words[0], bytes.fromhex(digits)
     except ValueError:
         raise SecretError(f"{where}: bus key is not hexadecimal; {_FIX}") from None
 
 
-def write_secret(path: str | os.PathLike[str]) -> None:
-    """Create ``path`` holding a fresh key, mode 0600; never replaces nor follows what is there.
+def write_secret(path: str | os.PathLike[str], text: str | None = None) -> None:
+    """Create ``path`` holding ``text`` (default: a fresh bus key), mode 0600; never replaces
+    nor follows what is there.
 
     Raises :class:`SecretError` (one line) if the file exists or cannot be created.
     """
@@ -68,40 +132,57 @@ def write_secret(path: str | os.PathLike[str]) -> None:
         fd = os.open(where, flags, 0o600)
     except FileExistsError:
         raise SecretError(
-            f"{where} already exists; a bus key is never overwritten: keep it, or move it away "
+            f"{where} already exists; a key file is never overwritten: keep it, or move it away "
             "(every server and tool of the bus must then get the new one)"
         ) from None
     except OSError as exc:
-        raise SecretError(f"{where}: cannot create bus key ({exc.strerror})") from None
+        raise SecretError(f"{where}: cannot create key file ({exc.strerror})") from None
     with os.fdopen(fd, "w", encoding="ascii") as out:
-        out.write(make_secret())
+        out.write(make_secret() if text is None else text)
         out.flush()
         os.fsync(out.fileno())
 
 
+def write_tool_key(path: str | os.PathLike[str], bus_key_file: str | os.PathLike[str]) -> None:
+    """Create ``path`` (mode 0600, exclusive) holding the tool key derived from the bus key
+    in ``bus_key_file``. Raises :class:`SecretError` (one line)."""
+    key = tool_key(load_secret(bus_key_file))
+    write_secret(path, f"{TOOL_HEADER} {key.hex()}\n")
+
+
 def load_secret(path: str | os.PathLike[str]) -> bytes:
-    """Read the key bytes from a ``bus.key`` file.
+    """Read the key bytes from a ``bus.key`` file (a tool key is refused: servers need the
+    bus key).
 
     Raises :class:`SecretError` (one line naming the file and the fix) if the file is missing,
     unreadable, malformed, or readable by its group or others (the line gives the ``chmod``).
     """
     where = os.fspath(path)
+    return parse_secret(_read_private(where), where)
+
+
+def load_credential(path: str | os.PathLike[str]) -> Credential:
+    """Read a bus key or a tool key file (what a tool holds); errors as :func:`load_secret`."""
+    where = os.fspath(path)
+    return parse_credential(_read_private(where), where)
+
+
+def _read_private(where: str) -> str:
     try:
         with open(where, encoding="ascii") as key_file:
             mode = os.fstat(key_file.fileno()).st_mode
             if mode & 0o077:
                 raise SecretError(
-                    f"{where}: bus key is open to group or others (mode {mode & 0o777:o}): "
-                    f"anyone who reads it can join the bus; run `chmod 600 {where}`"
+                    f"{where}: key file is open to group or others (mode {mode & 0o777:o}): "
+                    f"anyone who reads it holds its rights on the bus; run `chmod 600 {where}`"
                 )
-            text = key_file.read()
+            return key_file.read()
     except FileNotFoundError:
         raise SecretError(f"{where}: bus key file not found; {_FIX}") from None
     except UnicodeDecodeError:
         raise SecretError(f"{where}: not a bus key (binary content); {_FIX}") from None
     except OSError as exc:
         raise SecretError(f"{where}: cannot read bus key ({exc.strerror}); {_FIX}") from None
-    return parse_secret(text, where)
 
 
 def ensure_secret(path: str | os.PathLike[str]) -> bytes:

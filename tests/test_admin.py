@@ -21,7 +21,7 @@ from aaabus.cli import main
 from aaabus.client import Client
 from aaabus.config import load_config
 from aaabus.launch import Bus
-from aaabus.secret import load_secret
+from aaabus.secret import load_secret, tool_key
 from aaabus.wire import ConnectorHandshake, FrameDecoder
 from tests.support.agents import Counter, Inc, Marker, Probe, Seen
 from tests.support.bus import wait_json
@@ -204,7 +204,7 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
             Link.connect(address, b"another bus" * 3, 0)
         # The right secret, but a server's id: servers have no business on the admin port.
         with socket.create_connection(address, timeout=10) as sock:
-            handshake = ConnectorHandshake(load_secret(tmp_path / "bus.key"), 1, 0)
+            handshake = ConnectorHandshake(tool_key(load_secret(tmp_path / "bus.key")), 1, 0)
             decoder = FrameDecoder(1024)
             frames: list[bytes] = []
             while not frames:
