@@ -139,6 +139,7 @@ def _cmd_topology(args: argparse.Namespace) -> int:
             domain_size=args.domain_size,
             base_port=args.base_port,
             host=args.host,
+            properties=None if args.trust is None else {"aaabus.trust": args.trust},
         )
     )
     return 0
@@ -410,6 +411,12 @@ def _main_parser() -> _Parser:
     topo.add_argument("--domain-size", type=int, default=10)
     topo.add_argument("--base-port", type=int, default=16300)
     topo.add_argument("--host", default="127.0.0.1")
+    topo.add_argument(
+        "--trust",
+        metavar="MODULES",
+        help="comma-separated modules whose agents and notifications the servers may load "
+        "(property aaabus.trust, docs/security.md)",
+    )
     topo.set_defaults(func=_cmd_topology)
 
     secret = sub.add_parser("secret", help="make a new bus secret (aaabus secret --out bus.key)")

@@ -44,9 +44,16 @@ Latency
 
 TLS
     Optional: with ``ssl_client``/``ssl_server`` the TCP connection is wrapped in TLS before the
-    aaabus handshake, and the TLS handshake itself runs non-blocking on the I/O thread (same
-    deadline). ``ssl_client`` gets the peer's host as ``server_hostname``. The aaabus handshake
-    still runs inside TLS: TLS authenticates machines, the bus secret authenticates membership.
+    aaabus handshake (same deadline). ``ssl_client`` gets the peer's host as ``server_hostname``.
+    A TLS handshake costs milliseconds of CPU (key exchange, signatures) that anyone who can
+    connect can make a server spend, so its steps never run on the I/O thread: each step (a
+    non-blocking ``do_handshake``, which never waits for the network) runs on one
+    ``{name}-tls`` worker thread at a lower scheduling priority, OpenSSL releasing the GIL
+    meanwhile, while the I/O thread goes on serving established links. The connection leaves
+    the selector during a step and comes back with its result; a connection closed meanwhile
+    (deadline, eviction) has its socket closed when the step returns, never under the worker's
+    feet. The aaabus handshake still runs inside TLS: TLS authenticates machines, the link keys
+    authenticate servers.
 
 Host names in ``peers`` are resolved on the I/O thread at each dial (``getaddrinfo`` blocks, so
 prefer numeric addresses or names in ``/etc/hosts``).
@@ -59,6 +66,7 @@ import errno
 import heapq
 import itertools
 import logging
+import os
 import random
 import selectors
 import socket
@@ -66,6 +74,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from aaabus.errors import AaabusError
 from aaabus.gate import PendingTable, RefusalLog
@@ -104,6 +113,11 @@ _MAX_PENDING_PER_ADDRESS = 64
 #: them gets a small room of its own and cannot push a peer's connection out.
 _MAX_STRANGERS = 32
 _MAX_STRANGERS_PER_ADDRESS = 8
+#: Threads running TLS handshake steps (CPU-bound, off the I/O thread): one bounds what a flood
+#: of handshakes can take to one core, at a lower scheduling priority (see _lower_priority).
+_TLS_WORKERS = 1
+#: How much nicer than the rest of the process a TLS worker runs (Linux: per-thread nice).
+_TLS_NICE = 10
 #: Longest the I/O thread sleeps without a timer; it is woken by the socketpair anyway, so this
 #: only bounds the damage of a lost wake-up.
 _MAX_SELECT = 1.0
@@ -134,6 +148,8 @@ class _Conn:
         "tls_want",
         "verified",
     )
+    # A connection in ``Network._in_worker`` belongs to a TLS worker: the I/O thread does not
+    # touch its socket until the step's result comes back.
 
     def __init__(
         self, sock: socket.socket, label: str, *, outgoing: bool, peer: int | None, host: str
@@ -237,6 +253,11 @@ class Network:
         self._lock = threading.Lock()
         self._flush_requests: list[_Conn] = []
         self._woken = False
+        # TLS handshake steps: the pool (only with TLS), the connections out in it (I/O thread
+        # only), and the results workers hand back (under ``_lock``): (conn, want or error).
+        self._tls_pool: ThreadPoolExecutor | None = None
+        self._in_worker: set[_Conn] = set()
+        self._tls_done: list[tuple[_Conn, int | Exception | None]] = []
         self._timers: list[tuple[float, int, int, _Conn | int]] = []
         self._timer_seq = itertools.count()
         self._stopping = False
@@ -275,6 +296,10 @@ class Network:
         now = time.monotonic()
         for peer in self._dials:
             self._add_timer(now, peer)
+        if self._ssl_server is not None or self._ssl_client is not None:
+            self._tls_pool = ThreadPoolExecutor(
+                _TLS_WORKERS, thread_name_prefix=f"{self._name}-tls", initializer=_lower_priority
+            )
         self._thread = threading.Thread(target=self._run, name=f"{self._name}-io", daemon=True)
         self._thread.start()
 
@@ -409,12 +434,20 @@ class Network:
                     else:
                         self._accept(data)
                 self._process_flush_requests()
+                self._process_tls_results()
         except Exception:
             self._log.exception("%s: I/O thread crashed", self._name)
         finally:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._tls_pool is not None:
+            # Steps are short (non-blocking); after this no worker holds a socket.
+            self._tls_pool.shutdown(wait=True, cancel_futures=True)
+        for conn in self._in_worker:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        self._in_worker.clear()
         for conn in list(self._conns):
             with conn.lock:
                 conn.state = _CLOSED
@@ -563,25 +596,53 @@ class Network:
         self._tls_step(conn)
 
     def _tls_step(self, conn: _Conn) -> None:
+        """I/O thread: hand the next handshake step of ``conn`` to a TLS worker."""
+        assert self._tls_pool is not None
+        self._unregister(conn)
+        self._in_worker.add(conn)
+        self._tls_pool.submit(self._tls_work, conn)
+
+    def _tls_work(self, conn: _Conn) -> None:
+        """A TLS worker: one non-blocking handshake step; the result goes to the I/O thread."""
         sock = conn.sock
         assert isinstance(sock, ssl.SSLSocket)
+        outcome: int | Exception | None
         try:
             sock.do_handshake()
+            outcome = None
         except ssl.SSLWantReadError:
-            conn.tls_want = _READ
+            outcome = _READ
         except ssl.SSLWantWriteError:
-            conn.tls_want = _WRITE
+            outcome = _WRITE
         except (OSError, ValueError) as exc:
-            self._fail(conn, f"TLS handshake failed: {exc}")
-            return
-        else:
-            self._begin_handshake(conn)
-            # The peer's first aaabus message may already sit decrypted in the TLS buffer, where
-            # the selector cannot see it.
-            if conn.state == _HANDSHAKE and sock.pending():
-                self._readable(conn)
-            return
-        self._set_mask(conn)
+            outcome = exc
+        with self._lock:
+            self._tls_done.append((conn, outcome))
+        self._wake()
+
+    def _process_tls_results(self) -> None:
+        with self._lock:
+            if not self._tls_done:
+                return
+            done, self._tls_done = self._tls_done, []
+        for conn, outcome in done:
+            self._in_worker.discard(conn)
+            if conn.state != _TLS:  # closed while in the worker: its socket is ours to close
+                with contextlib.suppress(OSError):
+                    conn.sock.close()
+            elif isinstance(outcome, Exception):
+                self._fail(conn, f"TLS handshake failed: {outcome}")
+            elif outcome is not None:
+                conn.tls_want = outcome
+                self._set_mask(conn)
+            else:
+                self._begin_handshake(conn)
+                # The peer's first aaabus message may already sit decrypted in the TLS buffer,
+                # where the selector cannot see it.
+                sock = conn.sock
+                assert isinstance(sock, ssl.SSLSocket)
+                if conn.state == _HANDSHAKE and sock.pending():
+                    self._readable(conn)
 
     def _begin_handshake(self, conn: _Conn) -> None:
         conn.state = _HANDSHAKE
@@ -845,8 +906,9 @@ class Network:
             # A stranger or a flood: rate-limited, so that the log cannot amplify an attack.
             self._refusals.refused(conn.label, reason)
         self._unregister(conn)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
+        if conn not in self._in_worker:  # else closed when the worker's step returns
+            with contextlib.suppress(OSError):
+                conn.sock.close()
         self._conns.discard(conn)
         if was_up and peer is not None and self._up.get(peer) is conn:
             del self._up[peer]
@@ -893,6 +955,15 @@ def _addresses_of(hosts: Iterable[str]) -> frozenset[str]:
             continue
         found.update(str(info[4][0]) for info in infos)
     return frozenset(found)
+
+
+def _lower_priority() -> None:
+    """Run the calling thread (a TLS worker) at a lower priority: when strangers' handshakes and
+    established links compete for a core, the kernel serves the links first. Linux applies
+    ``setpriority`` to one thread given its native id; elsewhere this is a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + _TLS_NICE)
 
 
 def _tune(sock: socket.socket) -> None:

