@@ -55,7 +55,7 @@ from aaabus.errors import AaabusError
 from aaabus.gate import PendingTable, RefusalLog
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
-from aaabus.secret import Credential, as_tool_key, tool_key
+from aaabus.secret import Credential, as_tool_key
 from aaabus.tls import tls_contexts
 from aaabus.trust import UntrustedClass
 from aaabus.wire import (
@@ -448,7 +448,7 @@ class AdminEndpoint:
         self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
         # Clients prove the tool key, which opens no link between servers (aaabus.secret).
-        self._tool_key = tool_key(server.secret)
+        self._tool_key = server.keys.tool_key
         self._tls = tls_contexts(server.config, server.server_id)[0]
         try:
             self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)

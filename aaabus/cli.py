@@ -146,13 +146,22 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 
 def _cmd_secret(args: argparse.Namespace) -> int:
+    from aaabus.config import load_config
     from aaabus.errors import ConfigError
-    from aaabus.secret import make_secret, write_secret, write_tool_key
+    from aaabus.secret import make_secret, write_secret, write_server_keys, write_tool_key
 
+    if (args.tool or args.server is not None) and args.out is None:
+        raise ConfigError("--tool and --server need --out FILE (derived keys are never printed)")
+    if args.tool and args.server is not None:
+        raise ConfigError("--tool and --server make different files: give one of them")
     if args.tool:
-        if args.out is None:
-            raise ConfigError("--tool needs --out FILE (a key is never printed to a terminal)")
         write_tool_key(args.out, args.bus_key)
+    elif args.server is not None:
+        if args.config is None:
+            raise ConfigError("--server needs --config a3.xml (the servers it links to)")
+        config = load_config(args.config)
+        config.server(args.server)  # unknown id: one line
+        write_server_keys(args.out, args.bus_key, args.server, config.servers)
     elif args.out is None:
         sys.stdout.write(make_secret())
     else:
@@ -431,10 +440,18 @@ def _main_parser() -> _Parser:
         "status, stop, send and Client requests, and cannot open a link as a server",
     )
     secret.add_argument(
+        "--server",
+        type=int,
+        metavar="ID",
+        help="write the key file of server ID instead: the keys of its links (to every server "
+        "of --config) and the tool key, not the bus key; set it as that server's aaabus.secret",
+    )
+    secret.add_argument("--config", help="with --server: the bus's a3.xml")
+    secret.add_argument(
         "--from",
         dest="bus_key",
         default="bus.key",
-        help="with --tool: the bus key file to derive from (default bus.key)",
+        help="with --tool or --server: the bus key file to derive from (default bus.key)",
     )
     secret.set_defaults(func=_cmd_secret)
 

@@ -192,7 +192,10 @@ class Network:
     ``my_id``: this server; ``listen``: addresses to accept on (port 0: let the OS choose, see
     :attr:`addresses`); ``peers``: every other server of the network and its address (only the
     addresses of higher ids are dialled; lower ids are the only ones accepted). ``secret``: the
-    bus key, from which the key of each link is derived (:func:`aaabus.secret.link_key`).
+    bus key, from which the key of each link is derived (:func:`aaabus.secret.link_key`), or a
+    function giving the key of the link with a peer (a server key file's). A connection claiming
+    a peer's id must prove it holds that pair's key, which neither another pair's key nor a tool
+    key gives.
     ``max_frame``: largest payload sent or accepted. ``name`` names the thread
     (``f"{name}-io"``), prefixes log lines and appears in errors as the network's name.
     ``handshake_timeout``: seconds from connect/accept to an authenticated link.
@@ -204,7 +207,7 @@ class Network:
         my_id: int,
         listen: Sequence[tuple[str, int]],
         peers: Mapping[int, tuple[str, int]],
-        secret: bytes,
+        secret: bytes | Callable[[int], bytes],
         on_frame: Callable[[int, bytes], None],
         on_up: Callable[[int], None],
         on_down: Callable[[int], None] | None = None,
@@ -217,10 +220,14 @@ class Network:
     ) -> None:
         if not secret:
             raise ValueError("the bus secret is empty")
+        bus_key = b"" if callable(secret) else bytes(secret)
+        #: The key of the link with each peer (see :mod:`aaabus.secret`).
+        self._pair_key: Callable[[int], bytes] = (
+            secret if callable(secret) else lambda peer: link_key(bus_key, my_id, peer)
+        )
         self._my_id = my_id
         self._listen_addrs = list(listen)
         self._peers = {p: addr for p, addr in peers.items() if p != my_id}
-        self._secret = bytes(secret)
         self._on_frame = on_frame
         self._on_up = on_up
         self._on_down = on_down
@@ -648,7 +655,7 @@ class Network:
         conn.state = _HANDSHAKE
         if conn.outgoing:
             assert conn.peer is not None
-            key = link_key(self._secret, self._my_id, conn.peer)
+            key = self._pair_key(conn.peer)
             conn.handshake = ConnectorHandshake(key, self._my_id, conn.peer)
         else:
             conn.handshake = AcceptorHandshake(self._pair_key, self._my_id, self._acceptable)
@@ -754,12 +761,6 @@ class Network:
                 self._log.exception("%s: on_frame(%d) failed", self._name, peer)
             if conn.state != _UP:  # closed meanwhile (replaced, stopped)
                 return
-
-    def _pair_key(self, peer: int) -> bytes:
-        """The key of the link with ``peer``: a connection claiming ``peer``'s id must prove
-        it holds this pair's key, which neither another server's pair key nor a tool key gives
-        (see :mod:`aaabus.secret`)."""
-        return link_key(self._secret, self._my_id, peer)
 
     def _verified(self, conn: _Conn) -> None:
         """The first session frame of ``conn`` passed its MAC: the link really works.

@@ -36,12 +36,14 @@ import os
 import secrets
 import struct
 import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 
 from aaabus.errors import SecretError
 
 HEADER = "aaabus-secret-v1"
 TOOL_HEADER = "aaabus-tool-key-v1"
+SERVER_HEADER = "aaabus-server-key-v1"
 KEY_BYTES = 32
 
 _FIX = "run `aaabus secret --out bus.key` beside the config (or set property aaabus.secret)"
@@ -61,6 +63,50 @@ def link_key(bus_key: bytes, a: int, b: int) -> bytes:
 def tool_key(bus_key: bytes) -> bytes:
     """The key tools authenticate with on admin ports; it opens no link between servers."""
     return hmac.digest(bus_key, b"aaabus/1 tool key", "sha256")
+
+
+def bus_identity(bus_key: bytes) -> bytes:
+    """What a store records of the bus it belongs to: an HMAC of the bus key, not the key."""
+    return hmac.digest(bus_key, b"aaabus/1 bus identity", "sha256")
+
+
+class ServerKeys:
+    """What one server holds: the key of each of its links, the tool key it checks on its admin
+    port, and the identity of its bus (recorded in its store). Immutable; shared by threads.
+
+    From the bus key (:meth:`from_bus_key`) every key is derived; from a server key file
+    (``aaabus secret --server ID``) only that server's are known, so that a captured server
+    cannot pass for another one to a third.
+    """
+
+    def __init__(
+        self, server_id: int, links: dict[int, bytes] | bytes, tool: bytes, identity: bytes
+    ) -> None:
+        self.server_id = server_id
+        self._links = links  # per peer, or the bus key to derive them from
+        self.tool_key = tool
+        self.identity = identity
+
+    @classmethod
+    def from_bus_key(cls, bus_key: bytes, server_id: int) -> ServerKeys:
+        return cls(server_id, bytes(bus_key), tool_key(bus_key), bus_identity(bus_key))
+
+    def link_key(self, peer: int) -> bytes:
+        """The key of the link with ``peer``; KeyError for a peer the key file does not name."""
+        if isinstance(self._links, bytes):
+            return link_key(self._links, self.server_id, peer)
+        return self._links[peer]
+
+    def peers(self) -> frozenset[int] | None:
+        """The peers a server key file names (``None``: derived from the bus key, all)."""
+        return None if isinstance(self._links, bytes) else frozenset(self._links)
+
+    def server_key_text(self, peers: Iterable[int]) -> str:
+        """The text of the server key file of this server, naming ``peers``."""
+        lines = [f"{SERVER_HEADER} {self.server_id}", f"tool {self.tool_key.hex()}"]
+        lines.append(f"identity {self.identity.hex()}")
+        lines += [f"link {p} {self.link_key(p).hex()}" for p in sorted(set(peers))]
+        return "\n".join(lines) + "\n"
 
 
 class Credential:
@@ -86,6 +132,11 @@ def as_tool_key(credential: bytes | Credential) -> bytes:
 
 def parse_secret(text: str, where: str = "secret") -> bytes:
     """Decode the text of a ``bus.key`` file; ``where`` names it in the error message."""
+    if text.lstrip().startswith(SERVER_HEADER):
+        raise SecretError(
+            f"{where}: this is one server's key file; this needs the bus key (or, for a tool, "
+            "a tool key); " + _FIX
+        )
     header, key = _parse_key(text, where)
     if header == TOOL_HEADER:
         raise SecretError(
@@ -143,6 +194,18 @@ def write_secret(path: str | os.PathLike[str], text: str | None = None) -> None:
         os.fsync(out.fileno())
 
 
+def write_server_keys(
+    path: str | os.PathLike[str],
+    bus_key_file: str | os.PathLike[str],
+    server_id: int,
+    peers: Iterable[int],
+) -> None:
+    """Create ``path`` (mode 0600, exclusive) holding server ``server_id``'s keys: its links to
+    ``peers``, the tool key, the bus identity. Raises :class:`SecretError` (one line)."""
+    keys = ServerKeys.from_bus_key(load_secret(bus_key_file), server_id)
+    write_secret(path, keys.server_key_text(p for p in peers if p != server_id))
+
+
 def write_tool_key(path: str | os.PathLike[str], bus_key_file: str | os.PathLike[str]) -> None:
     """Create ``path`` (mode 0600, exclusive) holding the tool key derived from the bus key
     in ``bus_key_file``. Raises :class:`SecretError` (one line)."""
@@ -159,6 +222,55 @@ def load_secret(path: str | os.PathLike[str]) -> bytes:
     """
     where = os.fspath(path)
     return parse_secret(_read_private(where), where)
+
+
+def load_server_keys(
+    path: str | os.PathLike[str], server_id: int, peers: Iterable[int]
+) -> ServerKeys:
+    """The keys of server ``server_id`` from the bus key or from its server key file, which
+    must name every one of ``peers``. Raises :class:`SecretError` (one line)."""
+    where = os.fspath(path)
+    text = _read_private(where)
+    if not text.lstrip().startswith(SERVER_HEADER):
+        return ServerKeys.from_bus_key(parse_secret(text, where), server_id)
+    keys = _parse_server_keys(text, where)
+    if keys.server_id != server_id:
+        raise SecretError(
+            f"{where}: this is the key file of server {keys.server_id}, not of server "
+            f"{server_id}; give each server its own (aaabus secret --server ID)"
+        )
+    missing = sorted(set(peers) - {server_id} - (keys.peers() or frozenset()))
+    if missing:
+        raise SecretError(
+            f"{where}: no key for the links to server(s) {', '.join(map(str, missing))}, which "
+            f"the config names; make it again with `aaabus secret --server {server_id}`"
+        )
+    return keys
+
+
+def _parse_server_keys(text: str, where: str) -> ServerKeys:
+    fix = "make it again with `aaabus secret --server ID --config a3.xml --out FILE`"
+    values: dict[str, bytes] = {}
+    links: dict[int, bytes] = {}
+    server_id = -1
+    try:
+        for line in text.splitlines():
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            if words[0] == SERVER_HEADER and len(words) == 2:
+                server_id = int(words[1])
+            elif words[0] in ("tool", "identity") and len(words) == 2:
+                values[words[0]] = bytes.fromhex(words[1])
+            elif words[0] == "link" and len(words) == 3:
+                links[int(words[1])] = bytes.fromhex(words[2])
+            else:
+                raise ValueError(line)
+    except ValueError:
+        raise SecretError(f"{where}: not a valid server key file; {fix}") from None
+    if server_id < 0 or set(values) != {"tool", "identity"}:
+        raise SecretError(f"{where}: incomplete server key file; {fix}")
+    return ServerKeys(server_id, links, values["tool"], values["identity"])
 
 
 def load_credential(path: str | os.PathLike[str]) -> Credential:

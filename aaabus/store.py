@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import hmac
 import logging
 import os
 import stat
@@ -98,7 +97,7 @@ class ServerRecord(Persistent):
         self.server_id = server_id
         self.boots = 0
         self.next_stamp = 0
-        #: HMAC of the bus secret (see :func:`bus_identity`): which bus this store belongs to.
+        #: Which bus this store belongs to: an HMAC of the bus key (aaabus.secret.bus_identity).
         self.bus_identity: bytes | None = None
         #: Boot services already started once (their class paths): ``first_time`` is per service,
         #: so that a service added to the config later still sees its first time.
@@ -177,11 +176,6 @@ class Store:
                 log.warning("closing %s: %s", self.description, exc)
 
 
-def bus_identity(secret: bytes) -> bytes:
-    """What a store records of the bus it belongs to: an HMAC of the secret, not the secret."""
-    return hmac.digest(secret, b"aaabus/1 bus identity", "sha256")
-
-
 def open_store(
     kind: str,
     directory: str | os.PathLike[str] | None,
@@ -194,7 +188,8 @@ def open_store(
     With ``trust``, every record is unpickled under that policy (:mod:`aaabus.trust`): a store
     planted with an object of a class the server does not trust is refused at boot when the
     object hangs off the root, and otherwise fails whatever touches it, never constructed.
-    With ``identity`` (:func:`bus_identity`), a store recorded under another bus is refused.
+    With ``identity`` (:func:`aaabus.secret.bus_identity`), a store recorded under another bus
+    is refused.
 
     A file store's directory is created mode 0700 and its files 0600; a directory that another
     user owns or that its group or others may write is refused (they could swap the files).

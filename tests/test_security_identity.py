@@ -1,10 +1,10 @@
 """Credentials that mean what they say: a tool key or another pair's key cannot pass for a server.
 
-A real three-server bus on 127.0.0.1. The attacker is the test holding raw sockets and one
-credential: the tool key (what every tool user holds), or the key of the pair (0, 2) (what a
-captured server 0 holds for its link to 2). With either it claims to be server 1 to server 2.
-Before pairwise keys every tool and server held the one bus key, and the same claim replaced the
-real server 1's link.
+A real three-server bus on 127.0.0.1, each server holding only its own key file (``aaabus secret
+--server ID``). The attacker is the test holding raw sockets and one credential: the tool key
+(what every tool user holds), or each key of server 0's key file (what a captured server 0
+holds). With it, it claims to be server 1 to server 2. Before pairwise keys every tool and
+server held the one bus key, and the same claim replaced the real server 1's link.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import pytest
 from aaabus.admin import bus_status
 from aaabus.config import BusConfig, load_config
 from aaabus.launch import Bus
-from aaabus.secret import link_key, load_credential, load_secret, tool_key
+from aaabus.secret import link_key, load_credential, load_secret, load_server_keys, tool_key
 from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 from tests.support.harness import REPO_ROOT
 
@@ -62,6 +62,18 @@ def claim(address: tuple[str, int], key: bytes, me: int, peer: int) -> tuple[boo
         return handshake.done, local
 
 
+def make_key(directory: Path, *args: str) -> None:
+    """Run ``aaabus secret ARGS`` in ``directory``; the file it writes must be private."""
+    made = subprocess.run(
+        [sys.executable, "-m", "aaabus", "secret", *args],
+        cwd=directory, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    out = directory / args[args.index("--out") + 1]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o600
+
+
 def links_of(cfg: BusConfig, server: int, secret: bytes) -> dict[str, bool]:
     [status] = bus_status(cfg, [server], secret, timeout=5.0)
     return dict(status["links"]) if status["up"] else {}
@@ -70,19 +82,18 @@ def links_of(cfg: BusConfig, server: int, secret: bytes) -> dict[str, bool]:
 def test_a_tool_key_or_another_pairs_key_cannot_pass_for_a_server(
     tmp_path: Path, make_config: Any
 ) -> None:
-    config = make_config(servers=3)
+    own = {sid: f'<property name="aaabus.secret" value="s{sid}.key"/>' for sid in range(3)}
+    config = make_config(servers=3, extra=own)
     cfg = load_config(config)
     bus_key = load_secret(tmp_path / "bus.key")
     target = ("127.0.0.1", cfg.server(ATTACKED).networks[0].port)
+    for sid in range(3):  # each server gets its links' keys, never the bus key
+        make_key(tmp_path, "--server", str(sid), "--config", str(config), "--out", f"s{sid}.key")
+        assert bus_key.hex().encode() not in (tmp_path / f"s{sid}.key").read_bytes()
+    captured = load_server_keys(tmp_path / "s0.key", 0, range(3))
 
     # The tool key comes from the bus key, in a private file, and is enough for the tools.
-    made = subprocess.run(
-        [sys.executable, "-m", "aaabus", "secret", "--tool", "--out", "tool.key"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=30,
-        env={**os.environ, "PYTHONPATH": str(REPO_ROOT)},
-    )  # fmt: skip
-    assert made.returncode == 0, made.stderr
-    assert stat.S_IMODE((tmp_path / "tool.key").stat().st_mode) == 0o600
+    make_key(tmp_path, "--tool", "--out", "tool.key")
     tool = load_credential(tmp_path / "tool.key")
     assert tool.is_tool and tool.tool_key() == tool_key(bus_key)
     assert b"aaabus-tool-key-v1" in (tmp_path / "tool.key").read_bytes()
@@ -100,16 +111,17 @@ def test_a_tool_key_or_another_pairs_key_cannot_pass_for_a_server(
         )  # fmt: skip
         assert status.returncode == 0 and " up " in status.stdout, (status.stdout, status.stderr)
 
-        # The tool key on a network port, and server 0's pair key with server 2: both refused.
+        # The tool key on a network port, and every key of server 0's file: all refused.
         for name, key in (
             ("tool key", tool.tool_key()),
-            ("pair key of servers 0 and 2", link_key(bus_key, 0, ATTACKED)),
+            ("server 0's key of its link to 1", captured.link_key(1)),
+            ("server 0's key of its link to 2", captured.link_key(ATTACKED)),
         ):
             accepted, local = claim(target, key, CLAIMED, ATTACKED)
             assert not accepted, f"{name} passed for server {CLAIMED}"
         server_log = "\n".join(bus[ATTACKED].lines)
         assert "replaced" not in server_log, server_log
-        assert server_log.count("failed authentication") >= 2, server_log
+        assert server_log.count("failed authentication") >= 3, server_log
         assert links_of(cfg, ATTACKED, bus_key) == {"0": True, "1": True}
 
         # The pair's own key (the real server 1, restarted or stolen) does take the link over,

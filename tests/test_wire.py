@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from aaabus import wire
 from aaabus.errors import SecretError
-from aaabus.secret import ensure_secret, load_secret, make_secret
+from aaabus.secret import ensure_secret, load_secret, make_secret, write_secret
 from aaabus.wire import (
     AcceptorHandshake,
     AuthError,
@@ -402,3 +402,31 @@ def test_a_key_readable_by_others_is_refused_with_the_chmod_to_run(tmp_path: Pat
         load_secret(path)
     path.chmod(0o600)
     assert len(load_secret(path)) == 32
+
+
+def test_a_server_key_file_holds_its_own_links_only(tmp_path: Path) -> None:
+    from aaabus.secret import (
+        ServerKeys,
+        link_key,
+        load_server_keys,
+        tool_key,
+        write_server_keys,
+    )
+
+    write_secret(tmp_path / "bus.key")
+    bus = load_secret(tmp_path / "bus.key")
+    write_server_keys(tmp_path / "s1.key", tmp_path / "bus.key", 1, [0, 1, 2])
+    keys = load_server_keys(tmp_path / "s1.key", 1, [0, 1, 2])
+    derived = ServerKeys.from_bus_key(bus, 1)
+    assert keys.link_key(0) == derived.link_key(0) == link_key(bus, 0, 1)
+    assert keys.link_key(2) == link_key(bus, 2, 1) and keys.peers() == {0, 2}
+    assert keys.tool_key == tool_key(bus) and keys.identity == derived.identity
+    with pytest.raises(KeyError):
+        keys.link_key(3)  # a server the file does not know: no key to guess
+    assert bus.hex() not in (tmp_path / "s1.key").read_text()
+    with pytest.raises(SecretError, match="key file of server 1, not of server 2"):
+        load_server_keys(tmp_path / "s1.key", 2, [0, 1, 2])
+    with pytest.raises(SecretError, match=r"no key for the links to server\(s\) 3"):
+        load_server_keys(tmp_path / "s1.key", 1, [0, 1, 2, 3])
+    with pytest.raises(SecretError, match="one server's key file"):
+        load_secret(tmp_path / "s1.key")
