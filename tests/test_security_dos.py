@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from aaabus import AgentServer
+from aaabus import AgentId, AgentServer
 from aaabus.admin import admin_address, bus_status
 from aaabus.config import BusConfig, load_config
 from aaabus.launch import Bus
@@ -217,3 +217,98 @@ def test_tools_report_busy_with_a_non_zero_exit_when_a_server_drops_them(
         finally:
             stop.set()
             dropper.join(5)
+
+
+class CorruptingRelay:
+    """Forwards connections to ``target``, passes each direction's first ``clean`` bytes (the
+    handshake) intact, then flips the last bit of every chunk: handshakes succeed, sessions
+    fail their first MAC. Counts the connections it relayed."""
+
+    CLEAN = {"up": 82, "down": 88}  # ANSWER frame; CHALLENGE and PROOF frames
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.connections = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.1)
+        self.port = self._listener.getsockname()[1]
+        self._stop = threading.Event()
+        self._socks: list[socket.socket] = []
+        self._thread = threading.Thread(target=self._accept, name="relay-accept", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            self.connections += 1
+            try:
+                server = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            self._socks += [client, server]
+            for src, dst, way in ((client, server, "up"), (server, client, "down")):
+                threading.Thread(
+                    target=self._pump, args=(src, dst, self.CLEAN[way]), name=f"relay-{way}",
+                    daemon=True,
+                ).start()  # fmt: skip
+
+    def _pump(self, src: socket.socket, dst: socket.socket, clean: int) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                if clean <= 0:
+                    data = data[:-1] + bytes([data[-1] ^ 1])
+                elif len(data) > clean:
+                    tail = data[clean:]
+                    data = data[:clean] + tail[:-1] + bytes([tail[-1] ^ 1])
+                clean -= len(data)
+                dst.sendall(data)
+        for sock in (src, dst):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._listener.close()
+        for sock in self._socks:
+            sock.close()
+
+
+def test_a_corrupting_relay_does_not_earn_fast_redials(tmp_path: Path, make_config: Any) -> None:
+    config = make_config(servers=2)
+    relay = CorruptingRelay(("127.0.0.1", load_config(config).server(1).networks[0].port))
+    try:
+        # Server 0 dials server 1 through the relay.
+        text = config.read_text()
+        at = text.index("</server>", text.index('<server id="0"'))
+        dial = f'<property name="aaabus.dial.1" value="127.0.0.1:{relay.port}"/>\n  '
+        config.write_text(text[:at] + dial + text[at:])
+        cfg = load_config(config)
+        with Bus(config, [1], tmp_path / "store", cwd=REPO_ROOT):
+            server0 = AgentServer(cfg, 0, storage=tmp_path / "s0")
+            server0.start()
+            try:
+                # A message for server 1: every link that comes up resends it, and the relay
+                # corrupts it, so every session dies at its first frame.
+                server0.send(AgentId(1, 1, 999), Bounce(1))
+                deadline = time.monotonic() + 10
+                while relay.connections < 2:
+                    assert time.monotonic() < deadline, "server 0 never dialled through the relay"
+                    time.sleep(0.02)
+                first = relay.connections
+                time.sleep(3.0)  # the observation window itself, not a synchronisation
+                redials = relay.connections - first
+            finally:
+                server0.stop()
+    finally:
+        relay.stop()
+    print(f"\n{redials} redials in 3 s through a relay that corrupts every session")
+    # Backoff 0.02 s doubling to 1 s (x0.5..1 jitter): about 8 in 3 s. The old reset on each
+    # handshake redialled every 20 ms or so: about 150.
+    assert 1 <= redials <= 15, redials

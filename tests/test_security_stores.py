@@ -95,3 +95,12 @@ def test_a_storage_directory_owned_by_another_user_is_refused(
     os.chown(foreign, 54321, 54321)
     line = boot_refused(config, foreign)
     assert "belongs to user 54321" in line, line
+
+
+def test_a_server_refuses_a_key_others_may_read(tmp_path: Path, make_config: Any) -> None:
+    config = make_config()
+    key = tmp_path / "bus.key"
+    key.chmod(0o644)  # what `aaabus secret > bus.key` made under the usual umask
+    line = boot_refused(config, tmp_path / "s0")
+    assert f"run `chmod 600 {key}`" in line, line
+    assert not (tmp_path / "s0" / "data.fs").exists()
