@@ -17,10 +17,11 @@ Credentials that mean what they say
     "aaabus/1 tool key")``. HMAC is one-way: a tool key gives no link key, and the key of pair
     (j, k) gives neither the key of (i, k) nor the bus key. So a tool can run requests but never
     open a link as a server, and whoever learns one pair's key (a captured server j, talking to
-    k) still cannot pass for server i to k. A server derives every key from the bus key; a tool
-    needs only the tool key, which ``aaabus secret --tool`` writes (header
-    ``aaabus-tool-key-v1``) so that tool users never hold the bus key. Who holds which file and
-    what it allows: docs/security.md.
+    k) still cannot pass for server i to k. A server derives its keys from the bus key, or
+    reads them from its own server key file (``aaabus secret --server ID``, header
+    ``aaabus-server-key-v1``: its links' keys, the tool key, the bus identity, never the bus
+    key); a tool needs only the tool key (``aaabus secret --tool``, header
+    ``aaabus-tool-key-v1``). Who holds which file and what it allows: docs/security.md.
 
 The bus key lets its holder derive every credential (see docs/security.md, Trust model). A key
 file is therefore created mode 0600 by :func:`write_secret` (exclusive create: an existing file,

@@ -133,8 +133,11 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.secret",
         file_name,
         "bus.key",
-        "The bus secret file. Every server must read the same one; make it with "
-        "`aaabus secret --out bus.key`. A server without a readable secret refuses to start.",
+        "The key file: the bus key (`aaabus secret --out bus.key`), the same for every server, "
+        "or, set per server, that server's own key file (`aaabus secret --server ID --config "
+        "a3.xml --out sID.key`), which holds only its links' keys (see `docs/security.md`). "
+        "Tools read it too unless given `--key`. A server without a readable key file, or with "
+        "one that its group or others may read, refuses to start.",
     ),
     Setting(
         "aaabus.trust",
