@@ -5,7 +5,7 @@ process holding an echo agent; every round trip crosses server 0's I/O thread tw
 process floods server 0's network port with TLS ClientHellos, each of which makes the server
 compute a key exchange and a signature. The round trips before, during and after the flood are
 printed (``pytest -s``); the handshakes must have run on the ``-tls`` worker threads, not on the
-I/O thread (which served every of them in the old code).
+I/O thread (which ran every one of them in the old code).
 """
 
 from __future__ import annotations
