@@ -13,9 +13,11 @@ never conflict (no ``ConflictError`` to retry, no lost update between threads).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -32,6 +34,7 @@ from persistent.mapping import PersistentMapping
 
 from aaabus.errors import StoreError
 from aaabus.pickles import MalformedPickle, pickle_end
+from aaabus.trust import TrustPolicy, UntrustedClass
 
 log = logging.getLogger("aaabus.store")
 
@@ -88,10 +91,14 @@ class PersistentQueue(LOBTree):
 class ServerRecord(Persistent):
     """Counters of one server: which server owns the store, boots, and id allocation."""
 
+    bus_identity: bytes | None = None  # stores made before identities were recorded
+
     def __init__(self, server_id: int) -> None:
         self.server_id = server_id
         self.boots = 0
         self.next_stamp = 0
+        #: Which bus this store belongs to: an HMAC of the bus key (aaabus.secret.bus_identity).
+        self.bus_identity: bytes | None = None
         #: Boot services already started once (their class paths): ``first_time`` is per service,
         #: so that a service added to the config later still sees its first time.
         self.services_started: PersistentMapping = PersistentMapping()
@@ -100,7 +107,9 @@ class ServerRecord(Persistent):
 class Store:
     """One open database and the single connection the engine thread uses."""
 
-    def __init__(self, db: ZODB.DB, description: str, server_id: int) -> None:
+    def __init__(
+        self, db: ZODB.DB, description: str, server_id: int, identity: bytes | None = None
+    ) -> None:
         self.description = description
         self._db = db
         self.tm = transaction.TransactionManager()
@@ -119,6 +128,16 @@ class Store:
                 f"{description} belongs to server {self.record.server_id}, not {server_id}; "
                 "pass the right --id or another --storage"
             )
+        if identity is not None:
+            if self.record.bus_identity is None:
+                self.record.bus_identity = identity  # a new store, or one older than identities
+                self.tm.commit()
+            elif self.record.bus_identity != identity:
+                self.close()
+                raise StoreError(
+                    f"{description} belongs to another bus (it was made under another bus key); "
+                    "start it with that bus's key, or pass another --storage"
+                )
         #: Agents by (origin, stamp): the hosting server is this one by definition.
         self.agents: OOBTree = root["agents"]
         #: Deliverable notifications for local agents, in delivery order.
@@ -157,14 +176,31 @@ class Store:
                 log.warning("closing %s: %s", self.description, exc)
 
 
-def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: int) -> Store:
-    """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors."""
+def open_store(
+    kind: str,
+    directory: str | os.PathLike[str] | None,
+    server_id: int,
+    trust: TrustPolicy | None = None,
+    identity: bytes | None = None,
+) -> Store:
+    """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
+
+    With ``trust``, every record is unpickled under that policy (:mod:`aaabus.trust`): a store
+    planted with an object of a class the server does not trust is refused at boot when the
+    object hangs off the root, and otherwise fails whatever touches it, never constructed.
+    With ``identity`` (:func:`aaabus.secret.bus_identity`), a store recorded under another bus
+    is refused.
+
+    A file store's directory is created mode 0700 and its files 0600; a directory that another
+    user owns or that its group or others may write is refused (they could swap the files).
+    """
+    factory = None if trust is None else trust.zodb_class_factory
     if kind == "memory":
         # The same object cache as a file store: ZODB's default (400 objects) is smaller than
         # what one group touches on a busy router, and an evicted agent loses its volatile
         # (_v_) attributes and is unpickled again at its next notification.
-        db = ZODB.DB(None, cache_size=CACHE_SIZE)
-        return Store(db, f"in-memory store of server {server_id}", server_id)
+        db = ZODB.DB(None, cache_size=CACHE_SIZE, class_factory=factory)
+        return _open_root(db, f"in-memory store of server {server_id}", server_id, trust, identity)
     if kind != "file":
         raise StoreError(
             f"unknown store kind {kind!r}; "
@@ -173,17 +209,7 @@ def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: i
     if directory is None:
         raise StoreError("a file store needs a directory; pass --storage DIR")
     path = Path(directory)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".aaabus-write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise StoreError(
-            f"storage directory {path} is not writable ({reason}); "
-            "pass --storage DIR pointing to a writable directory"
-        ) from None
+    _prepare_directory(path)
     data = path / "data.fs"
     _refuse_cut_commits(data)
     try:
@@ -204,14 +230,76 @@ def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: i
         ) from None
     try:
         _verify_current_records(storage, data)
-        db = ZODB.DB(storage, cache_size=CACHE_SIZE)
+        _private_files(path)
+        db = ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=factory)
     except StoreError:
         storage.close()
         raise
     except Exception as exc:
         storage.close()
         raise StoreError(f"storage {data} is damaged ({type(exc).__name__}: {exc})") from None
-    return Store(db, f"storage {data}", server_id)
+    return _open_root(db, f"storage {data}", server_id, trust, identity)
+
+
+def _open_root(
+    db: ZODB.DB,
+    description: str,
+    server_id: int,
+    trust: TrustPolicy | None,
+    identity: bytes | None,
+) -> Store:
+    try:
+        if trust is not None and len(db.storage):
+            trust.check_record(db.storage.load(ZODB.utils.z64)[0])
+        return Store(db, description, server_id, identity)
+    except UntrustedClass as exc:
+        db.close()
+        raise StoreError(
+            f"{description} holds an object this server does not trust ({exc}); if the store "
+            "is yours, trust its classes (property aaabus.trust), else move it away"
+        ) from None
+
+
+def _prepare_directory(path: Path) -> None:
+    """Create ``path`` (0700), refuse it if others could change it, and prove it writable.
+
+    The write probe is created exclusively and never follows a symlink: a link planted at its
+    name cannot make the server truncate or create the file it points to.
+    """
+    where = "pass --storage DIR pointing to a private, writable directory"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StoreError(f"storage directory {path} is not writable ({reason}); {where}") from None
+    if info.st_uid != os.geteuid():
+        raise StoreError(
+            f"storage directory {path} belongs to user {info.st_uid}, not to this server's user "
+            f"{os.geteuid()}: its owner could swap the store; {where}"
+        )
+    if info.st_mode & 0o022:
+        raise StoreError(
+            f"storage directory {path} is writable by group or others (mode "
+            f"{stat.S_IMODE(info.st_mode):o}): they could swap the store; run `chmod 700 {path}`"
+        )
+    probe = path / ".aaabus-write-probe"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()  # a leftover of a crash, or a planted link: unlink never follows
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StoreError(f"storage directory {path} is not writable ({reason}); {where}") from None
+
+
+def _private_files(path: Path) -> None:
+    """Make the files FileStorage created (under the process umask) readable by us alone."""
+    for name in ("data.fs", "data.fs.index", "data.fs.lock", "data.fs.tmp"):
+        with contextlib.suppress(OSError):
+            os.chmod(path / name, 0o600, follow_symlinks=False)
 
 
 # -- fault detection at boot -----------------------------------------------------------------

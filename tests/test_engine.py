@@ -174,13 +174,13 @@ def test_deploy_through_the_factory_with_reply_then_delete(single_server: Single
     assert isinstance(gone, UnknownAgent) and gone.target == counter
 
 
+class Broken(Agent):
+    def on_init(self, first_time: bool) -> None:
+        raise KeyError("no init")
+
+
 def test_create_failure_is_reported(single_server: SingleServer) -> None:
     server, inbox, _ = single_server
-
-    class Broken(Agent):
-        def on_init(self, first_time: bool) -> None:
-            raise KeyError("no init")
-
     probe = server.deploy(Probe())
     server.send(probe, DeployThis(Broken(), 0))
     reply = seen(inbox).note
@@ -197,7 +197,8 @@ def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
 ) -> None:
     from aaabus.config import load_config
 
-    cfg = load_config(make_config())
+    # A class by value is code: the server loads it only when told to (aaabus.trust.by_value).
+    cfg = load_config(make_config(properties={"aaabus.trust.by_value": "true"}))
 
     class Local(Agent):  # defined in a function: no server could import it by name
         def __init__(self) -> None:

@@ -36,7 +36,7 @@ from aaabus.launch import Bus
 from aaabus.secret import ensure_secret
 from aaabus.testing.torture import stop_all
 from aaabus.topology import render
-from tests.support.harness import REPO_ROOT, contiguous_free_base
+from tests.support.harness import REPO_ROOT, TEST_TRUST, contiguous_free_base
 from tests.support.walk import Actor, Directory, Run, Scenario, scenarios, start_step
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,11 @@ class KillBus:
 @pytest.fixture(scope="module")
 def kill_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KillBus]:
     tmp = tmp_path_factory.mktemp("kill-walk")
-    properties = {"aaabus.secret": "bus.key", "aaabus.engine.max_group_ms": "50"}
+    properties = {
+        "aaabus.secret": "bus.key",
+        "aaabus.engine.max_group_ms": "50",
+        "aaabus.trust": TEST_TRUST,
+    }
     config = tmp / "a3.xml"
     config.write_text(render(LAYOUT, 4, base_port=contiguous_free_base(5), properties=properties))
     ensure_secret(tmp / "bus.key")

@@ -225,3 +225,12 @@ def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path: Path) -> 
     assert proc.returncode == 130, err
     assert "interrupted; every server started was stopped" in err and "Traceback" not in err
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+
+
+def test_loader_suite_reports_the_cost_per_body(capsys: pytest.CaptureFixture[str]) -> None:
+    from perf.__main__ import main
+
+    assert main(["loader", "--number", "200", "--repeat", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loader"]
+    assert [r["payload"] for r in rows] == [0, 1024]
+    assert all(r["restricted_us"] > 0 and r["pickle_loads_us"] > 0 for r in rows)

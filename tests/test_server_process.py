@@ -259,4 +259,4 @@ def test_missing_secret_names_the_command(tmp_path: Path) -> None:
     line = run_server_expecting_error(
         "--id", "0", "--config", str(path), "--storage", str(tmp_path / "s0")
     )
-    assert "aaabus secret > " in line and "bus.key" in line, line
+    assert "aaabus secret --out bus.key" in line, line

@@ -561,11 +561,13 @@ class FakePeer:
     """
 
     def __init__(self, addr: tuple[str, int], secret: bytes, me: int, peer: int) -> None:
+        from aaabus.secret import link_key
         from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 
         self.sock = socket.create_connection(addr, timeout=5)
         decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
-        handshake = ConnectorHandshake(secret, me, peer)
+        # The key of the pair (me, peer), derived from the bus key as a real server does.
+        handshake = ConnectorHandshake(link_key(secret, me, peer), me, peer)
 
         def next_message() -> bytes:
             while True:
