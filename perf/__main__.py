@@ -80,6 +80,7 @@ _MODULE_SUITES = [
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
+    ("commit", "perf.commit", "one store commit: raw floor, FileStorage, LogStorage, interleaved"),
 ]
 
 
