@@ -7,6 +7,9 @@ that rotates, so that the machine's mood weighs on all alike):
   appended to a preallocated, zero-filled file;
 * ``floor_falloc``: the same into an ``fallocate``'d file (why the log store zero-fills);
 * ``mem``: a ZODB commit on a MappingStorage (no disk): ZODB's own share of every commit;
+* ``zodb_floor``: a ``mem`` commit followed by a ``floor`` write and sync: the best any ZODB
+  storage with one sync per commit could do (ZODB's work also runs slower when it resumes
+  after each sync than in the ``mem`` loop: caches and CPU have cooled meanwhile);
 * ``file``: a ZODB commit on FileStorage (what the bus uses today);
 * ``log``: a ZODB commit on LogStorage.
 
@@ -16,7 +19,9 @@ put and the previous one popped.
 
 ``--stream N`` adds a compaction run: N more such commits on two LogStorages with small
 segments, in alternating chunks, one with its compactor running and one with it off: the worst
-and the p99.9 commit latencies of both, the directory's peak size and its size at the end.
+and the p99.9 commit latencies of both, and of the commits that ran beside a compaction round
+or GC pass (CPython's cyclic collector runs between chunks, not during them), the directory's
+peak size and its size at the end.
 
 Prints a table, then one JSON line (``--json``: only that line) with at least ``floor_p50_us``,
 ``file_p50_us``, ``log_p50_us``, ``log_vs_floor`` and ``file_vs_floor``.
@@ -25,6 +30,7 @@ Prints a table, then one JSON line (``--json``: only that line) with at least ``
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import tempfile
@@ -44,7 +50,7 @@ from aaabus.store import PersistentQueue
 
 RECORD_BYTES = 600
 MESSAGE = b"m" * 300
-CONTENDERS = ("floor", "floor_falloc", "mem", "file", "log")
+CONTENDERS = ("floor", "floor_falloc", "mem", "zodb_floor", "file", "log")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +63,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--stream-segment", type=int, default=256 << 10, help="segment size of the stream run"
+    )
+    parser.add_argument(
+        "--stream-compare",
+        type=int,
+        default=20_000,
+        help="commits of the stream run that the compactor-off store takes part in",
     )
     parser.add_argument("--workdir", help="keep the files here (default: a temporary dir)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -124,6 +136,22 @@ class Floor:
         os.close(self.fd)
 
 
+class ZodbThenFloor:
+    """A commit on a MappingStorage, then the floor's write and sync."""
+
+    def __init__(self, hop: Hop, floor: Floor) -> None:
+        self.hop = hop
+        self.floor = floor
+
+    def __call__(self) -> None:
+        self.hop()
+        self.floor()
+
+    def close(self) -> None:
+        self.hop.close()
+        self.floor.close()
+
+
 def _percentile(sorted_ns: list[int], q: float) -> float:
     index = min(len(sorted_ns) - 1, int(q * len(sorted_ns)))
     return sorted_ns[index] / 1000.0
@@ -161,6 +189,7 @@ def measure(root: Path, rounds: int, per_round: int, warmup: int) -> dict[str, d
         "floor": Floor(root / "floor.bin", floor_size, fallocate=False),
         "floor_falloc": Floor(root / "floor-falloc.bin", floor_size, fallocate=True),
         "mem": Hop(None),
+        "zodb_floor": ZodbThenFloor(Hop(None), Floor(root / "floor2.bin", floor_size, False)),
         "file": Hop(ZODB.FileStorage.FileStorage(str(root / "data.fs"))),
         "log": Hop(LogStorage(root / "log")),
     }
@@ -178,35 +207,51 @@ def measure(root: Path, rounds: int, per_round: int, warmup: int) -> dict[str, d
     return {name: _summary(values) for name, values in samples.items()}
 
 
-def stream(root: Path, count: int, segment_size: int) -> dict[str, Any]:
+def stream(root: Path, count: int, segment_size: int, compare: int) -> dict[str, Any]:
     """The compaction run: the same hops on two small-segment LogStorages, compactor on and off,
-    in alternating chunks; every 100 commits also drops a BTree and adds a new one (garbage that
-    only GC can find)."""
+    in alternating chunks (the one without compactor, whose directory only grows, stops after
+    ``compare`` commits); every 100 commits also drops a BTree and adds a new one (garbage
+    that only GC can find)."""
     stores = {
         "on": LogStorage(root / "stream-on", segment_size=segment_size),
         "off": LogStorage(root / "stream-off", segment_size=segment_size, compact=False),
     }
     hops = {name: Hop(storage) for name, storage in stores.items()}
-    samples: dict[str, list[int]] = {"on": [], "off": []}
+    # CPython's cyclic collector pauses any commit for 20+ ms now and then, whatever the store:
+    # it runs between chunks here, untimed, so that the worst latencies are the store's.
+    gc.disable()
+    samples: dict[str, list[int]] = {"on": [], "off": [], "beside": []}
     peak = 0
     chunk = 500
     done = 0
     try:
         while done < count:
             for name, hop in hops.items():
+                if name == "off" and done >= compare:
+                    continue
                 n = min(chunk, count - done)
+                storage = stores[name]
                 for i in range(n):
                     if (done + i) % 100 == 0:
                         _churn(hop)
+                    busy = storage.compacting
                     _timed(hop, 1, samples[name])
+                    if busy or storage.compacting:
+                        samples["beside"].append(samples[name][-1])
             done += min(chunk, count - done)
             peak = max(peak, _dir_bytes(root / "stream-on"))
+            gc.collect()
         stats = stores["on"].stats()
         result = {
             "commits": count,
+            "compared_commits": min(count, compare),
             "segment_size": segment_size,
             "on": _summary(samples["on"]),
             "off": _summary(samples["off"]),
+            "beside_compaction": {
+                "commits": len(samples["beside"]),
+                **(_summary(samples["beside"]) if samples["beside"] else {}),
+            },
             "peak_dir_bytes": peak,
             "end_dir_bytes": _dir_bytes(root / "stream-on"),
             "off_dir_bytes": _dir_bytes(root / "stream-off"),
@@ -215,6 +260,7 @@ def stream(root: Path, count: int, segment_size: int) -> dict[str, Any]:
             "gc_passes": stats["gc_passes"],
         }
     finally:
+        gc.enable()
         for hop in hops.values():
             hop.close()
     return result
@@ -233,7 +279,9 @@ def run(args: argparse.Namespace) -> int:
         root = Path(args.workdir) if args.workdir else Path(tmp)
         root.mkdir(parents=True, exist_ok=True)
         figures = measure(root, args.rounds, args.per_round, args.warmup)
-        streamed = stream(root, args.stream, args.stream_segment) if args.stream else None
+        streamed = None
+        if args.stream:
+            streamed = stream(root, args.stream, args.stream_segment, args.stream_compare)
     floor = figures["floor"]["p50"]
     result: dict[str, Any] = {
         "rounds": args.rounds,
@@ -246,7 +294,8 @@ def run(args: argparse.Namespace) -> int:
     result["log_vs_floor"] = round(figures["log"]["p50"] / floor, 3)
     result["file_vs_floor"] = round(figures["file"]["p50"] / floor, 3)
     result["falloc_vs_floor"] = round(figures["floor_falloc"]["p50"] / floor, 3)
-    result["log_own_p50_us"] = round(figures["log"]["p50"] - floor - figures["mem"]["p50"], 1)
+    result["log_vs_zodb_floor"] = round(figures["log"]["p50"] / figures["zodb_floor"]["p50"], 3)
+    result["log_own_p50_us"] = round(figures["log"]["p50"] - figures["zodb_floor"]["p50"], 1)
     if streamed is not None:
         result["stream"] = streamed
     if not args.json:
@@ -266,14 +315,22 @@ def _print_table(
             f"{name:<13} {summary['p50']:9.1f} {summary['p90']:9.1f} {summary['p99']:9.1f} "
             f"{summary['max']:9.1f} {summary['p50'] / floor:10.2f}"
         )
+    zodb = figures["zodb_floor"]["p50"] - floor
     print(
-        f"log p50 = floor {floor:.1f} + ZODB (mem) {figures['mem']['p50']:.1f} "
-        f"+ log store's own {result['log_own_p50_us']:.1f} µs"
+        f"log p50 {figures['log']['p50']:.1f} µs = floor {floor:.1f} + ZODB {zodb:.1f} "
+        f"(hot, in a loop of its own: {figures['mem']['p50']:.1f}) "
+        f"+ the log store's own {result['log_own_p50_us']:.1f}"
     )
     if streamed is not None:
-        on, off = streamed["on"], streamed["off"]
+        on, off, beside = streamed["on"], streamed["off"], streamed["beside_compaction"]
+        if beside["commits"]:
+            print(
+                f"commits beside a compaction round or GC pass: {beside['commits']}, "
+                f"p99 {beside['p99']:.0f} µs, max {beside['max']:.0f} µs"
+            )
         print(
-            f"stream of {streamed['commits']} commits per store, "
+            f"stream of {streamed['commits']} commits "
+            f"({streamed['compared_commits']} without compactor), "
             f"{streamed['segment_size'] >> 10} KiB segments: "
             f"compactor on p99.9 {on['p999']:.0f} µs max {on['max']:.0f} µs; "
             f"off p99.9 {off['p999']:.0f} µs max {off['max']:.0f} µs; "

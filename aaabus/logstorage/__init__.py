@@ -13,9 +13,11 @@ Modules: :mod:`.format` (bytes), :mod:`.segments` (files), :mod:`.recovery` (ope
 Files
 =====
 One directory holds ``lock`` (taken with zc.lockfile as FileStorage does: a second process is
-refused with :class:`StoreInUse`), named segments ``<seq>.seg`` (seq: 8 hex digits, unique,
-never reused), recycled files ``free-*.seg`` waiting for reuse (content meaningless), and, after
-a crash, ``*.seg.tmp`` creations that never completed (deleted at open).
+refused with :class:`StoreInUse`), named segments ``<seq>.seg`` (seq: 8 hex digits; a new
+segment's seq is above the seq of every file present, so the bytes a recycled file keeps from
+its earlier lives never carry the seq of its current one), recycled files ``free-<seq>.seg``
+waiting for reuse (content meaningless), and, after a crash, ``*.seg.tmp`` creations that never
+completed (deleted at open).
 
 A segment's size is fixed when it is created (``segment_size``, 4 MiB by default; a transaction
 larger than that gets a segment of its own size) and never changes: new files are zero-filled

@@ -5,7 +5,7 @@ commit path durable, keep one spare segment prepared (so that a commit that fill
 never waits for a file to be zero-filled), run a GC pass when one is due, then compact every
 sealed segment whose live bytes are at most ``live_ratio`` of its size, emptiest first.
 
-Compacting a segment: read its live records (found from a copy of the index), append them
+Compacting a segment: read its live records (found by reading its blocks back), append them
 verbatim (each keeps its tid and back pointer) as copy blocks to the compactor's own head with
 one write and one fdatasync per block, and only then switch the index entries that still point
 at the old places, under the index lock, one block (at most ``COPY_BLOCK_BYTES``) at a time.
@@ -20,6 +20,7 @@ both heads and running a GC pass without grace.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -30,13 +31,23 @@ from aaabus.logstorage.format import (
     BLOCK_HEAD,
     BLOCK_OVERHEAD,
     DATA_START,
+    KIND_COMMIT,
     KIND_COPY,
     Z64,
     block_parts,
+    iter_records,
+    parse_block,
     position,
 )
-from aaabus.logstorage.garbage import BREATHE_SECONDS, References, UnreadableRecord, collect
+from aaabus.logstorage.garbage import (
+    BREATHE_SECONDS,
+    References,
+    UnreadableRecord,
+    breathe,
+    collect,
+)
 from aaabus.logstorage.log import RH, Log
+from aaabus.logstorage.recovery import damaged
 from aaabus.logstorage.segments import Segment
 
 log = logging.getLogger("aaabus.logstorage")
@@ -88,6 +99,10 @@ class Compactor:
             target=self._run, name="aaabus-logstore-compactor", daemon=True
         )
         self._thread.start()
+
+    def busy(self) -> bool:
+        """A compaction round, GC pass or pack is under way (any thread may ask)."""
+        return self._mutex.locked()
 
     def wake(self) -> None:
         self._wake.set()
@@ -161,14 +176,11 @@ class Compactor:
         )
 
     def _compact_all(self, segments: list[Segment]) -> None:
-        if not segments:
-            return
-        found = self._log.live_records({s.seq for s in segments})
         copied = reclaimed = done = 0
         for segment in segments:
             if self._stopping:
                 break
-            moved = self._compact(segment, found[segment.seq])
+            moved = self._compact(segment, self._live_in(segment))
             copied += moved
             reclaimed += segment.end - DATA_START - moved
             done += 1
@@ -180,6 +192,35 @@ class Compactor:
                 last_compaction_copied_bytes=copied,
                 last_compaction_reclaimed_bytes=reclaimed,
             )
+
+    def _live_in(self, segment: Segment) -> list[tuple[bytes, int, int]]:
+        """(oid, position, data length) of the current records of a sealed segment: its blocks
+        are read back (a sealed segment no longer changes; their checksums are checked again)
+        and the index is asked about each record (one dict lookup, atomic: no lock). The cost
+        follows the segment's size, not the store's."""
+        log_ = self._log
+        seq = segment.seq
+        buf = os.pread(segment.fd, segment.end, 0)
+        index_get = log_.index.get
+        found = []
+        offset = DATA_START
+        seen = 0
+        while offset < segment.end:
+            block = parse_block(buf, offset, seq)
+            if block is None:
+                raise damaged(
+                    segment.path, offset, "a block fails its checks since the store opened"
+                )
+            if block.kind in (KIND_COMMIT, KIND_COPY):
+                for record in iter_records(buf, block):
+                    pos = position(seq, record.offset)
+                    entry = index_get(record.oid)
+                    if entry is not None and entry[0] == pos:
+                        found.append((record.oid, pos, record.data_len))
+                    seen += 1
+                    breathe(seen)
+            offset = block.end
+        return found
 
     def _compact(self, segment: Segment, records: list[tuple[bytes, int, int]]) -> int:
         """Copy the live records of a sealed ``segment`` forward, then recycle it; returns the

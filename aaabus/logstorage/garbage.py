@@ -9,9 +9,11 @@ nothing reachable escapes: the "incremental update" rule of concurrent collector
 round of that runs under the index lock, with the sweep, so no commit slips in between.
 
 Cost of one pass: one ``pread`` and one ``referencesf`` (an unpickling that builds no object)
-per live object, a few microseconds each; memory: a set of the live oids. The lock is held per
-record read, and for the last round: the objects committed during the round before it and
-whatever they newly reference, plus the sweep over the garbage found.
+per live object, a few microseconds each, with pauses; memory: a set of the live oids. What
+holds up commits: the copy of the oid list at the start (one C-level copy, about 35 ns per
+object, GIL held), each single-record read (index lock), and the last round under the index
+lock: the objects committed during the round before it and whatever they newly reference,
+plus the sweep over the garbage found.
 """
 
 from __future__ import annotations
@@ -90,12 +92,18 @@ def collect(log: Log, refs: References, grace: set[bytes] | None) -> tuple[int, 
             marked.update(dirty)
             stack.extend(dirty)
             _trace(log, stack, marked, refs, True)
+        # What the last round can still mark is a subset of what is unmarked now: the sweep
+        # under the lock then costs the garbage's size, not the store's.
+        unmarked: list[bytes] = []
+        for start in range(0, len(before), 4096):
+            unmarked.extend(oid for oid in before[start : start + 4096] if oid not in marked)
+            time.sleep(BREATHE_SECONDS)
         with log.lock:
             dirty = log.marking
             marked.update(dirty)
             stack.extend(dirty)
             _trace(log, stack, marked, refs, False)
-            garbage = {oid for oid in before if oid not in marked and oid in log.index}
+            garbage = {oid for oid in unmarked if oid not in marked and oid in log.index}
             doomed = garbage if grace is None else garbage & grace
             return log.delete(doomed), garbage - doomed
     finally:

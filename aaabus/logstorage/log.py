@@ -71,6 +71,7 @@ class Log:
         self.last_tid = found.last_tid
         self.next_oid = found.next_oid
         self.next_seq = found.next_seq
+        #: Segments whose interrupted last write this open dropped (seq -> byte offset).
         self.torn = found.torn
         #: Live bytes (record headers and data of current revisions) per segment seq.
         self.live: dict[int, int] = dict.fromkeys(self.segments, 0)
@@ -89,14 +90,23 @@ class Log:
         #: Called (no lock held) when a segment is sealed or a spare is taken.
         self.on_change: Callable[[], None] = lambda: None
         if not read_only:
-            for segment in found.unsealed:
-                if segment.end == DATA_START and segment.seq not in found.torn:
-                    del self.segments[segment.seq]
-                    del self.live[segment.seq]
-                    self.spares.append(segment)
-                else:
-                    self.seal(segment)
-                    self.sync(segment)
+            try:
+                self._seal_left_open(found.unsealed, found.torn)
+            except BaseException:
+                self.close()
+                raise
+
+    def _seal_left_open(self, unsealed: list[Segment], torn: dict[int, int]) -> None:
+        """Opening: seal, durably, the segments a crash left open (over their torn tails, if
+        any), so that no later write follows bytes of unknown content; empty ones are spares."""
+        for segment in unsealed:
+            if segment.end == DATA_START and segment.seq not in torn:
+                del self.segments[segment.seq]
+                del self.live[segment.seq]
+                self.spares.append(segment)
+            else:
+                self.seal(segment)
+                self.sync(segment)
 
     # -- reads (any thread) ------------------------------------------------------------------
 
@@ -293,7 +303,6 @@ class Log:
                 raise AssertionError(f"segment {segment.seq} still holds live records")
             del self.segments[segment.seq]
             del self.live[segment.seq]
-        with self.lock:
             reuse = segment.size == self.segment_size and len(self.free) < MAX_FREE
         free = retire(self.directory, segment, reuse)
         if free is not None:
@@ -311,18 +320,6 @@ class Log:
             ]
             chosen.sort(key=lambda s: self.live[s.seq])
             return chosen
-
-    def live_records(self, seqs: set[int]) -> dict[int, list[tuple[bytes, int, int]]]:
-        """(oid, pos, data length) of the current records in each of ``seqs``. The index is
-        copied under the lock (a C-speed copy) and filtered outside it."""
-        with self.lock:
-            entries = list(self.index.items())
-        found: dict[int, list[tuple[bytes, int, int]]] = {seq: [] for seq in seqs}
-        for oid, (pos, length, _tid) in entries:
-            bucket = found.get(pos >> OFFSET_BITS)
-            if bucket is not None:
-                bucket.append((oid, pos, length))
-        return found
 
     # -- figures and closing -------------------------------------------------------------------
 

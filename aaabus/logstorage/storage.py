@@ -42,7 +42,7 @@ from aaabus.logstorage.format import (
     position,
 )
 from aaabus.logstorage.log import RESERVE, Log
-from aaabus.logstorage.segments import Segment
+from aaabus.logstorage.segments import LOCK_NAME, Segment
 
 #: 4 MiB: a handful of segments is the floor of the disk use (heads, a spare, one being
 #: compacted), while a segment still holds thousands of bus hops between two rotations.
@@ -60,7 +60,9 @@ _BODY_AT = BLOCK_HEAD.size
 class LogStorage:
     """A ZODB storage that appends each transaction to a log of preallocated segment files.
 
-    ``create``: make the directory when missing (else a missing directory is a StoreError).
+    ``create``: make the store when missing; when false (and when ``read_only``), a directory
+    that was never a log store (no ``lock`` file) is refused with a StoreError, so that a
+    mistyped path does not start an empty store.
     ``read_only``: no writes, no compactor (the directory is still locked: a running server
     recycles segments under a reader's feet). ``gc``: let the compactor also drop objects
     unreachable from the root (two passes in a row, see the package docstring); superseded
@@ -86,17 +88,19 @@ class LogStorage:
                 f"log store segment size {segment_size} is out of range "
                 f"({MIN_SEGMENT_SIZE} to {MAX_SEGMENT_SIZE} bytes)"
             )
-        if not path.is_dir():
-            if not create or read_only:
-                raise StoreError(f"log store {path} does not exist; create it or fix the path")
-            try:
-                path.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise StoreError(f"cannot create log store {path}: {exc.strerror}") from None
+        if (not create or read_only) and not (path / LOCK_NAME).exists():
+            raise StoreError(f"{path} holds no log store; fix the path or create the store")
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            self._log = Log(path, segment_size, read_only)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot open log store {path}: {exc.strerror or exc}; free space or fix the "
+                "directory's permissions"
+            ) from None
         self._path = path
         self._name = str(path)
         self._read_only = read_only
-        self._log = Log(path, segment_size, read_only)
         self._commit_lock = threading.Lock()
         self._txn: Any = None
         self._tid = Z64
@@ -156,10 +160,17 @@ class LogStorage:
                 "segments": len(log.segments),
                 "spare_segments": len(log.spares),
                 "free_segments": len(log.free),
+                "torn_tails_dropped_at_open": len(log.torn),
             }
         figures["file_bytes"] = log.file_bytes()
         figures.update(self._compactor.figures())
         return figures
+
+    @property
+    def compacting(self) -> bool:
+        """True while the compactor (or pack) is at work: lets a benchmark tell the commits
+        that ran beside it."""
+        return self._compactor.busy()
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -190,12 +201,10 @@ class LogStorage:
             end = current
             prev = self._prev(pos)
             while prev:
-                head = log.read(prev, _RH, 0)
-                if head is None:
+                older = self._older(prev, oid, end)
+                if older is None:
                     break
-                rec_oid, rec_tid, rec_prev, rec_len = RECORD_HEAD.unpack(head)
-                if rec_oid != oid:
-                    break
+                rec_tid, rec_prev, rec_len = older
                 if rec_tid < tid:
                     data = log.read(prev, rec_len)
                     if data is None:
@@ -217,6 +226,19 @@ class LogStorage:
             raise AssertionError("an index entry points into a recycled segment")
         return int(RECORD_HEAD.unpack(head)[2])
 
+    def _older(self, pos: int, oid: bytes, newer: bytes) -> tuple[bytes, int, int] | None:
+        """(tid, back pointer, data length) of the revision a back pointer leads to, or None
+        when the disk no longer holds it: its segment was recycled, or the seq was given to a
+        new segment after a restart (the record found there is another object's, or not older
+        than the revision pointing to it). Caller holds the index lock."""
+        head = self._log.read(pos, _RH, 0)
+        if head is None:
+            return None
+        rec_oid, rec_tid, rec_prev, rec_len = RECORD_HEAD.unpack(head)
+        if rec_oid != oid or rec_tid >= newer:
+            return None
+        return rec_tid, rec_prev, rec_len
+
     def _revisions(self, oid: bytes, limit: int) -> list[tuple[bytes, int, int]]:
         """(tid, position, data length) of up to ``limit`` revisions, newest first, as far back
         as the disk still holds them; POSKeyError for an unknown oid."""
@@ -228,14 +250,11 @@ class LogStorage:
             found = [(entry[2], entry[0], entry[1])]
             prev = self._prev(entry[0])
             while prev and len(found) < limit:
-                head = log.read(prev, _RH, 0)
-                if head is None:
+                older = self._older(prev, oid, found[-1][0])
+                if older is None:
                     break
-                rec_oid, rec_tid, rec_prev, rec_len = RECORD_HEAD.unpack(head)
-                if rec_oid != oid:
-                    break
-                found.append((rec_tid, prev, rec_len))
-                prev = rec_prev
+                found.append((older[0], prev, older[2]))
+                prev = older[1]
             return found
 
     def loadSerial(self, oid: bytes, serial: bytes) -> bytes:
