@@ -299,7 +299,6 @@ def server_status(server: AgentServer, timeout: float = 10.0) -> dict[str, Any]:
     if engine is None or channel is None:
         raise AdminError(f"server {server.server_id} is not started")
     network = server.network
-    counters = server.counters
     me = server.server_id
 
     def read() -> dict[str, Any]:
@@ -321,7 +320,7 @@ def server_status(server: AgentServer, timeout: float = 10.0) -> dict[str, Any]:
                 "outgoing": {str(peer): n for peer, n in sorted(depths["outgoing"].items())},
             },
             "messages": {
-                "sent": counters.sent,
+                "sent": stats.sent,
                 "delivered": stats.reactions,
                 "sent_remote": sent_remote,
                 "received_remote": received_remote,

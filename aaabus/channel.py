@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import struct
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from BTrees.OOBTree import OOBTree
@@ -93,9 +94,12 @@ class Channel:
         self._qout: dict[tuple[int, str], PersistentQueue] = {}
         self._links_of: dict[int, list[str]] = {}
         # Work for the end of the current group: frames to send per peer, acks to give per link.
+        # Staged in memory, so every change is recorded in the engine's transaction effects,
+        # which take it back if the group (or the reaction or input that staged it) rolls back.
         self._frames: dict[int, list[bytes]] = {}
         self._acks: dict[tuple[int, str], int] = {}
-        self._flush_scheduled = False
+        self._effects = engine.effects
+        self._failpoints = engine.failpoints
         self._open(config)
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -170,56 +174,52 @@ class Channel:
             )
         self._qout[hop.server, hop.domain][seq] = (stamp, message)
         self._stage(hop.server, frame)
+        if self._failpoints.armed:
+            self._failpoints.hit("channel.send")
 
     def _stage(self, peer: int, frame: bytes) -> None:
         frames = self._frames.get(peer)
         if frames is None:
-            self._frames[peer] = [frame]
-        else:
-            frames.append(frame)
-        self._schedule_flush()
-
-    def _schedule_flush(self) -> None:
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            self.engine.after_commit(self._flush)
+            frames = self._frames[peer] = []
+        frames.append(frame)
+        self._effects.undo(frames.pop)
+        self._effects.after_commit_once(self._flush)
 
     def _flush(self) -> None:
-        """After commit: hand this group's frames and acks to the network."""
+        """After the commit: hand this group's frames and acks to the network.
+
+        A hand-off that fails (the transport raised) is retried as a link coming back up
+        would be: everything the peer has not acknowledged is staged again, in order, by an
+        input of the next group, and the receiver's clock absorbs what it already has.
+        """
         frames, self._frames = self._frames, {}
         acks, self._acks = self._acks, {}
-        self._flush_scheduled = False
         transport = self.transport
         if transport is None:
             return
         for (peer, domain), upto in acks.items():
             frames.setdefault(peer, []).insert(0, _ACK.pack(ACK, upto) + domain.encode())
+        failpoints = self._failpoints
         for peer, batch in frames.items():
-            transport.send_many(peer, batch)
-
-    def mark(self) -> tuple[dict[int, int], bool]:
-        """Where staging stands now (see :meth:`rollback`)."""
-        return {peer: len(frames) for peer, frames in self._frames.items()}, self._flush_scheduled
-
-    def rollback(self, mark: tuple[dict[int, int], bool] | None) -> None:
-        """The store rolled back to ``mark`` (``None``: the whole group aborted).
-
-        Frames staged since then must never leave. Acks are only staged by received frames,
-        which are never rolled back alone, so they go with the whole group or not at all.
-        """
-        if mark is None:
-            self._frames = {}
-            self._acks = {}
-            self._flush_scheduled = False
-            return
-        lengths, scheduled = mark
-        for peer in list(self._frames):
-            if peer in lengths:
-                del self._frames[peer][lengths[peer] :]
-            else:
-                del self._frames[peer]
-        # The engine truncated its after-commit list to the same point.
-        self._flush_scheduled = scheduled
+            if not batch:
+                continue
+            try:
+                if failpoints.armed:
+                    failpoints.hit("channel.flush")
+                transport.send_many(peer, batch)
+                if failpoints.armed:
+                    failpoints.hit("channel.flushed")
+            except Exception as exc:
+                log.error(
+                    "server %s: handing %d frame(s) for server %s to the network failed "
+                    "(%s: %s); sending again what it has not acknowledged",
+                    self.me,
+                    len(batch),
+                    peer,
+                    type(exc).__name__,
+                    exc,
+                )
+                self.engine.submit(self._resend_input(peer))
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -251,6 +251,9 @@ class Channel:
         link = (peer, domain)
         src = index[peer]
         tracer = self.tracer
+        failpoints = self._failpoints
+        if failpoints.armed:
+            failpoints.hit("channel.clock_test")
         t0 = time.perf_counter_ns() if tracer is not None else 0
         try:
             verdict = clock.receive(src, stamp)
@@ -259,6 +262,8 @@ class Channel:
         if tracer is not None:
             tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
         if verdict is Verdict.WAIT:
+            if failpoints.armed:
+                failpoints.hit("channel.hold_back")
             waiting = self._waiting[domain]
             key = (peer, seq)
             if key not in waiting:
@@ -274,9 +279,12 @@ class Channel:
         self._ack(link, clock.received_from(src))
 
     def _ack(self, link: tuple[int, str], upto: int) -> None:
-        if upto > self._acks.get(link, 0):
-            self._acks[link] = upto
-            self._schedule_flush()
+        acks = self._acks
+        old = acks.get(link, 0)
+        if upto > old:
+            acks[link] = upto
+            self._effects.undo(acks.__setitem__, link, old)
+            self._effects.after_commit_once(self._flush)
 
     def _retry(self, domain: str) -> None:
         """Deliver every held-back message of ``domain`` that has become deliverable."""
@@ -297,6 +305,9 @@ class Channel:
 
     def _arrived(self, message: Message) -> None:
         """A message is causally deliverable here: to a local agent, or on to the next domain."""
+        failpoints = self._failpoints
+        if failpoints.armed:
+            failpoints.hit("channel.deliver")
         if message.target.server == self.me:
             self.engine.deliver(message)
         else:
@@ -304,20 +315,39 @@ class Channel:
             if hop is None:
                 raise ValueError(f"no route from server {self.me} to {message.target}")
             # A router: re-stamped in the next domain, in this same transaction.
+            if failpoints.armed:
+                failpoints.hit("channel.restamp")
             self._enqueue(hop, message)
 
     # -- links ------------------------------------------------------------------------------------
 
+    def _resend_input(self, peer: int) -> Callable[[Engine], None]:
+        return lambda _engine: self.resend(peer)
+
     def resend(self, peer: int) -> None:
-        """The link to ``peer`` is (back) up: send everything it has not acknowledged, in order."""
+        """The link to ``peer`` is (back) up: send everything it has not acknowledged, in order.
+
+        Also acknowledges again what this server delivered from ``peer``: acknowledgements are
+        cumulative and idempotent, and one lost with a connection would otherwise keep the
+        peer's queue full until the next message comes.
+        """
         frames = [
             encode_data(seq, domain, stamp, message)
             for domain in self._links_of.get(peer, ())
             for seq, (stamp, message) in self._qout[peer, domain].items()
         ]
         # The queues include what this group staged for the peer: send it once, in order.
+        old = self._frames.get(peer)
         self._frames[peer] = frames
-        self._schedule_flush()
+        if old is None:
+            self._effects.undo(self._frames.pop, peer, None)
+        else:
+            self._effects.undo(self._frames.__setitem__, peer, old)
+        self._effects.after_commit_once(self._flush)
+        for domain in self._links_of.get(peer, ()):
+            delivered = self.clocks[domain].received_from(self._index[domain][peer])
+            if delivered:
+                self._ack((peer, domain), delivered)
 
     def depths(self) -> dict[str, Any]:
         """Queue depths for status views (engine thread)."""

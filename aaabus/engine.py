@@ -12,6 +12,11 @@ When a reaction raises, the group is aborted and replayed in *careful mode*, one
 transaction, so that the failing reaction is rolled back alone. The replay re-runs the reactions
 that preceded it, which is exactly what a crash followed by a restart would do, so it adds no new
 behaviour: reactions must already tolerate being re-run when their transaction did not commit.
+
+In-memory effects of a group (frames staged, agents initialised or unpickled, actions for after
+the commit, counters) are recorded in :class:`~aaabus.effects.TransactionEffects` with the way
+to undo them, so that the transaction itself -- abort or savepoint rollback -- takes them back
+together with the store. No code path undoes anything by hand.
 """
 
 from __future__ import annotations
@@ -32,6 +37,8 @@ from persistent import Persistent
 
 from aaabus.agent import Agent
 from aaabus.context import running
+from aaabus.effects import TransactionEffects
+from aaabus.failpoints import Failpoints
 from aaabus.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
 from aaabus.message import Message, decode_note, encode_note
 from aaabus.notifications import (
@@ -71,14 +78,6 @@ class Channel(Protocol):
         """Stamp ``message`` and queue it persistently for its next hop (same transaction)."""
         ...
 
-    def mark(self) -> Any:
-        """A position in what the channel has staged in memory for after the commit."""
-        ...
-
-    def rollback(self, mark: Any) -> None:
-        """Forget what was staged since ``mark`` (``None``: everything): the store rolled back."""
-        ...
-
 
 class AgentBox(Persistent):
     """Storage of an agent whose class cannot be imported here (it came by value).
@@ -108,17 +107,47 @@ class ReactionFailed(Exception):
     """Internal: a reaction raised inside a group; the group must be replayed carefully."""
 
 
+class EngineStopped(BaseException):
+    """The engine cannot make progress: the same group failed to commit again and again.
+
+    A ``BaseException`` for the reason :class:`~aaabus.store.StoreWriteFailed` is one: it must
+    reach the engine thread's last-resort handler, which stops the server.
+    """
+
+
+#: Consecutive failures of one group (outside agent code) before the engine gives up.
+MAX_GROUP_FAILURES = 3
+
+
 class EngineStats:
-    """Counters of the engine thread; read by other threads without locking (ints are atomic)."""
+    """Counters of the engine thread; read by other threads without locking (ints are atomic).
+
+    ``reactions``, ``sent`` and ``errors`` count committed work only: a group that aborts takes
+    its counts back with its other effects, so that once a bus is idle the notifications sent by
+    all servers equal those delivered by all servers. ``commits`` and ``aborts`` count attempts.
+    """
 
     def __init__(self) -> None:
         self.reactions = 0
+        self.sent = 0
         self.commits = 0
         self.aborts = 0
         self.errors = 0
         self.commit_ns = 0
         self.commit_total_ns = 0
         self.started = time.time()
+
+
+#: Volatile attribute marking an agent object whose on_init ran (see Engine._initialised).
+_INITIALISED = "_v_aaabus_initialised"
+
+
+def _forget_initialised(agent: Agent) -> None:
+    agent.__dict__.pop(_INITIALISED, None)
+
+
+def _decrement(obj: object, name: str) -> None:
+    setattr(obj, name, getattr(obj, name) - 1)
 
 
 class Engine:
@@ -144,6 +173,10 @@ class Engine:
         self.max_batch = max_batch
         self.max_group_s = max_group_s
         self.stats = EngineStats()
+        #: In-memory effects of the open transaction, undone with it (see aaabus.effects).
+        self.effects = TransactionEffects(store.tm)
+        #: Failpoints of this engine and of its channel (see aaabus.failpoints).
+        self.failpoints = Failpoints()
         #: Optional per-hop tracing (see aaabus.trace); set before start.
         self.tracer: Tracer | None = None
         self._me = AgentId.server_of(server_id)
@@ -153,18 +186,14 @@ class Engine:
         self.lazy_delay_s = 0.05
         self._cond = threading.Condition()
         self._stopping = False
-        self._after_commit: list[Callable[[], None]] = []
         self._current = self._me
-        # Agents whose on_init already ran during this boot, and those added by the open group
-        # (forgotten on abort, because the abort rolled their on_init back).
-        self._initialised: set[AgentId] = set()
-        self._group_initialised: list[AgentId] = []
-        # Agents that came by value: unpickled once per boot, dropped when a group aborts.
+        # Agents that came by value: unpickled once per boot (their box holds the durable copy).
         self._boxed: dict[AgentId, Agent] = {}
-        self._group_boxed: set[AgentId] = set()
-        self._deleted: list[AgentId] = []
+        # How the next groups run after a failure: `_careful` reactions one per transaction,
+        # inputs one savepoint each.
         self._careful = 0
         self._careful_inputs = False
+        self._failures = 0
         self._ready: collections.deque[Message] = collections.deque()
         self._ready_ok = False
         self._listeners: list[Callable[[AgentId, Notification], None]] = []
@@ -183,9 +212,12 @@ class Engine:
     def submit(self, item: Input) -> None:
         """Hand ``item`` to the engine thread; it runs inside the next group's transaction.
 
-        ``item(engine)`` must only touch the store and queue follow-up work with
-        :meth:`after_commit`. If it raises, the group is aborted, the error logged, and the item
-        dropped (an input that fails once would fail forever).
+        ``item(engine)`` must only touch the store, and record any in-memory effect in
+        :attr:`effects` (follow-up work goes to ``effects.after_commit``). If it raises, the
+        group is aborted and its inputs are applied again, one savepoint each: an item that
+        raises a second time is logged and dropped (an input that fails twice would fail
+        forever), one that raised by accident (a transient fault) is applied once, as if the
+        first attempt never happened.
         """
         with self._cond:
             self._inbox.append(item)
@@ -200,18 +232,18 @@ class Engine:
         future: Future[T] = Future()
 
         def apply(engine: Engine) -> None:
-            savepoint = engine.store.tm.savepoint(optimistic=True)
-            marks = engine._marks()
+            if future.done():
+                return  # the group was replayed after fn had already failed: it failed
+            savepoint = engine.store.tm.savepoint()
             engine._current = engine._me
             try:
                 with running(engine._context):
                     result = fn()
             except Exception as exc:
                 savepoint.rollback()
-                engine._forget(marks)
                 future.set_exception(exc)
                 return
-            engine.after_commit(lambda: future.set_result(result))
+            engine.effects.after_commit(lambda: future.set_result(result))
 
         self.submit(apply)
         return future
@@ -257,9 +289,9 @@ class Engine:
 
     # -- engine thread --------------------------------------------------------------------------
 
-    def after_commit(self, action: Callable[[], None]) -> None:
+    def after_commit(self, action: Callable[[], object]) -> None:
         """Run ``action`` once the current group has committed (dropped if it aborts)."""
-        self._after_commit.append(action)
+        self.effects.after_commit(action)
 
     def run_in_transaction(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` as a boot-time operation with ``#s.s.0`` as sender, and commit it."""
@@ -282,7 +314,7 @@ class Engine:
         except BaseException as exc:  # the store failed: stop rather than acknowledge anything
             self._failure = exc
             # A failed write explains itself in one line; anything else is a bug: full trace.
-            expected = isinstance(exc, StoreWriteFailed)
+            expected = isinstance(exc, StoreWriteFailed | EngineStopped)
             log.critical(
                 "engine of server %s stopped: %s", self.server_id, exc, exc_info=not expected
             )
@@ -317,7 +349,19 @@ class Engine:
             return inputs
 
     def _group(self, inputs: list[Input]) -> None:
-        done_inputs = 0
+        """One transaction: apply ``inputs``, run reactions, commit; recover from any failure.
+
+        Three kinds of failure, each ending in an abort (which takes back every effect of the
+        group, in the store and in memory) and a replay of the same inputs:
+
+        * an input raised: the inputs are applied again one savepoint each, so that one failing
+          twice is dropped alone (garbage from a peer) and one that failed once by accident is
+          simply applied;
+        * a reaction raised: the reactions are replayed one per transaction, each under a
+          savepoint, so that the failing one is rolled back alone (see :meth:`_react_one`);
+        * anything else (the commit, the engine's own steps): the group is replayed the same
+          careful way; after :data:`MAX_GROUP_FAILURES` failures in a row the engine stops.
+        """
         reactions = 0
         self._ready_ok = not self._careful
         try:
@@ -325,15 +369,19 @@ class Engine:
                 self._careful_inputs = False
                 self._apply_carefully(inputs)
             else:
-                for item in inputs:
-                    item(self)
-                    done_inputs += 1
+                self._apply(inputs)
+        except Exception:
+            self._abort()
+            self._drop_input(dropped=False)
+            self._careful_inputs = True
+            self._requeue(inputs)
+            return
+        try:
             self._ready_ok = False
             # Messages that arrived deliverable while the input queue was empty are run at once,
             # without ever being written to it: two records less in this commit.
-            ready = self._ready
-            while ready:
-                self._react_one(ready.popleft(), careful=False)
+            while self._ready:
+                self._react_one(self._take_ready(), careful=False)
                 reactions += 1
             limit = 1 if self._careful else self.max_batch
             deadline = time.perf_counter() + self.max_group_s
@@ -343,42 +391,65 @@ class Engine:
                 reactions += 1
                 if time.perf_counter() > deadline:
                     break
-            if self._careful:
-                self._careful = max(0, self._careful - reactions)
             self._commit()
         except ReactionFailed:
             self._abort()
             # Replay one reaction per transaction; the failing one is then alone in its own.
             self._careful = reactions + 1
             self._requeue(inputs)
-        except Exception:
+            return
+        except Exception as exc:
             self._abort()
-            self._drop_input()
-            # Keep the others, and give the next group's inputs a savepoint each: dropping one
-            # bad input per aborted group would cost a full replay of the rest each time, which
-            # is quadratic under a stream of garbage (a fuzzing peer once starved the network
-            # thread that way).
+            self._failures += 1
+            if self._failures >= MAX_GROUP_FAILURES:
+                raise EngineStopped(
+                    f"server {self.server_id} failed {self._failures} times in a row to run and "
+                    f"commit the same group ({type(exc).__name__}: {exc}); see the log"
+                ) from exc
+            log.error(
+                "server %s: group failed (%s: %s); replaying it carefully",
+                self.server_id,
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            self._careful = reactions + 1
             self._careful_inputs = True
-            self._requeue(inputs[:done_inputs] + inputs[done_inputs + 1 :])
+            self._requeue(inputs)
+            return
+        self._failures = 0
+        if self._careful:
+            self._careful = max(0, self._careful - reactions)
+
+    def _apply(self, inputs: list[Input]) -> None:
+        failpoints = self.failpoints
+        for item in inputs:
+            if failpoints.armed:
+                failpoints.hit("engine.input")
+            item(self)
 
     def _apply_carefully(self, inputs: list[Input]) -> None:
         """Apply inputs one savepoint each: a failing one is rolled back and dropped alone."""
+        failpoints = self.failpoints
         for item in inputs:
-            savepoint = self.store.tm.savepoint(optimistic=True)
-            marks = self._marks()
+            savepoint = self.store.tm.savepoint()
             try:
+                if failpoints.armed:
+                    failpoints.hit("engine.input")
                 item(self)
             except Exception:
                 savepoint.rollback()
-                self._forget(marks)
-                self._drop_input()
+                self._drop_input(dropped=True)
 
-    def _drop_input(self) -> None:
-        """Log the input that just raised (a bug or garbage): it is not retried."""
-        self.stats.errors += 1
-        log.error(
-            "server %s: dropping an input that failed: %s",
+    def _drop_input(self, dropped: bool) -> None:
+        """Log the input that just raised (a bug, garbage or a transient fault)."""
+        if dropped:
+            self.stats.errors += 1
+        log.log(
+            logging.ERROR if dropped else logging.INFO,
+            "server %s: %s an input that failed: %s",
             self.server_id,
+            "dropping" if dropped else "will retry",
             traceback.format_exc(limit=4).strip().splitlines()[-1],
             exc_info=log.isEnabledFor(logging.DEBUG),
         )
@@ -388,38 +459,47 @@ class Engine:
             self._inbox.extendleft(reversed(list(inputs)))
 
     def _commit(self) -> None:
+        failpoints = self.failpoints
+        if failpoints.armed:
+            failpoints.hit("engine.commit")
         tracer = self.tracer
         clock_bytes = tracer.before_commit() if tracer is not None else 0
         t0 = time.perf_counter_ns()
+        # The effects' after-commit actions run inside this call, once the store is durable.
         self.store.commit()
         self.stats.commit_ns = time.perf_counter_ns() - t0
         self.stats.commit_total_ns += self.stats.commit_ns
         self.stats.commits += 1
         if tracer is not None:
             tracer.committed(self.stats.commit_ns, clock_bytes)
-        self._group_initialised.clear()
-        self._group_boxed.clear()
-        actions, self._after_commit = self._after_commit, []
-        for action in actions:
-            action()
 
     def _abort(self) -> None:
-        self.store.abort()
+        self.store.abort()  # the effects of the group are undone with it
         self.stats.aborts += 1
-        if self.tracer is not None:
-            self.tracer.aborted()
-        self._forget(None)
 
     # -- one reaction ---------------------------------------------------------------------------
+
+    def deliver(self, msg: Message) -> None:
+        """Queue a message that became deliverable here (engine thread, in the group)."""
+        if self._ready_ok and not self.store.qin:
+            self._ready.append(msg)
+            self.effects.undo(self._ready.pop)
+        else:
+            self.store.qin.put(msg)
+
+    def _take_ready(self) -> Message:
+        msg = self._ready.popleft()
+        self.effects.undo(self._ready.appendleft, msg)
+        return msg
 
     def _react_one(self, msg: Message, careful: bool, from_qin: bool = False) -> None:
         # In careful mode the reaction gets a savepoint of its own, so that it can be rolled
         # back alone without losing the inputs applied earlier in the same group.
-        savepoint = self.store.tm.savepoint(optimistic=True) if careful else None
-        marks = self._marks() if careful else None
+        savepoint = self.store.tm.savepoint() if careful else None
         if from_qin:
             self.store.qin.pop()
-        self.stats.reactions += 1
+        self._count("reactions")
+        failpoints = self.failpoints
         target = msg.target
         note: Any = None
         self._current = target
@@ -429,7 +509,7 @@ class Engine:
             note = decode_note(msg.body)
             with running(self._context):
                 if target.stamp == FACTORY_STAMP:
-                    self._factory_react(msg.sender, note)
+                    self._factory_react(msg.sender, note, careful)
                 elif target.stamp == SERVER_STAMP:
                     for listener in self._listeners:
                         self.after_commit(lambda ln=listener: ln(msg.sender, note))  # type: ignore[misc]
@@ -438,44 +518,29 @@ class Engine:
                     if agent is None:
                         self._unknown_agent(msg.sender, target, note)
                     else:
+                        if failpoints.armed:
+                            failpoints.hit("engine.react")
                         agent.react(msg.sender, note)
+                        if failpoints.armed:
+                            failpoints.hit("engine.reacted")
                         self._finish(target, agent)
         except Exception as exc:
             if savepoint is None:
                 raise ReactionFailed() from exc
             savepoint.rollback()
-            self._forget(marks)
             self._report_failure(msg, note, exc)
 
-    def _marks(self) -> tuple[int, int, Any]:
-        """Where the in-memory side of the group stands, to undo one reaction alone."""
-        channel_mark = self.channel.mark() if self.channel is not None else None
-        return len(self._after_commit), len(self._group_initialised), channel_mark
-
-    def _forget(self, marks: tuple[int, int, Any] | None) -> None:
-        """Drop the in-memory effects of work whose store changes were rolled back.
-
-        ``marks`` from :meth:`_marks` undoes one reaction; ``None`` undoes the whole group.
-        """
-        after_commit_mark, initialised_mark, channel_mark = marks or (0, 0, None)
-        if marks is None:
-            self._ready.clear()
-        if self.channel is not None:
-            self.channel.rollback(channel_mark)
-        del self._after_commit[after_commit_mark:]
-        self._deleted.clear()
-        for agent_id in self._group_initialised[initialised_mark:]:
-            self._initialised.discard(agent_id)
-        del self._group_initialised[initialised_mark:]
-        # Boxed agents are reloaded from their blob, which the rollback left as it was.
-        for agent_id in self._group_boxed:
-            self._boxed.pop(agent_id, None)
-        self._group_boxed.clear()
+    def _count(self, name: str) -> None:
+        """Count one committed event in :attr:`stats` (taken back if the group aborts)."""
+        stats = self.stats
+        setattr(stats, name, getattr(stats, name) + 1)
+        self.effects.undo(_decrement, stats, name)
 
     def _report_failure(self, msg: Message, note: Any, exc: Exception) -> None:
         """Consume the input of a failed reaction and tell its sender (careful mode)."""
         self.store.qin.pop()
-        self.stats.errors += 1
+        self._count("reactions")
+        self._count("errors")
         log.warning(
             "server %s: reaction of %s to %s from %s raised %s: %s",
             self.server_id,
@@ -504,32 +569,45 @@ class Engine:
             agent = self._boxed.get(agent_id)
             if agent is None:
                 agent = self._boxed[agent_id] = cloudpickle.loads(entry.blob)
-            self._group_boxed.add(agent_id)
+            # The reaction may change the unpickled agent in memory: if it is rolled back, the
+            # next reaction must start again from the box, which the rollback left as it was.
+            self.effects.undo(self._boxed.pop, agent_id, None)
         else:
             agent = entry
-        if agent_id not in self._initialised:
-            self._initialised.add(agent_id)
-            self._group_initialised.append(agent_id)
+        if not getattr(agent, _INITIALISED, False):
             agent.on_init(False)
+            self._initialised(agent)
         return agent
 
+    def _initialised(self, agent: Agent) -> None:
+        """Mark ``agent``'s in-memory state as initialised (its ``on_init`` ran on it).
+
+        The mark is a volatile attribute of the agent itself: ZODB drops it whenever it resets
+        the object (a rollback of a transaction that changed the agent, an eviction from the
+        cache), which is exactly when what ``on_init`` rebuilt in memory is gone too. It is also
+        taken back with the transaction in which ``on_init`` ran, so that a rolled-back
+        ``on_init`` (and whatever it sent) runs again on the replay.
+        """
+        setattr(agent, _INITIALISED, True)
+        self.effects.undo(_forget_initialised, agent)
+
     def _finish(self, agent_id: AgentId, agent: Agent) -> None:
-        agents = self.store.agents
-        key = (agent_id.origin, agent_id.stamp)
-        if self._deleted:
-            for dead in self._deleted:
-                agents.pop((dead.origin, dead.stamp), None)
-                self._boxed.pop(dead, None)
-                self._initialised.discard(dead)
-            self._deleted.clear()
-            if key not in agents:
-                return
-        if agent_id in self._group_boxed:
-            agents[key].blob = cloudpickle.dumps(agent)
+        """After a reaction: refresh the box of an agent that came by value (unless deleted)."""
+        if agent_id in self._boxed:
+            self.store.agents[(agent_id.origin, agent_id.stamp)].blob = cloudpickle.dumps(agent)
+
+    def _delete(self, agent_id: AgentId) -> None:
+        """Remove the reacting agent now: the store and memory get it back if the group aborts."""
+        self.store.agents.pop((agent_id.origin, agent_id.stamp), None)
+        boxed = self._boxed.pop(agent_id, None)
+        if boxed is not None:
+            self.effects.undo(self._boxed.__setitem__, agent_id, boxed)
+        if self.failpoints.armed:
+            self.failpoints.hit("engine.delete")
 
     # -- the factory (#s.s.1) --------------------------------------------------------------------
 
-    def _factory_react(self, sender: AgentId, note: Any) -> None:
+    def _factory_react(self, sender: AgentId, note: Any, careful: bool) -> None:
         if not isinstance(note, AgentCreateRequest):
             if isinstance(note, AgentCreateReply | _ERROR_REPORTS):
                 log.info("factory of server %s got %r from %s", self.server_id, note, sender)
@@ -543,27 +621,18 @@ class Engine:
         elif key in self.store.agents:
             error = f"agent {agent_id} already exists"
         if not error:
-            savepoint = self.store.tm.savepoint(optimistic=True)
-            pending = len(self._after_commit)
+            # The creation and on_init(True) share a savepoint: if either fails, everything
+            # they did (the stored agent, what on_init sent, its in-memory marks) is undone.
+            # A failure is final only when the creation ran alone (careful mode), like the
+            # failure of any reaction: in a group it may be a fault of the moment, so the group
+            # is replayed first.
+            savepoint = self.store.tm.savepoint()
             try:
-                agent = cloudpickle.loads(note.agent)
-                if not isinstance(agent, Agent):
-                    raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
-                agent._aaabus_id = agent_id
-                by_value = not _importable(type(agent))
-                self.store.agents[key] = AgentBox(agent) if by_value else agent
-                self._current = agent_id
-                self._initialised.add(agent_id)
-                self._group_initialised.append(agent_id)
-                agent.on_init(True)
-                if by_value:
-                    self._boxed[agent_id] = agent
-                    self._group_boxed.add(agent_id)
-                    self.store.agents[key].blob = cloudpickle.dumps(agent)
+                self._create(agent_id, note.agent)
             except Exception as exc:
+                if not careful:
+                    raise
                 savepoint.rollback()
-                del self._after_commit[pending:]
-                self._initialised.discard(agent_id)
                 error = f"{type(exc).__name__}: {exc}"
             finally:
                 self._current = self._factory
@@ -571,6 +640,27 @@ class Engine:
             log.warning("server %s: cannot create %s: %s", self.server_id, agent_id, error)
         if note.reply and sender.stamp != SERVER_STAMP:
             self._send_from(self._factory, sender, AgentCreateReply(agent_id, not error, error))
+
+    def _create(self, agent_id: AgentId, payload: bytes) -> None:
+        failpoints = self.failpoints
+        key = (agent_id.origin, agent_id.stamp)
+        agent = cloudpickle.loads(payload)
+        if not isinstance(agent, Agent):
+            raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
+        agent._aaabus_id = agent_id
+        by_value = not _importable(type(agent))
+        self.store.agents[key] = AgentBox(agent) if by_value else agent
+        if failpoints.armed:
+            failpoints.hit("factory.create")
+        self._current = agent_id
+        agent.on_init(True)
+        self._initialised(agent)
+        if failpoints.armed:
+            failpoints.hit("factory.on_init")
+        if by_value:
+            self._boxed[agent_id] = agent
+            self.effects.undo(self._boxed.pop, agent_id, None)
+            self._finish(agent_id, agent)
 
     # -- sending (the ReactionContext the agents see) ----------------------------------------------
 
@@ -586,13 +676,6 @@ class Engine:
         """
         self._context.send(to, note)
 
-    def deliver(self, msg: Message) -> None:
-        """Queue a message that became deliverable here (engine thread, in the group)."""
-        if self._ready_ok and not self.store.qin:
-            self._ready.append(msg)
-        else:
-            self.store.qin.put(msg)
-
     def route(self, msg: Message) -> None:
         """Queue ``msg`` in this group: locally into qin, else through the channel.
 
@@ -606,6 +689,10 @@ class Engine:
             self.channel.send(msg)
         else:
             self._unknown_agent(msg.sender, to, decode_note(msg.body))
+            return
+        self._count("sent")
+        if self.failpoints.armed:
+            self.failpoints.hit("engine.send")
 
 
 class _EngineContext:
@@ -635,12 +722,11 @@ class _EngineContext:
         stamp = max(record.next_stamp, FIRST_USER_STAMP)
         record.next_stamp = stamp + 1
         agent_id = AgentId(engine.server_id, server, stamp)
+        # The caller's object learns its id now; if the deployment is rolled back (the reaction,
+        # or a call's group, is replayed), it must be deployable again.
         agent._aaabus_id = agent_id
-        try:
-            payload = cloudpickle.dumps(agent)
-        except Exception:
-            agent._aaabus_id = None
-            raise
+        engine.effects.undo(setattr, agent, "_aaabus_id", None)
+        payload = cloudpickle.dumps(agent)
         engine._send_from(
             engine._current, AgentId.factory(server), AgentCreateRequest(agent_id, payload, reply)
         )
@@ -650,4 +736,4 @@ class _EngineContext:
         engine = self._engine
         if agent_id != engine._current or agent_id.server != engine.server_id:
             raise RuntimeError("an agent can only delete itself, from its own reaction")
-        engine._deleted.append(agent_id)
+        engine._delete(agent_id)

@@ -29,8 +29,8 @@ from aaabus.config import BusConfig, ServiceConfig
 from aaabus.domains import Topology
 from aaabus.engine import Engine
 from aaabus.errors import AaabusError, ConfigError
+from aaabus.failpoints import ENV_VAR as FAILPOINTS_ENV
 from aaabus.ids import AgentId
-from aaabus.message import Message
 from aaabus.network import Network
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
@@ -48,17 +48,6 @@ T = TypeVar("T")
 #: Store root keys of the client request ids already accepted (see :meth:`accept_once`).
 _SEEN = "client_requests"
 _SEEN_ORDER = "client_requests_order"
-
-
-class ServerCounters:
-    """Counters the engine does not keep itself, bumped on the engine thread (read anywhere).
-
-    Counted since boot, as the work is done: a group that aborts (a reaction raised) and is
-    replayed counts its sends again, like ``EngineStats.reactions`` counts its reactions.
-    """
-
-    def __init__(self) -> None:
-        self.sent = 0
 
 
 class ServiceFailed(AaabusError):
@@ -170,7 +159,6 @@ class AgentServer:
         self.network: Network | None = None
         self.tracer: Tracer | None = None
         self.stopped = threading.Event()
-        self.counters = ServerCounters()
         self.started_at = time.monotonic()
         self.endpoints = endpoints
         self.admin: AdminEndpoint | None = None
@@ -191,9 +179,13 @@ class AgentServer:
                 max_group_s=self.max_group_ms / 1000.0,
                 on_exit=self.stopped.set,
             )
+            failpoints = os.environ.get(FAILPOINTS_ENV)
+            if failpoints:
+                self.engine.failpoints.arm_from_text(failpoints)
             if self.trace_dir is not None:
-                self.tracer = self.engine.tracer = Tracer(self.trace_dir, self.server_id)
-            self._count_sends(self.engine)
+                self.tracer = self.engine.tracer = Tracer(
+                    self.trace_dir, self.server_id, self.engine.effects
+                )
             self._boot()
             self.engine.start()
             if self.channel is not None and self.topology.neighbours(self.server_id):
@@ -214,18 +206,6 @@ class AgentServer:
             self.store = None
             raise
         log.info("server %s started (%s)", self.server_id, self.store.description)
-
-    def _count_sends(self, engine: Engine) -> None:
-        # Every send of this server (reactions, factory, services, clients) goes through
-        # Engine.route: wrapping it on this one engine counts them without the engine knowing.
-        counters = self.counters
-        route = engine.route
-
-        def counting_route(msg: Message) -> None:
-            counters.sent += 1
-            route(msg)
-
-        engine.route = counting_route  # type: ignore[method-assign]
 
     def _start_endpoints(self) -> None:
         from aaabus.admin import AdminEndpoint, AdminError, admin_address

@@ -5,7 +5,9 @@ message hop: the stamp's size, the CPU time spent in clock operations, and, fill
 group's commit, the commit time, the clock bytes that commit persisted, and how many hops shared
 it. The perf suites turn these lines into their Parquet traces.
 
-Runs on the engine thread only; the file is written in blocks and closed at stop.
+Runs on the engine thread only; the file is written in blocks and closed at stop. The records of
+the open group are in-memory effects of its transaction: a rolled-back reaction or an aborted
+group takes its records back with it (see :mod:`aaabus.effects`).
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
+
+if TYPE_CHECKING:
+    from aaabus.effects import TransactionEffects
 
 #: Written in every record so that readers can refuse what they do not understand.
 TRACE_VERSION = 1
@@ -23,8 +28,9 @@ TRACE_VERSION = 1
 class Tracer:
     """Collects hop records of one server; see the module docstring for the fields."""
 
-    def __init__(self, directory: str | Path, server_id: int) -> None:
+    def __init__(self, directory: str | Path, server_id: int, effects: TransactionEffects) -> None:
         self.server_id = server_id
+        self._effects = effects
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         self.path = path / f"hops-s{server_id}.jsonl"
@@ -37,8 +43,12 @@ class Tracer:
         """Give the function that estimates what the next commit writes for the clocks."""
         self._clock_bytes = dirty_bytes
 
+    def _add(self, record: dict[str, Any]) -> None:
+        self._group.append(record)
+        self._effects.undo(self._group.pop)
+
     def stamped(self, domain: str, peer: int, stamp_bytes: int, clock_ns: int) -> None:
-        self._group.append(
+        self._add(
             {
                 "event": "send",
                 "domain": domain,
@@ -50,7 +60,7 @@ class Tracer:
         )
 
     def tested(self, domain: str, peer: int, verdict: str, clock_ns: int) -> None:
-        self._group.append(
+        self._add(
             {
                 "event": "receive",
                 "domain": domain,
@@ -76,12 +86,9 @@ class Tracer:
             rec["clock_bytes"] = clock_bytes
             rec["group_hops"] = shared
             self._buffer.append(json.dumps(rec, separators=(",", ":")))
-        self._group = []
+        self._group.clear()
         if len(self._buffer) >= 1024:
             self.flush()
-
-    def aborted(self) -> None:
-        self._group = []
 
     def flush(self) -> None:
         if self._file is not None and self._buffer:

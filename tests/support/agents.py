@@ -392,3 +392,66 @@ class Gossiper(Agent):
                 self._send(note.ttl - 1)
         else:
             super().react(sender, note)
+
+
+# -- atomicity: an on_init that sends, then raises -----------------------------------------------
+
+
+class SendsThenFailsInit(Agent):
+    """On creation, sends ``Marker("PHANTOM")`` to ``peer``, then raises: a rolled-back creation."""
+
+    def __init__(self, peer: AgentId) -> None:
+        super().__init__("sends-then-fails")
+        self.peer = peer
+
+    def on_init(self, first_time: bool) -> None:
+        if first_time:
+            self.send_to(self.peer, Marker("PHANTOM"))
+            raise RuntimeError("on_init failed after sending")
+
+
+@dataclass
+class Go(Notification):
+    """Asks a :class:`Deployer` to send ``before`` to its peer (if set), then deploy a
+    :class:`SendsThenFailsInit` here, all in one reaction."""
+
+    before: str = ""
+
+
+class Deployer(Agent):
+    """Drives the failing-creation scenarios; forwards every other :class:`Marker` to ``peer``."""
+
+    def __init__(self, peer: AgentId) -> None:
+        super().__init__("deployer")
+        self.peer = peer
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Go):
+            if note.before:
+                self.send_to(self.peer, Marker(note.before))
+            SendsThenFailsInit(self.peer).deploy(reply=True)
+        elif isinstance(note, Marker):
+            self.send_to(self.peer, note)
+        elif isinstance(note, AgentCreateReply) and not note.ok:
+            self.send_to(self.peer, Marker(f"create failed: {note.error}"))
+        else:
+            super().react(sender, note)
+
+
+class InitSender(Agent):
+    """Sends ``Marker("init")`` to ``peer`` from every on_init after the first; forwards
+    markers to ``peer`` without changing its own state."""
+
+    def __init__(self, peer: AgentId) -> None:
+        super().__init__("init-sender")
+        self.peer = peer
+
+    def on_init(self, first_time: bool) -> None:
+        if not first_time:
+            self.send_to(self.peer, Marker("init"))
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Marker):
+            self.send_to(self.peer, note)
+        else:
+            super().react(sender, note)

@@ -1,0 +1,167 @@
+"""The transaction-driven undo log of in-memory effects (aaabus.effects), against a real
+FileStorage sharing the same transactions, as the engine uses it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import transaction
+import ZODB
+import ZODB.FileStorage
+from persistent.mapping import PersistentMapping
+
+from aaabus.effects import TransactionEffects
+
+
+class _Db:
+    def __init__(self, path: Path) -> None:
+        self.db = ZODB.DB(ZODB.FileStorage.FileStorage(str(path / "data.fs")))
+        self.tm = transaction.TransactionManager()
+        self.conn = self.db.open(transaction_manager=self.tm)
+        self.root = self.conn.root()
+        self.effects = TransactionEffects(self.tm)
+
+    def committed_value(self) -> object:
+        """What another connection (another transaction) reads: only durable data."""
+        tm = transaction.TransactionManager()
+        conn = self.db.open(transaction_manager=tm)
+        try:
+            return conn.root().get("value")
+        finally:
+            tm.abort()
+            conn.close()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[_Db]:
+    d = _Db(tmp_path)
+    try:
+        yield d
+    finally:
+        d.tm.abort()
+        d.conn.close()
+        d.db.close()
+
+
+def test_abort_undoes_everything_in_reverse_and_drops_the_actions(db: _Db) -> None:
+    state: list[str] = []
+    ran: list[str] = []
+    for item in ("a", "b", "c"):
+        state.append(item)
+        db.effects.undo(state.remove, item)
+    db.effects.after_commit(lambda: ran.append("never"))
+    db.root["value"] = 1
+    undone: list[str] = []
+    db.effects.undo(undone.append, "first")
+    db.effects.undo(undone.append, "second")
+    db.tm.abort()
+    assert state == [] and ran == [] and undone == ["second", "first"]
+    assert "value" not in db.root
+    db.tm.commit()  # nothing left over from the aborted transaction
+    assert ran == []
+
+
+def test_savepoint_rollback_undoes_only_what_came_after_it(db: _Db) -> None:
+    state: list[int] = []
+    ran: list[int] = []
+    state.append(1)
+    db.effects.undo(state.remove, 1)
+    db.effects.after_commit(lambda: ran.append(1))
+    savepoint = db.tm.savepoint()
+    state.append(2)
+    db.effects.undo(state.remove, 2)
+    db.effects.after_commit(lambda: ran.append(2))
+    savepoint.rollback()
+    assert state == [1]
+    state.append(3)  # a savepoint may be rolled back more than once
+    db.effects.undo(state.remove, 3)
+    savepoint.rollback()
+    assert state == [1]
+    db.tm.commit()
+    assert ran == [1] and state == [1]
+
+
+def test_actions_run_in_order_after_the_store_is_durable(db: _Db) -> None:
+    seen: list[object] = []
+    db.root["value"] = "new"
+    db.effects.after_commit(lambda: seen.append(("first", db.committed_value())))
+    db.effects.after_commit(lambda: seen.append(("second", db.committed_value())))
+    assert db.committed_value() is None
+    db.tm.commit()
+    assert seen == [("first", "new"), ("second", "new")]
+
+
+def test_a_failing_action_does_not_stop_the_others(db: _Db) -> None:
+    ran: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("an action with a bug")
+
+    db.effects.after_commit(boom)
+    db.effects.after_commit(lambda: ran.append("after"))
+    db.tm.commit()
+    assert ran == ["after"]
+
+
+def test_once_actions_are_registered_again_after_a_rollback_removed_them(db: _Db) -> None:
+    ran: list[str] = []
+
+    def flush() -> None:
+        ran.append("flush")
+
+    savepoint = db.tm.savepoint()
+    db.effects.after_commit_once(flush)
+    db.effects.after_commit_once(flush)  # already there
+    savepoint.rollback()  # takes the registration back ...
+    db.effects.after_commit_once(flush)  # ... so this one must register it again
+    db.tm.commit()
+    assert ran == ["flush"]
+    db.effects.after_commit_once(flush)  # a new transaction starts with nothing registered
+    db.tm.commit()
+    assert ran == ["flush", "flush"]
+
+
+def test_joining_after_a_savepoint_is_rolled_back_by_that_savepoint(db: _Db) -> None:
+    # The effects join the transaction only at their first record: here, after the savepoint.
+    db.root["value"] = 1
+    savepoint = db.tm.savepoint()
+    state = ["late"]
+    db.effects.undo(state.remove, "late")
+    db.effects.after_commit(lambda: state.append("never"))
+    savepoint.rollback()
+    assert state == []
+    later: list[str] = []
+    db.effects.after_commit(lambda: later.append("ran"))  # joins again
+    db.tm.commit()
+    assert state == [] and later == ["ran"]
+
+
+def test_a_failed_commit_undoes_the_effects(db: _Db, tmp_path: Path) -> None:
+    state = ["x"]
+    ran: list[str] = []
+    db.effects.undo(state.remove, "x")
+    db.effects.after_commit(lambda: ran.append("never"))
+    db.root["value"] = PersistentMapping()
+
+    class Refuses:
+        """A data manager that votes no, as a store that cannot write would."""
+
+        transaction_manager = db.tm
+
+        def abort(self, txn: object) -> None: ...
+        def tpc_begin(self, txn: object) -> None: ...
+        def commit(self, txn: object) -> None: ...
+        def tpc_abort(self, txn: object) -> None: ...
+        def sortKey(self) -> str:
+            return "~refuses"
+
+        def tpc_vote(self, txn: object) -> None:
+            raise OSError("no space left on device")
+
+    db.tm.get().join(Refuses())
+    with pytest.raises(OSError):
+        db.tm.commit()
+    db.tm.abort()
+    assert state == [] and ran == []
