@@ -7,6 +7,7 @@ ZODB's conformance suites run in ``test_logstorage_zodb.py``.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import pickle
@@ -48,6 +49,7 @@ from aaabus.logstorage.segments import parse_name
 from aaabus.store import CACHE_SIZE, PersistentQueue, Store, _verify_current_records
 from tests.conftest import REPO_ROOT
 from tests.support.logstore_child import DROP_EVERY, KEEP
+from tests.test_faults import _mount_tmpfs, _umount
 
 # -- helpers -------------------------------------------------------------------------------------
 
@@ -61,8 +63,12 @@ def commit_raw(storage: LogStorage, oid: bytes, serial: bytes, value: Any) -> by
     """One transaction storing ``MinPO(value)`` at ``oid`` through the storage API."""
     txn = TransactionMetaData()
     storage.tpc_begin(txn)
-    storage.store(oid, serial, zodb_pickle(MinPO(value)), "", txn)
-    storage.tpc_vote(txn)
+    try:
+        storage.store(oid, serial, zodb_pickle(MinPO(value)), "", txn)
+        storage.tpc_vote(txn)
+    except BaseException:
+        storage.tpc_abort(txn)
+        raise
     return storage.tpc_finish(txn)
 
 
@@ -576,3 +582,33 @@ def test_a_transaction_larger_than_a_segment_gets_a_segment_of_its_own(tmp_path:
         assert storage.getSize() < 300 << 10
     finally:
         storage.close()
+
+
+def test_a_full_disk_vetoes_the_commit_and_the_store_goes_on_once_space_is_back(
+    tmp_path: Path,
+) -> None:
+    small = tmp_path / "small"
+    small.mkdir()
+    if not _mount_tmpfs(small, "256k"):
+        pytest.skip("needs root to mount a 256 KB tmpfs (a full disk)")
+    try:
+        storage = LogStorage(small / "store", segment_size=64 << 10, compact=False)
+        oid = storage.new_oid()
+        serial = z64
+        committed = 0
+        with pytest.raises(OSError) as caught:
+            for value in range(1, 100_000):
+                serial = commit_raw(storage, oid, serial, value)
+                committed = value
+        # Only a new segment can meet a full disk; the commit that needed it wrote nothing.
+        assert caught.value.errno == errno.ENOSPC
+        assert committed > 100
+        assert value_of(storage, oid) == committed
+        subprocess.run(["mount", "-o", "remount,size=4m", str(small)], check=True, timeout=30)
+        commit_raw(storage, oid, serial, committed + 1)
+        storage.close()
+        storage = LogStorage(small / "store", segment_size=64 << 10, compact=False)
+        assert value_of(storage, oid) == committed + 1
+        storage.close()
+    finally:
+        _umount(small)

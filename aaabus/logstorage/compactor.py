@@ -41,6 +41,7 @@ from aaabus.logstorage.format import (
 )
 from aaabus.logstorage.garbage import (
     BREATHE_SECONDS,
+    PassStopped,
     References,
     UnreadableRecord,
     breathe,
@@ -113,7 +114,7 @@ class Compactor:
             self._wake.set()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Stop the thread after its current step (a copy block or a traced record)."""
+        """Stop the thread after its current step (a copy block, a few traced records)."""
         self._stopping = True
         self._wake.set()
         if self._thread is not None:
@@ -159,7 +160,11 @@ class Compactor:
         started = time.monotonic()
         self._log.appended = 0
         try:
-            dropped, spared = collect(self._log, refs, self._grace if grace else None)
+            dropped, spared = collect(
+                self._log, refs, self._grace if grace else None, lambda: self._stopping
+            )
+        except PassStopped:
+            return
         except UnreadableRecord as exc:
             if not grace:
                 raise

@@ -41,12 +41,24 @@ class UnreadableRecord(Exception):
     """A current record whose references cannot be read (not a ZODB pickle)."""
 
 
+class PassStopped(Exception):
+    """The store is closing: the pass was given up before dropping anything."""
+
+
 def breathe(count: int) -> None:
     if count % BREATHE_EVERY == 0:
         time.sleep(BREATHE_SECONDS)
 
 
-def _trace(log: Log, stack: list[bytes], marked: set[bytes], refs: References, pause: bool) -> None:
+def _trace(
+    log: Log,
+    stack: list[bytes],
+    marked: set[bytes],
+    refs: References,
+    stopping: Callable[[], bool] | None,
+) -> None:
+    """Mark what ``stack`` leads to. With ``stopping`` (outside the lock), pause now and then
+    and give up (PassStopped) when it says so; without it (under the lock), run through."""
     done = 0
     while stack:
         oid = stack.pop()
@@ -64,17 +76,22 @@ def _trace(log: Log, stack: list[bytes], marked: set[bytes], refs: References, p
                 marked.add(target)
                 stack.append(target)
         done += 1
-        if pause:
-            breathe(done)
+        if stopping is not None and done % BREATHE_EVERY == 0:
+            if stopping():
+                raise PassStopped
+            time.sleep(BREATHE_SECONDS)
 
 
-def collect(log: Log, refs: References, grace: set[bytes] | None) -> tuple[int, set[bytes]]:
+def collect(
+    log: Log, refs: References, grace: set[bytes] | None, stopping: Callable[[], bool]
+) -> tuple[int, set[bytes]]:
     """Drop unreachable objects while commits go on; return (how many were dropped, the
     unreachable ones spared). With ``grace`` (the set a previous pass spared), only objects
     found unreachable by both passes are dropped, the others are spared for the next pass;
     without it, every unreachable object is dropped. No root: nothing is done. Objects created
     during the pass are never dropped. The final decision and the drop share one critical
-    section: no commit can link an object between the two."""
+    section: no commit can link an object between the two. ``stopping`` is asked now and then:
+    when it says so, PassStopped, and nothing is dropped."""
     with log.lock:
         if Z64 not in log.index:
             return 0, set()
@@ -83,7 +100,7 @@ def collect(log: Log, refs: References, grace: set[bytes] | None) -> tuple[int, 
     try:
         marked = {Z64}
         stack = [Z64]
-        _trace(log, stack, marked, refs, True)
+        _trace(log, stack, marked, refs, stopping)
         for _ in range(_ROUNDS):
             with log.lock:
                 dirty, log.marking = log.marking, set()
@@ -91,7 +108,7 @@ def collect(log: Log, refs: References, grace: set[bytes] | None) -> tuple[int, 
                 break
             marked.update(dirty)
             stack.extend(dirty)
-            _trace(log, stack, marked, refs, True)
+            _trace(log, stack, marked, refs, stopping)
         # What the last round can still mark is a subset of what is unmarked now: the sweep
         # under the lock then costs the garbage's size, not the store's.
         unmarked: list[bytes] = []
@@ -102,7 +119,7 @@ def collect(log: Log, refs: References, grace: set[bytes] | None) -> tuple[int, 
             dirty = log.marking
             marked.update(dirty)
             stack.extend(dirty)
-            _trace(log, stack, marked, refs, False)
+            _trace(log, stack, marked, refs, None)
             garbage = {oid for oid in unmarked if oid not in marked and oid in log.index}
             doomed = garbage if grace is None else garbage & grace
             return log.delete(doomed), garbage - doomed
