@@ -34,7 +34,7 @@ from aaabus.ids import AgentId
 from aaabus.network import Network
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
-from aaabus.store import STORE_KINDS, Store, open_store
+from aaabus.store import DEFAULT_STORE_KIND, STORE_KINDS, Store, open_store
 from aaabus.tls import tls_contexts
 from aaabus.trace import Tracer
 
@@ -130,13 +130,20 @@ class AgentServer:
         self.config = config
         self.server_id = server_id
         self.spec = config.server(server_id)
-        kind = store_kind or config.prop(server_id, "aaabus.store", "file") or "file"
+        kind = store_kind or config.prop(server_id, "aaabus.store", DEFAULT_STORE_KIND)
         if kind not in STORE_KINDS:
             raise ConfigError(
                 f"property aaabus.store={kind!r}: expected one of {', '.join(STORE_KINDS)}",
                 config.path,
             )
         self.store_kind = kind
+        segment_kb = _int_prop(config, server_id, "aaabus.store.segment_kb", 4096)
+        if not 4 <= segment_kb <= 1 << 20:
+            raise ConfigError(
+                f"property aaabus.store.segment_kb={segment_kb}: expected 4 to 1048576 (KiB)",
+                config.path,
+            )
+        self.segment_size = segment_kb << 10
         self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
         self.max_batch = _int_prop(config, server_id, "aaabus.engine.max_batch", 64)
         self.max_group_ms = _int_prop(config, server_id, "aaabus.engine.max_group_ms", 5)
@@ -170,7 +177,9 @@ class AgentServer:
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
-        self.store = open_store(self.store_kind, self.storage, self.server_id)
+        self.store = open_store(
+            self.store_kind, self.storage, self.server_id, segment_size=self.segment_size
+        )
         try:
             self.engine = Engine(
                 self.store,

@@ -1,10 +1,18 @@
 """The server's store: one ZODB database holding agents, queues and counters.
 
 Opening storages is this module's only job besides the root layout, so that another ZODB storage
-(ZEO, RelStorage, ...) can be added in one place. Two kinds exist today:
+(ZEO, RelStorage, ...) can be added in one place. Three kinds exist today (property
+``aaabus.store``):
 
-* ``file`` (the default): a ``FileStorage`` in ``<dir>/data.fs``, fsync'd at every commit;
+* ``log`` (the default): a :class:`~aaabus.logstorage.LogStorage` in ``<dir>/log/``, one
+  write and one ``fdatasync`` per commit into preallocated segments, compacted in the
+  background so that disk use follows the live data;
+* ``file``: a ``FileStorage`` in ``<dir>/data.fs``, fsync'd at every commit;
 * ``memory``: a ``MappingStorage``, non-durable, for tests and in-process simulation.
+
+A directory holding one durable kind is refused when opened as the other (one line naming
+both): switching the kind would otherwise boot an empty store beside the messages the old one
+still holds.
 
 A :class:`Store` and every persistent object reached through it belong to ONE thread, the
 engine's: ZODB gives each connection its own object copies, and a single writer means commits
@@ -31,11 +39,18 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 
 from aaabus.errors import StoreError
+from aaabus.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
+from aaabus.logstorage.segments import LOCK_NAME
 from aaabus.pickles import MalformedPickle, pickle_end
 
 log = logging.getLogger("aaabus.store")
 
-STORE_KINDS = ("file", "memory")
+STORE_KINDS = ("log", "file", "memory")
+DEFAULT_STORE_KIND = "log"
+
+#: Where each durable kind keeps its files inside the server's storage directory.
+LOG_DIR = "log"
+FILE_NAME = "data.fs"
 
 #: Objects kept in each connection's cache: large enough that a server's agents and queue
 #: buckets stay in memory, so that a reaction never waits on the disk to load its agent.
@@ -140,8 +155,19 @@ class Store:
     def abort(self) -> None:
         self.tm.abort()
 
-    def size_bytes(self) -> int:
-        return int(self._db.storage.getSize())
+    def disk(self) -> dict[str, Any]:
+        """What the store holds: ``file_bytes`` on disk, ``live_bytes`` (the current records;
+        None when the storage cannot tell) and ``compacted_at`` (epoch seconds of the last
+        compaction or pack since the process started; None if none). Engine thread."""
+        storage = self._db.storage
+        if isinstance(storage, LogStorage):
+            stats = storage.stats()
+            return {
+                "file_bytes": stats["file_bytes"],
+                "live_bytes": stats["live_bytes"],
+                "compacted_at": stats["last_compaction_at"],
+            }
+        return {"file_bytes": int(storage.getSize()), "live_bytes": None, "compacted_at": None}
 
     def close(self) -> None:
         try:
@@ -157,22 +183,37 @@ class Store:
                 log.warning("closing %s: %s", self.description, exc)
 
 
-def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: int) -> Store:
-    """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors."""
+def open_store(
+    kind: str,
+    directory: str | os.PathLike[str] | None,
+    server_id: int,
+    *,
+    segment_size: int = DEFAULT_SEGMENT_SIZE,
+) -> Store:
+    """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
+    ``segment_size``: of the log store's new segment files (existing ones keep theirs)."""
     if kind == "memory":
         # The same object cache as a file store: ZODB's default (400 objects) is smaller than
         # what one group touches on a busy router, and an evicted agent loses its volatile
         # (_v_) attributes and is unpickled again at its next notification.
         db = ZODB.DB(None, cache_size=CACHE_SIZE)
         return Store(db, f"in-memory store of server {server_id}", server_id)
-    if kind != "file":
+    if kind not in STORE_KINDS:
         raise StoreError(
             f"unknown store kind {kind!r}; "
             f"property aaabus.store takes one of {', '.join(STORE_KINDS)}"
         )
     if directory is None:
-        raise StoreError("a file store needs a directory; pass --storage DIR")
+        raise StoreError(f"a {kind} store needs a directory; pass --storage DIR")
     path = Path(directory)
+    _check_writable(path)
+    _refuse_other_kind(path, kind)
+    if kind == "log":
+        return _open_log(path / LOG_DIR, server_id, segment_size)
+    return _open_file(path / FILE_NAME, server_id)
+
+
+def _check_writable(path: Path) -> None:
     try:
         path.mkdir(parents=True, exist_ok=True)
         probe = path / ".aaabus-write-probe"
@@ -184,7 +225,37 @@ def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: i
             f"storage directory {path} is not writable ({reason}); "
             "pass --storage DIR pointing to a writable directory"
         ) from None
-    data = path / "data.fs"
+
+
+def _refuse_other_kind(path: Path, kind: str) -> None:
+    """A directory already holding the other durable kind is refused: opening it as ``kind``
+    would boot an empty store and leave the messages of the old one undelivered."""
+    holds_file = (path / FILE_NAME).exists()
+    holds_log = (path / LOG_DIR / LOCK_NAME).exists()
+    if kind == "log" and holds_file and not holds_log:
+        found, other = f"a file store ({path / FILE_NAME})", "file"
+    elif kind == "file" and holds_log and not holds_file:
+        found, other = f"a log store ({path / LOG_DIR})", "log"
+    else:
+        return
+    raise StoreError(
+        f"storage directory {path} holds {found}, not a {kind} store; set property "
+        f"aaabus.store={other} to keep using it, or pass another --storage"
+    )
+
+
+def _open_log(path: Path, server_id: int, segment_size: int) -> Store:
+    # LogStorage's own errors (damage, in use, disk) are already one-line StoreErrors.
+    storage = LogStorage(path, segment_size=segment_size)
+    try:
+        db = ZODB.DB(storage, cache_size=CACHE_SIZE)
+    except Exception as exc:
+        storage.close()
+        raise StoreError(f"log store {path} is damaged ({type(exc).__name__}: {exc})") from None
+    return Store(db, f"log store {path}", server_id)
+
+
+def _open_file(data: Path, server_id: int) -> Store:
     _refuse_cut_commits(data)
     try:
         storage = ZODB.FileStorage.FileStorage(str(data))
