@@ -34,7 +34,7 @@ from aaabus.ids import AgentId
 from aaabus.network import Network
 from aaabus.notifications import Notification
 from aaabus.secret import load_secret
-from aaabus.store import DEFAULT_STORE_KIND, STORE_KINDS, Store, open_store
+from aaabus.store import DEFAULT_PACK_EVERY, DEFAULT_STORE_KIND, STORE_KINDS, Store, open_store
 from aaabus.tls import tls_contexts
 from aaabus.trace import Tracer
 
@@ -144,6 +144,14 @@ class AgentServer:
                 config.path,
             )
         self.segment_size = segment_kb << 10
+        pack_mb = config.prop(server_id, "aaabus.store.pack_mb", str(DEFAULT_PACK_EVERY >> 20))
+        if pack_mb is None or not pack_mb.isdigit():
+            raise ConfigError(
+                f"property aaabus.store.pack_mb={pack_mb!r}: expected a whole number of MB "
+                "(0: never pack)",
+                config.path,
+            )
+        self.pack_every = int(pack_mb) << 20
         self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
         self.max_batch = _int_prop(config, server_id, "aaabus.engine.max_batch", 64)
         self.max_group_ms = _int_prop(config, server_id, "aaabus.engine.max_group_ms", 5)
@@ -178,7 +186,11 @@ class AgentServer:
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
         self.store = open_store(
-            self.store_kind, self.storage, self.server_id, segment_size=self.segment_size
+            self.store_kind,
+            self.storage,
+            self.server_id,
+            segment_size=self.segment_size,
+            pack_every=self.pack_every,
         )
         try:
             self.engine = Engine(

@@ -41,6 +41,7 @@ from persistent.mapping import PersistentMapping
 from aaabus.errors import StoreError
 from aaabus.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
 from aaabus.logstorage.segments import LOCK_NAME
+from aaabus.packer import Packer
 from aaabus.pickles import MalformedPickle, pickle_end
 
 log = logging.getLogger("aaabus.store")
@@ -51,6 +52,9 @@ DEFAULT_STORE_KIND = "log"
 #: Where each durable kind keeps its files inside the server's storage directory.
 LOG_DIR = "log"
 FILE_NAME = "data.fs"
+
+#: A file store is packed each time it grew by this much (property ``aaabus.store.pack_mb``).
+DEFAULT_PACK_EVERY = 64 << 20
 
 #: Objects kept in each connection's cache: large enough that a server's agents and queue
 #: buckets stay in memory, so that a reaction never waits on the disk to load its agent.
@@ -115,9 +119,14 @@ class ServerRecord(Persistent):
 class Store:
     """One open database and the single connection the engine thread uses."""
 
-    def __init__(self, db: ZODB.DB, description: str, server_id: int) -> None:
+    def __init__(
+        self, db: ZODB.DB, description: str, server_id: int, *, pack_every: int = 0
+    ) -> None:
+        """``pack_every``: pack in the background each time the storage grew by this many
+        bytes (a FileStorage; 0: never)."""
         self.description = description
         self._db = db
+        self._packer: Packer | None = None
         self.tm = transaction.TransactionManager()
         self.conn = db.open(transaction_manager=self.tm)
         root = self.conn.root()
@@ -134,6 +143,8 @@ class Store:
                 f"{description} belongs to server {self.record.server_id}, not {server_id}; "
                 "pass the right --id or another --storage"
             )
+        if pack_every:
+            self._packer = Packer(db, pack_every)
         #: Agents by (origin, stamp): the hosting server is this one by definition.
         self.agents: OOBTree = root["agents"]
         #: Deliverable notifications for local agents, in delivery order.
@@ -144,6 +155,8 @@ class Store:
     def commit(self) -> None:
         try:
             self.tm.commit()
+            if self._packer is not None:
+                self._packer.committed()
         except OSError as exc:
             # The transaction is aborted (ZODB rolled it back): nothing it holds was stored.
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -167,9 +180,21 @@ class Store:
                 "live_bytes": stats["live_bytes"],
                 "compacted_at": stats["last_compaction_at"],
             }
-        return {"file_bytes": int(storage.getSize()), "live_bytes": None, "compacted_at": None}
+        size = int(storage.getSize())
+        if self._packer is None:
+            return {"file_bytes": size, "live_bytes": None, "compacted_at": None}
+        # A pack leaves about the live data: its size then is the best figure there is without
+        # reading the whole file.
+        packed = self._packer.figures()
+        return {
+            "file_bytes": size,
+            "live_bytes": packed["size_after_last_pack"],
+            "compacted_at": packed["last_pack_at"],
+        }
 
     def close(self) -> None:
+        if self._packer is not None:
+            self._packer.stop()
         try:
             self.tm.abort()
             self.conn.close()
@@ -189,9 +214,12 @@ def open_store(
     server_id: int,
     *,
     segment_size: int = DEFAULT_SEGMENT_SIZE,
+    pack_every: int = DEFAULT_PACK_EVERY,
 ) -> Store:
     """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
-    ``segment_size``: of the log store's new segment files (existing ones keep theirs)."""
+    ``segment_size``: of the log store's new segment files (existing ones keep theirs).
+    ``pack_every``: a file store is packed in the background each time it grew by this many
+    bytes (0: never)."""
     if kind == "memory":
         # The same object cache as a file store: ZODB's default (400 objects) is smaller than
         # what one group touches on a busy router, and an evicted agent loses its volatile
@@ -210,7 +238,7 @@ def open_store(
     _refuse_other_kind(path, kind)
     if kind == "log":
         return _open_log(path / LOG_DIR, server_id, segment_size)
-    return _open_file(path / FILE_NAME, server_id)
+    return _open_file(path / FILE_NAME, server_id, pack_every)
 
 
 def _check_writable(path: Path) -> None:
@@ -255,10 +283,11 @@ def _open_log(path: Path, server_id: int, segment_size: int) -> Store:
     return Store(db, f"log store {path}", server_id)
 
 
-def _open_file(data: Path, server_id: int) -> Store:
+def _open_file(data: Path, server_id: int, pack_every: int) -> Store:
     _refuse_cut_commits(data)
     try:
-        storage = ZODB.FileStorage.FileStorage(str(data))
+        # pack_keep_old=False: a pack must shrink the disk use, not keep the old file beside.
+        storage = ZODB.FileStorage.FileStorage(str(data), pack_keep_old=False)
     except zc.lockfile.LockError:
         raise StoreError(
             f"storage {data} is in use by another process (is server {server_id} already "
@@ -282,7 +311,7 @@ def _open_file(data: Path, server_id: int) -> Store:
     except Exception as exc:
         storage.close()
         raise StoreError(f"storage {data} is damaged ({type(exc).__name__}: {exc})") from None
-    return Store(db, f"storage {data}", server_id)
+    return Store(db, f"storage {data}", server_id, pack_every=pack_every)
 
 
 # -- fault detection at boot -----------------------------------------------------------------

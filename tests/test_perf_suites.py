@@ -70,6 +70,9 @@ def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     config = shipped(tmp_path, "flat", 2)
     out = perf("stream", "--config", config, "--count", "3000", "--json")
     assert out["count"] == 3000 and out["out_of_order"] == 0 and out["msgs_per_s"] > 0
+    # Two log stores, each at least its head segment (4 MiB), neither anywhere near 1 GB.
+    assert set(out["store_bytes"]) == {"0", "1"}
+    assert all(4 << 20 <= size < 1 << 30 for size in out["store_bytes"].values())
 
 
 def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
