@@ -10,8 +10,8 @@ that rotates, so that the machine's mood weighs on all alike):
 * ``zodb_floor``: a ``mem`` commit followed by a ``floor`` write and sync: the best any ZODB
   storage with one sync per commit could do (ZODB's work also runs slower when it resumes
   after each sync than in the ``mem`` loop: caches and CPU have cooled meanwhile);
-* ``file``: a ZODB commit on FileStorage (what the bus uses today);
-* ``log``: a ZODB commit on LogStorage.
+* ``file``: a ZODB commit on FileStorage (``aaabus.store=file``);
+* ``log``: a ZODB commit on LogStorage (the default store).
 
 Every ZODB contender commits what one bus hop commits: a persistent agent whose counter moves,
 and a queue (the bus's ``PersistentQueue``, one BTree bucket) that gets one ~300-byte message
