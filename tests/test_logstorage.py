@@ -123,7 +123,9 @@ def wait_for(condition: Any, timeout: float, what: str) -> None:
 CHILD_SEGMENT = 16 << 10
 
 
-def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
+def read_line(proc: subprocess.Popen[bytes], timeout: float) -> str:
+    """One line of the child's unbuffered stdout: no line is left in a reader's buffer, where
+    ``communicate`` (reading the raw pipe) would miss it after the kill."""
     assert proc.stdout is not None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -132,7 +134,7 @@ def read_line(proc: subprocess.Popen[str], timeout: float) -> str:
     line = proc.stdout.readline()
     if not line:
         raise AssertionError(f"the committing child exited with status {proc.wait()}")
-    return line.strip()
+    return line.decode().strip()
 
 
 def kill_and_check(directory: Path, rng: random.Random) -> int:
@@ -143,7 +145,7 @@ def kill_and_check(directory: Path, rng: random.Random) -> int:
         cwd=REPO_ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
-        text=True,
+        bufsize=0,
     )
     try:
         acknowledged = int(read_line(proc, 30).split()[1])
@@ -151,7 +153,8 @@ def kill_and_check(directory: Path, rng: random.Random) -> int:
             acknowledged = int(read_line(proc, 30))
     finally:
         proc.send_signal(signal.SIGKILL)
-        out, err = proc.communicate(timeout=30)
+        raw_out, raw_err = proc.communicate(timeout=30)
+    out, err = raw_out.decode(), raw_err.decode()
     assert proc.returncode == -signal.SIGKILL, err[-2000:]
     printed = [int(line) for line in out.split() if line.isdigit()]
     if printed:  # committed while the kill was on its way

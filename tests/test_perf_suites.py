@@ -66,6 +66,26 @@ def test_pingpong_through_routers_reports_hops(tmp_path: Path) -> None:
     assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
 
 
+def test_pingpong_compares_store_kinds_interleaved(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 1)
+    args = ["--config", config, "--rounds", "20", "--warmup", "5", "--repeat", "1", "--json"]
+    out = perf("pingpong", "--stores", "log,file", *args)
+    assert set(out["p50_ms"]) == {"log", "file"} and out["repeat"] == 1
+    ratio = out["p50_ms"]["log"] / out["p50_ms"]["file"]  # of rounded p50s: close, not equal
+    assert abs(out["log_vs_file"] - ratio) < 0.01 * ratio
+    bad = subprocess.run(
+        [sys.executable, "-m", "perf", "pingpong", "--stores", "log,disk", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "perf pingpong: error: --stores log,disk: expected two or more of log, file, memory"
+    ]
+
+
 def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     config = shipped(tmp_path, "flat", 2)
     out = perf("stream", "--config", config, "--count", "3000", "--json")
