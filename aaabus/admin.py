@@ -18,7 +18,9 @@ Protocol
     After the handshake the client sends requests and the server answers each in order, one
     session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
     ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 pickle>}``,
-    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``. Answers are
+    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``,
+    ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
+    :meth:`AgentServer.arm_failpoints`). Answers are
     ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``. Notifications and agents are
     pickles, as between servers, and are unpickled only on an authenticated session; everything
     else is JSON, which carries no code.
@@ -50,7 +52,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from aaabus.errors import AaabusError, ConfigError
+from aaabus.errors import AaabusError
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
 from aaabus.tls import tls_contexts
@@ -124,21 +126,13 @@ def admin_address(config: BusConfig, server_id: int) -> tuple[tuple[str, int] | 
     bound or the server does not start, the default one is used when free (see docs/config.md).
     """
     spec = config.server(server_id)
-    raw = config.prop(server_id, "aaabus.admin.port")
-    if raw is None or raw == "":
+    if not config.prop(server_id, "aaabus.admin.port"):  # unset or empty: the default port
         port = spec.networks[0].port + ADMIN_PORT_OFFSET
         if port > 65535:
             return None, False
         return (spec.hostname, port), False
-    if raw.strip().lower() == "off":
-        return None, True
-    if not raw.isdigit() or not 1 <= int(raw) <= 65535:
-        raise ConfigError(
-            f"property aaabus.admin.port={raw!r} of server {server_id} is not a port in "
-            "1..65535 nor 'off'",
-            config.path,
-        )
-    return (spec.hostname, int(raw)), True
+    chosen: int | None = config.setting(server_id, "aaabus.admin.port")
+    return (None if chosen is None else (spec.hostname, chosen)), True
 
 
 # -- one authenticated connection ---------------------------------------------------------------
@@ -547,6 +541,12 @@ class AdminEndpoint:
                     key, lambda: server.deploy_now(agent, where)
                 )
                 return {"ok": True, "agent": agent_id, "duplicate": duplicate}
+            if op == "failpoints":
+                spec = request.get("arm")
+                if not isinstance(spec, str):
+                    raise RequestRefused("'arm' must be a text like engine.commit:kill:0")
+                server.arm_failpoints(spec)
+                return {"ok": True}
             raise RequestRefused(f"unknown request {op!r}")
         except (AaabusError, TimeoutError) as exc:
             return {"ok": False, "error": str(exc) or type(exc).__name__}

@@ -130,6 +130,12 @@ class Client:
         )
         return AgentId.parse(answer["agent"])
 
+    def arm_failpoints(self, spec: str) -> None:
+        """Arm failpoints on the server (``name:action[:skip[:times]],...``, see
+        :mod:`aaabus.failpoints`). A testing tool: the server refuses unless it was started
+        with ``AAABUS_FAILPOINTS`` set."""
+        self._request({"op": "failpoints", "arm": spec})
+
     def status(self) -> dict[str, Any]:
         """The server's figures, as ``aaabus status --json`` shows them."""
         status: dict[str, Any] = self._request({"op": "status"})["status"]

@@ -38,6 +38,7 @@ from defusedxml import DefusedXmlException
 from defusedxml.common import DTDForbidden, EntitiesForbidden, ExternalReferenceForbidden
 from defusedxml.expatreader import DefusedExpatParser
 
+from aaabus import settings
 from aaabus.errors import ConfigError
 
 __all__ = [
@@ -155,6 +156,13 @@ class BusConfig:
             if name in own:
                 return own[name]
         return self.properties.get(name, default)
+
+    def setting(self, server_id: int | None, name: str) -> Any:
+        """The typed value of ``aaabus.*`` property ``name`` for ``server_id`` (its own value,
+        else the bus's, else the declared default; see :mod:`aaabus.settings`). The file was
+        checked when read, so this does not fail for a declared name."""
+        raw = self.prop(server_id, name)
+        return settings.find(name).default if raw is None else settings.parse(name, raw)
 
     def where(self, line: int) -> str:
         """``path:line``, the location format of every configuration error."""
@@ -337,6 +345,13 @@ class _Checker:
                     f"{elem.line}); keep only one",
                     elem.line,
                 )
+            if name.startswith(settings.PREFIX):
+                # Checked here, with the line, so that `aaabus check` refuses what a server
+                # would refuse at boot.
+                try:
+                    settings.parse(name, attrs["value"])
+                except ValueError as exc:
+                    raise self.error(f"{exc} (for {owner}); fix the value", elem.line) from None
             props[name] = attrs["value"]
             lines[name] = elem.line
         return props

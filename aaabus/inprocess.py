@@ -84,4 +84,4 @@ class InProcessBus:
 
 def _allows_cycles(config: BusConfig, ids: list[int]) -> bool:
     # The test-only switch is a server property; a server that differs builds its own topology.
-    return bool(ids) and config.prop(ids[0], "aaabus.test.allow_cycles", "false") == "true"
+    return bool(ids) and bool(config.setting(ids[0], "aaabus.test.allow_cycles"))

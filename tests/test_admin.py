@@ -23,9 +23,12 @@ from aaabus.config import load_config
 from aaabus.launch import Bus
 from aaabus.secret import load_secret
 from aaabus.wire import ConnectorHandshake, FrameDecoder
-from tests.conftest import REPO_ROOT, Inbox, free_ports
 from tests.support.agents import Counter, Inc, Marker, Probe, Seen
 from tests.support.bus import wait_json
+from tests.support.harness import REPO_ROOT, Inbox, free_ports
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 N = 100
 

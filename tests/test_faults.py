@@ -25,6 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -32,28 +33,35 @@ import pytest
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
 from aaabus.launch import Bus, ServerProcess
-from tests.conftest import REPO_ROOT
+from aaabus.testing.proxy import FaultProxy
+from aaabus.testing.torture import read_progress, wait_progress
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
-from tests.support.proxy import FaultProxy
-from tests.support.torture import read_progress, wait_progress
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 # -- network faults ------------------------------------------------------------------------------
 
 
-def rally_through_proxy(tmp_path: Path, make_config) -> tuple[Path, FaultProxy, Path]:
+def rally_through_proxy(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> tuple[Path, FaultProxy, Path]:
     progress = tmp_path / "rally.json"
     config = make_config(servers=2)
     cfg = load_config(config)
     proxy = FaultProxy(("127.0.0.1", cfg.servers[1].networks[0].port), name="s0-s1")
     add_to_server(config, 0, f'<property name="aaabus.dial.1" value="127.0.0.1:{proxy.port}"/>')
     spec = json.dumps({"echo": 1, "n": 10**9, "done": str(progress), "every": 1})
-    service = f"<service class=\"tests.support.agents:bounce_setup\" args='{spec}'/>"
+    service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{spec}'/>"
     add_to_server(config, 0, service)
     return config, proxy, progress
 
 
-def wait_change(progress: Path, since: int, procs, timeout: float) -> float:
+def wait_change(
+    progress: Path, since: int, procs: Iterable[ServerProcess], timeout: float
+) -> float:
     """Seconds until the rally's count moves past ``since`` (polled every 2 ms)."""
     t0 = time.monotonic()
     pause = threading.Event()
@@ -66,7 +74,9 @@ def wait_change(progress: Path, since: int, procs, timeout: float) -> float:
     return time.monotonic() - t0
 
 
-def test_rally_survives_delay_stall_cuts_and_partitions(tmp_path, make_config) -> None:
+def test_rally_survives_delay_stall_cuts_and_partitions(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, proxy, progress = rally_through_proxy(tmp_path, make_config)
     rng = random.Random(5)
     recoveries: list[float] = []
@@ -120,7 +130,9 @@ def test_rally_survives_delay_stall_cuts_and_partitions(tmp_path, make_config) -
     assert max(recoveries) <= 1.5 + 5 * rtt, (recoveries, rtt)
 
 
-def test_gossip_across_domains_through_a_faulty_link_is_causal(tmp_path, make_config) -> None:
+def test_gossip_across_domains_through_a_faulty_link_is_causal(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     # D0 [s0 s1]  D1 [s1 s2]: s1 routes, and its dial to s2 goes through the proxy.
     config = make_config(layout=[[0, 1], [1, 2]], properties={"aaabus.store": "memory"})
     cfg = load_config(config)
@@ -168,7 +180,7 @@ def _umount(path: Path) -> None:
 
 @pytest.mark.parametrize("kind", ["log", "file"])
 def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
-    tmp_path, make_config, kind
+    tmp_path: Path, make_config: Callable[..., Path], kind: str
 ) -> None:
     small = tmp_path / "small"
     if not _mount_tmpfs(small, "1m"):
@@ -183,7 +195,7 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
         spec = json.dumps(
             {"depot_server": 1, "n": n, "size": 8192, "done": str(done), "hoard": hoard}
         )
-        service = f"<service class=\"tests.support.torture:shipping_setup\" args='{spec}'/>"
+        service = f"<service class=\"aaabus.testing.torture:shipping_setup\" args='{spec}'/>"
         # Small groups: each commit writes the depot and its 8 KB again.
         properties = {
             "aaabus.engine.max_batch": "1",
@@ -220,7 +232,9 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
         _umount(small)
 
 
-def _counter_store(tmp_path: Path, make_config, kind: str = "file") -> tuple[Path, Path]:
+def _counter_store(
+    tmp_path: Path, make_config: Callable[..., Path], kind: str = "file"
+) -> tuple[Path, Path]:
     """A stopped server 0 whose store (of ``kind``) holds a counter that reached 200."""
     done = tmp_path / "done.json"
     args = json.dumps({"n": 200, "done": str(done)})
@@ -269,7 +283,9 @@ def _last_transaction(data: Path) -> tuple[int, bytes]:
     return start, raw[start:]
 
 
-def test_store_cut_short_is_refused_at_boot(tmp_path, make_config) -> None:
+def test_store_cut_short_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, storage = _counter_store(tmp_path, make_config)
     data = storage / "data.fs"
     size = data.stat().st_size
@@ -282,7 +298,9 @@ def test_store_cut_short_is_refused_at_boot(tmp_path, make_config) -> None:
     assert "Traceback" not in refused.stdout
 
 
-def test_torn_tail_of_a_crash_is_recovered(tmp_path, make_config) -> None:
+def test_torn_tail_of_a_crash_is_recovered(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     """What SIGKILL in the middle of a commit leaves: a last transaction still marked "c" (in
     progress), possibly incomplete. FileStorage drops it at open (keeping the bytes in
     data.fs.tr0) and the server boots with the last committed state: nothing acknowledged is
@@ -317,7 +335,9 @@ def _oid_of(storage: Path, which: str) -> bytes:
 
 
 @pytest.mark.parametrize("which", ["root", "agent"])
-def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config, which) -> None:
+def test_garbage_over_a_live_record_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path], which: str
+) -> None:
     import ZODB.FileStorage
     from ZODB.FileStorage.format import DATA_HDR_LEN
 
@@ -340,7 +360,9 @@ def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config, wh
     assert "Traceback" not in refused.stdout
 
 
-def test_garbage_in_an_old_revision_is_harmless(tmp_path, make_config) -> None:
+def test_garbage_in_an_old_revision_is_harmless(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     """Old revisions are never read again (no pack, no undo here): garbage there is not found
     at boot, and does not matter. Documented, not wished for."""
     config, storage = _counter_store(tmp_path, make_config)
@@ -353,7 +375,9 @@ def test_garbage_in_an_old_revision_is_harmless(tmp_path, make_config) -> None:
     assert _counter_value(storage) == 200
 
 
-def test_check_of_a_copied_store_is_unaffected(tmp_path, make_config) -> None:
+def test_check_of_a_copied_store_is_unaffected(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     # A whole copy of a stopped store is a valid backup: the boot checks accept it.
     config, storage = _counter_store(tmp_path, make_config)
     copy = tmp_path / "copy"
@@ -367,7 +391,7 @@ def test_check_of_a_copied_store_is_unaffected(tmp_path, make_config) -> None:
 
 
 def test_damaged_log_block_is_refused_at_boot_naming_segment_and_offset(
-    tmp_path, make_config
+    tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
     config, storage = _counter_store(tmp_path, make_config, "log")
     segments = sorted((storage / "log").glob("*.seg"))
@@ -387,7 +411,9 @@ def test_damaged_log_block_is_refused_at_boot_naming_segment_and_offset(
     assert first.read_bytes()[:64] == before[:64], "refused, yet changed"
 
 
-def test_damaged_log_segment_header_is_refused_at_boot(tmp_path, make_config) -> None:
+def test_damaged_log_segment_header_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, storage = _counter_store(tmp_path, make_config, "log")
     first = sorted((storage / "log").glob("[0-9a-f]*.seg"))[0]
     with first.open("r+b") as f:
@@ -401,7 +427,9 @@ def test_damaged_log_segment_header_is_refused_at_boot(tmp_path, make_config) ->
     assert "Traceback" not in refused.stdout
 
 
-def test_copy_of_a_stopped_log_store_boots(tmp_path, make_config) -> None:
+def test_copy_of_a_stopped_log_store_boots(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, storage = _counter_store(tmp_path, make_config, "log")
     copy = tmp_path / "copy"
     shutil.copytree(storage, copy)
@@ -409,7 +437,9 @@ def test_copy_of_a_stopped_log_store_boots(tmp_path, make_config) -> None:
     assert _counter_value(copy, "log") == 200
 
 
-def test_a_store_of_the_other_kind_is_refused_at_boot(tmp_path, make_config) -> None:
+def test_a_store_of_the_other_kind_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, storage = _counter_store(tmp_path, make_config, "file")
     other = config.with_name("log.xml")
     other.write_text(config.read_text().replace('value="file"', 'value="log"'))

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
 
 
 def test_perf_commit_prints_the_documented_json(tmp_path: Path) -> None:

@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from aaabus.launch import free_port_base
 from aaabus.topology import generate
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 
 def shipped(tmp_path: Path, kind: str, servers: int, domain_size: int = 10) -> str:
@@ -95,7 +99,7 @@ def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     assert all(4 << 20 <= size < 1 << 30 for size in out["store_bytes"].values())
 
 
-def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
+def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:
     args = [
         "sweep",
         "--topologies",
@@ -137,7 +141,7 @@ def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
     assert not list((tmp_path / "work").glob("*/store")), "finished points keep no stores"
 
 
-def test_sweep_in_process(tmp_path) -> None:
+def test_sweep_in_process(tmp_path: Path) -> None:
     out = perf(
         "sweep",
         "--topologies",
@@ -164,7 +168,7 @@ def test_sweep_in_process(tmp_path) -> None:
     assert set(rtt.column("hops").to_pylist()) == {2}  # a tree of domains of 3: s0 -> leaf
 
 
-def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path) -> None:
+def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # A timeout far too short for a million rounds: each point fails alone, in one line, and
     # is not recorded as done, so that the same command retries it.
     args = ["sweep", "--topologies", "flat,tree", "--sizes", "3", "--domain-size", "2",
@@ -187,7 +191,7 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path) -> None:
     assert not (tmp_path / "points.jsonl").exists()
 
 
-def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path) -> None:
+def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path: Path) -> None:
     traces, report = tmp_path / "traces", tmp_path / "report"
     sweep = perf(
         "sweep", "--topologies", "flat,star", "--sizes", "3,5,7", "--domain-size", "3",
@@ -217,7 +221,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path) -> None:
+def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path: Path) -> None:
     args = ["sweep", "--topologies", "flat", "--sizes", "2", "--tests", "remote",
             "--clock-modes", "delta", "--rounds", "1000000", "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.Popen(

@@ -16,8 +16,8 @@ from aaabus.admin import AdminError, Link, ServerUnreachable, admin_address
 from aaabus.client import Client
 from aaabus.config import BusConfig, load_config
 from aaabus.secret import load_secret
-from tests.conftest import Inbox, free_ports
 from tests.support.agents import Marker, Probe, Seen
+from tests.support.harness import Inbox, free_ports
 from tests.support.tls import make_certificate
 
 
