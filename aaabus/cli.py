@@ -295,12 +295,19 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
             str(st["id"]), st["name"], "up", _duration(st["uptime_s"]), ",".join(st["domains"]),
             "yes" if st["router"] else "no", str(queues["input"]), str(queues["held_back"]),
             outgoing, str(msgs["sent"]), str(msgs["delivered"]), f"{st['reactions_per_s']:g}",
-            "+".join(f"{k}x{k}" for k in st["clocks"].values()), _size(st["storage_bytes"]),
+            "+".join(f"{k}x{k}" for k in st["clocks"].values()), _storage(st),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     )
+
+
+def _storage(st: dict[str, Any]) -> str:
+    """``live/file`` bytes (``file`` alone when the store cannot tell its live bytes)."""
+    live = st.get("storage_live_bytes")
+    size = _size(st["storage_bytes"])
+    return size if live is None else f"{_size(live)}/{size}"
 
 
 def _duration(seconds: float) -> str:

@@ -122,6 +122,8 @@ class AgentServer:
         if kind not in STORE_KINDS:
             raise ConfigError(f"store kind {kind!r}: expected one of {', '.join(STORE_KINDS)}")
         self.store_kind = kind
+        self.segment_size = config.setting(server_id, "aaabus.store.segment_kb") << 10
+        self.pack_every = config.setting(server_id, "aaabus.store.pack_mb") << 20
         self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
         self.max_batch: int = config.setting(server_id, "aaabus.engine.max_batch")
         self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
@@ -160,7 +162,13 @@ class AgentServer:
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
         self.store = open_store(
-            self.store_kind, self.storage, self.server_id, self.trust, self.keys.identity
+            self.store_kind,
+            self.storage,
+            self.server_id,
+            self.trust,
+            self.keys.identity,
+            segment_size=self.segment_size,
+            pack_every=self.pack_every,
         )
         try:
             self.engine = Engine(

@@ -123,11 +123,27 @@ def host_port(text: str) -> tuple[str, int]:
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "aaabus.store",
-        choice("file", "memory"),
-        "file",
-        "`file`: a ZODB `FileStorage` in the server's storage directory (`--storage`, default "
-        "`./s<id>`), fsync'd at every commit. `memory`: a non-durable `MappingStorage`, for tests "
-        "and simulation; everything is lost when the process ends.",
+        choice("log", "file", "memory"),
+        "log",
+        "`log`: the bus's own log store (preallocated segment files, one write and one "
+        "`fdatasync` per commit, background compaction) in the server's storage directory "
+        "(`--storage`, default `./s<id>`). `file`: a ZODB `FileStorage`, fsync'd at every commit "
+        "and packed in the background (`aaabus.store.pack_mb`). `memory`: a non-durable "
+        "`MappingStorage`, for tests and simulation; everything is lost when the process ends.",
+    ),
+    Setting(
+        "aaabus.store.segment_kb",
+        integer(4, 1 << 20),
+        4096,
+        "Size of one log store segment file, in KiB (log store only). Compaction recycles whole "
+        "segments, so disk use is about the live data plus a few segments.",
+    ),
+    Setting(
+        "aaabus.store.pack_mb",
+        integer(0, 1 << 20),
+        64,
+        "File store only: pack `data.fs` in the background each time it has grown by this many "
+        "MB since the last pack (0: never pack; the file then grows forever).",
     ),
     Setting(
         "aaabus.secret",

@@ -20,7 +20,7 @@ from aaabus import (
     OutsideReactionError,
     UnknownAgent,
 )
-from aaabus.store import open_store
+from aaabus.store import DEFAULT_STORE_KIND, STORE_KINDS, open_store
 from tests.support.agents import (
     Boom,
     Counter,
@@ -40,7 +40,7 @@ from tests.support.harness import Inbox, SingleServer
 
 def stored_agent(storage: Path, agent_id: AgentId) -> Agent | None:
     """Read an agent straight from a stopped server's store."""
-    store = open_store("file", storage, agent_id.server)
+    store = open_store(DEFAULT_STORE_KIND, storage, agent_id.server)
     try:
         agent: Agent | None = store.agents.get((agent_id.origin, agent_id.stamp))
         if agent is None:
@@ -250,7 +250,7 @@ def test_on_init_first_time_then_at_each_boot(
     assert state is not None and (state.inits, state.count) == (2, 2)
 
 
-@pytest.mark.parametrize("kind", ["memory", "file"])
+@pytest.mark.parametrize("kind", STORE_KINDS)
 def test_an_agent_stays_in_the_object_cache_through_busy_groups(tmp_path: Path, kind: str) -> None:
     # As in a broadcast on a router: the agent reacts first, then the channel writes a thousand
     # queue entries in the same transaction, so at the commit the agent is the oldest object.

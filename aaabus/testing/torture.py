@@ -43,6 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from BTrees.OOBTree import OOBTree
+from persistent import Persistent
+
 from aaabus import Agent, AgentId, BootContext, Notification, PersistentList
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
@@ -888,16 +891,26 @@ class Ship(Notification):
     pass
 
 
-class Depot(Agent):
-    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``."""
+class Kept(Persistent):
+    """One hoarded parcel's padding: a record of its own."""
 
-    def __init__(self, n: int, done: str) -> None:
+    def __init__(self, pad: bytes) -> None:
+        self.pad = pad
+
+
+class Depot(Agent):
+    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``.
+    ``hoard``: keep every parcel (each its own record), so that the live data grows: a store
+    that reclaims superseded records (the log store) fills its disk only that way."""
+
+    def __init__(self, n: int, done: str, hoard: bool = False) -> None:
         super().__init__("depot")
         self.n = n
         self.done = done
         self.count = 0
         self.errors = 0
         self.kept = b""
+        self.hoard: OOBTree | None = OOBTree() if hoard else None
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Parcel):
@@ -908,6 +921,8 @@ class Depot(Agent):
             # Keeping the parcel's padding makes every commit on this server write its size
             # again (FileStorage appends a new revision of the agent): the disk fills.
             self.kept = note.pad
+            if self.hoard is not None:
+                self.hoard[note.i] = Kept(note.pad)
             if self.count == self.n:
                 target = Path(self.done)
                 tmp = target.with_suffix(".tmp")
@@ -944,7 +959,9 @@ def shipping_setup(ctx: BootContext, args: str, first_time: bool) -> None:
     """Boot service of the shipping server: a depot on ``depot_server`` and a shipper here."""
     if first_time:
         spec = json.loads(args)
-        depot = Depot(spec["n"], spec["done"]).deploy(spec["depot_server"])
+        depot = Depot(spec["n"], spec["done"], spec.get("hoard", False)).deploy(
+            spec["depot_server"]
+        )
         shipper = Shipper(depot, spec["n"], spec["size"]).deploy()
         ctx.send(shipper, Ship())
 
