@@ -185,7 +185,8 @@ def test_every_crash_step_on_every_server_a_scenario_crosses(kill_bus: KillBus) 
 
     # Post-mortem: the stores, opened in this process, are the evidence.
     config = load_config(kb.config)
-    with InProcessBus(config, store_kind="file", storage_root=kb.stores) as bus:
+    kind = config.setting(min(config.servers), "aaabus.store")  # what the processes used
+    with InProcessBus(config, store_kind=kind, storage_root=kb.stores) as bus:
         expected = {}
         for name, prefix in clean.items():
             run = Run(bus.servers, BY_NAME[name], prefix)

@@ -453,7 +453,9 @@ def finish_in_process(
     were stopped. Stops at the deadline even if credits are missing: the judges then say what.
     """
     cfg = load_config(config)
-    bus = InProcessBus(cfg, store_kind="file", storage_root=storage_root)
+    # The store kind the server processes used (the config's, else the default).
+    kind = cfg.setting(min(cfg.servers), "aaabus.store")
+    bus = InProcessBus(cfg, store_kind=kind, storage_root=storage_root)
     with bus:
         deadline = time.monotonic() + timeout
         first: int | None = None
