@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: test demo lint clean venv
+.PHONY: test check demo lint clean venv
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,14 @@ venv: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
+# The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).
+check: $(STAMP)
+	$(PY) -m pytest -q -m "not slow" -n 2
+
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy aaabus agents perf
+	$(VENV)/bin/mypy aaabus agents perf tests
 
 demo: $(STAMP)
 	$(PY) -m perf demo

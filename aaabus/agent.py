@@ -90,13 +90,25 @@ class Agent(Persistent):
             )
 
     def on_init(self, first_time: bool) -> None:
-        """Called before the agent's first reaction after each server boot, and at creation.
+        """Called at creation, then before the first reaction after anything reset the agent.
 
-        ``first_time`` is true once, in the transaction that creates the agent on its server;
-        it is false at every later boot (use it to rebuild caches that are not stored). The
-        agent may send and deploy from here. Runs on the engine thread; an exception rolls back
-        the creation (the deployer gets an ``AgentCreateReply(ok=False)`` if it asked for one)
-        or, at a later boot, the reaction that triggered it.
+        ``first_time`` is true once, in the transaction that creates the agent on its server.
+        It is false at every later call: after each server boot, and whenever the store reset the
+        agent's in-memory state (a rolled-back reaction that changed it, an eviction from the
+        object cache) — use it to rebuild what is not stored (``_v_`` attributes, caches). The
+        agent may send and deploy from here; those sends belong to the transaction that called
+        ``on_init``, so they vanish with it if it rolls back, and ``on_init`` runs again on the
+        replay. Runs on the engine thread; an exception rolls back the creation (the deployer
+        gets an ``AgentCreateReply(ok=False)`` if it asked for one) or the reaction that
+        triggered it (its sender gets an :class:`~aaabus.ExceptionNotification`).
+        """
+
+    def on_delete(self) -> None:
+        """Called by :meth:`delete`, inside the reaction that deletes the agent.
+
+        The last chance to tell others (sends from here are delivered if the reaction commits).
+        Runs on the engine thread; an exception rolls the whole reaction back, so the agent is
+        *not* deleted, and its sender receives an :class:`~aaabus.ExceptionNotification`.
         """
 
     # -- actions, valid only inside a reaction --------------------------------------------------
@@ -124,6 +136,13 @@ class Agent(Persistent):
         return ctx.deploy(self, ctx.server_id if server is None else server, reply)
 
     def delete(self) -> None:
-        """Delete this agent when the current reaction commits (its own reaction only)."""
+        """Delete this agent when the current reaction commits (its own reaction only).
+
+        Calls :meth:`on_delete`. Notifications that reach the agent afterwards are
+        answered with :class:`~aaabus.UnknownAgent`.
+        """
         ctx = current_context("delete()")
         ctx.delete(self.id)
+        # After the removal, so that the checks of ``ctx.delete`` come first; if the hook
+        # raises, rolling the reaction back puts the agent back in the store.
+        self.on_delete()

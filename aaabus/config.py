@@ -38,6 +38,7 @@ from defusedxml import DefusedXmlException
 from defusedxml.common import DTDForbidden, EntitiesForbidden, ExternalReferenceForbidden
 from defusedxml.expatreader import DefusedExpatParser
 
+from aaabus import settings
 from aaabus.errors import ConfigError
 
 __all__ = [
@@ -156,6 +157,13 @@ class BusConfig:
                 return own[name]
         return self.properties.get(name, default)
 
+    def setting(self, server_id: int | None, name: str) -> Any:
+        """The typed value of ``aaabus.*`` property ``name`` for ``server_id`` (its own value,
+        else the bus's, else the declared default; see :mod:`aaabus.settings`). The file was
+        checked when read, so this does not fail for a declared name."""
+        raw = self.prop(server_id, name)
+        return settings.find(name).default if raw is None else settings.parse(name, raw)
+
     def where(self, line: int) -> str:
         """``path:line``, the location format of every configuration error."""
         return f"{self.path}:{line}"
@@ -245,6 +253,15 @@ def _parse_xml(data: str | bytes, path: str) -> _Element:
             f"refused {what}: a3.xml must be plain XML without DTD or entities (they allow "
             "entity-expansion and external-entity attacks); remove the <!DOCTYPE ...> part",
             f"{path}:{builder.line()}",
+        ) from None
+    except (LookupError, ValueError) as exc:  # after DefusedXmlException, a ValueError
+        # Expat itself refuses an encoding it does not know (LookupError) or cannot decode one
+        # byte at a time (ValueError: UTF-7, multi-byte codecs) before any element is read;
+        # the handlers raise ConfigError only, so nothing else lands here.
+        raise ConfigError(
+            f"unsupported encoding in the XML declaration ({exc}); save the file as UTF-8 and "
+            'declare encoding="UTF-8" (or leave the encoding out)',
+            f"{path}:{builder.line() or 1}",
         ) from None
     if builder.root is None:  # pragma: no cover - expat reports "no element found" first
         raise ConfigError("empty document; write a <config> element", path)
@@ -337,6 +354,13 @@ class _Checker:
                     f"{elem.line}); keep only one",
                     elem.line,
                 )
+            if name.startswith(settings.PREFIX):
+                # Checked here, with the line, so that `aaabus check` refuses what a server
+                # would refuse at boot.
+                try:
+                    settings.parse(name, attrs["value"])
+                except ValueError as exc:
+                    raise self.error(f"{exc} (for {owner}); fix the value", elem.line) from None
             props[name] = attrs["value"]
             lines[name] = elem.line
         return props

@@ -33,10 +33,11 @@ from aaabus.failpoints import ENV_VAR as FAILPOINTS_ENV
 from aaabus.ids import AgentId
 from aaabus.network import Network
 from aaabus.notifications import Notification
-from aaabus.secret import load_secret
+from aaabus.secret import load_server_keys
 from aaabus.store import STORE_KINDS, Store, open_store
 from aaabus.tls import tls_contexts
 from aaabus.trace import Tracer
+from aaabus.trust import policy_for
 
 if TYPE_CHECKING:
     from aaabus.admin import AdminEndpoint
@@ -67,22 +68,9 @@ class BootContext:
     send: Callable[[AgentId, Notification], None]
 
 
-def _int_prop(cfg: BusConfig, server_id: int, name: str, default: int) -> int:
-    raw = cfg.prop(server_id, name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(f"property {name}={raw!r} is not an integer", cfg.path) from None
-    if value <= 0:
-        raise ConfigError(f"property {name}={raw!r} must be positive", cfg.path)
-    return value
-
-
 def secret_path(config: BusConfig, server_id: int | None = None) -> Path:
     """Where the bus secret is: property ``aaabus.secret`` (relative to the config) or bus.key."""
-    name = config.prop(server_id, "aaabus.secret") or "bus.key"
+    name: str = config.setting(server_id, "aaabus.secret")
     return Path(config.path).resolve().parent / name
 
 
@@ -130,26 +118,28 @@ class AgentServer:
         self.config = config
         self.server_id = server_id
         self.spec = config.server(server_id)
-        kind = store_kind or config.prop(server_id, "aaabus.store", "file") or "file"
+        kind = store_kind or config.setting(server_id, "aaabus.store")
         if kind not in STORE_KINDS:
-            raise ConfigError(
-                f"property aaabus.store={kind!r}: expected one of {', '.join(STORE_KINDS)}",
-                config.path,
-            )
+            raise ConfigError(f"store kind {kind!r}: expected one of {', '.join(STORE_KINDS)}")
         self.store_kind = kind
+        self.segment_size = config.setting(server_id, "aaabus.store.segment_kb") << 10
+        self.pack_every = config.setting(server_id, "aaabus.store.pack_mb") << 20
         self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
-        self.max_batch = _int_prop(config, server_id, "aaabus.engine.max_batch", 64)
-        self.max_group_ms = _int_prop(config, server_id, "aaabus.engine.max_group_ms", 5)
-        self.max_frame = _int_prop(config, server_id, "aaabus.max_frame", 16 << 20)
-        self.remember = _int_prop(config, server_id, "aaabus.client.remember", 100_000)
-        allow_cycles = config.prop(server_id, "aaabus.test.allow_cycles", "false") == "true"
+        self.max_batch: int = config.setting(server_id, "aaabus.engine.max_batch")
+        self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
+        self.max_frame: int = config.setting(server_id, "aaabus.max_frame")
+        self.remember: int = config.setting(server_id, "aaabus.client.remember")
+        allow_cycles: bool = config.setting(server_id, "aaabus.test.allow_cycles")
         # Validated at every boot: a cyclic domain graph would silently break causal order.
         if topology is None or topology.cfg is not config or topology.allow_cycles != allow_cycles:
             topology = Topology.from_config(config, allow_cycles=allow_cycles)
         self.topology = topology
         self.secret_path = secret_path(config, server_id)
-        self.secret = load_secret(self.secret_path)
-        trace_dir = config.prop(server_id, "aaabus.trace")
+        #: This server's link keys, the tool key, its bus's identity (see aaabus.secret).
+        self.keys = load_server_keys(self.secret_path, server_id, config.servers)
+        #: What pickles from peers, tools and the store may construct (see aaabus.trust).
+        self.trust = policy_for(config, server_id)
+        trace_dir: str | None = config.setting(server_id, "aaabus.trace")
         self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
         # Import every service before touching the store: a typo must not leave half a boot.
         self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
@@ -167,10 +157,19 @@ class AgentServer:
         self._stop_lock = threading.Lock()
         self._stop_requested = False
         self._stopping = threading.Lock()
+        self.failpoints_allowed = False
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
-        self.store = open_store(self.store_kind, self.storage, self.server_id)
+        self.store = open_store(
+            self.store_kind,
+            self.storage,
+            self.server_id,
+            self.trust,
+            self.keys.identity,
+            segment_size=self.segment_size,
+            pack_every=self.pack_every,
+        )
         try:
             self.engine = Engine(
                 self.store,
@@ -178,8 +177,12 @@ class AgentServer:
                 max_batch=self.max_batch,
                 max_group_s=self.max_group_ms / 1000.0,
                 on_exit=self.stopped.set,
+                trust=self.trust,
             )
+            # The variable being set at all (even empty) is the operator's opt-in to arming
+            # failpoints later through the admin port (see arm_failpoints).
             failpoints = os.environ.get(FAILPOINTS_ENV)
+            self.failpoints_allowed = failpoints is not None
             if failpoints:
                 self.engine.failpoints.arm_from_text(failpoints)
             if self.trace_dir is not None:
@@ -222,17 +225,12 @@ class AgentServer:
             else:
                 self.admin.start()
                 log.info("server %s: admin endpoint on %s:%s", self.server_id, *address)
-        metrics_port = self.config.prop(self.server_id, "aaabus.metrics.port")
-        if metrics_port:
+        metrics_port: int | None = self.config.setting(self.server_id, "aaabus.metrics.port")
+        if metrics_port is not None:
             from aaabus.metrics import MetricsEndpoint
 
-            host = self.config.prop(self.server_id, "aaabus.metrics.host") or "127.0.0.1"
-            if not metrics_port.isdigit() or not 0 <= int(metrics_port) <= 65535:
-                raise ConfigError(
-                    f"property aaabus.metrics.port={metrics_port!r} is not a port in 0..65535",
-                    self.config.path,
-                )
-            self.metrics = MetricsEndpoint(self, host, int(metrics_port))
+            host: str = self.config.setting(self.server_id, "aaabus.metrics.host")
+            self.metrics = MetricsEndpoint(self, host, metrics_port)
             log.info(
                 "server %s: metrics on http://%s:%s/metrics", self.server_id, *self.metrics.address
             )
@@ -348,6 +346,21 @@ class AgentServer:
             raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
         return str(agent.deploy(server))
 
+    def arm_failpoints(self, text: str) -> None:
+        """Arm failpoints (``name:action[:skip[:times]],...``) from another thread: a testing
+        tool, refused unless the process was started with ``AAABUS_FAILPOINTS`` set.
+
+        Not through :meth:`call`: a transaction would itself go through the steps being armed.
+        The engine thread reads the registry's plain dicts; a hit racing with the arming is
+        counted before or after it, which is all a test needs.
+        """
+        if not self.failpoints_allowed:
+            raise ConfigError(
+                f"server {self.server_id}: failpoints are off (start the server with "
+                f"{FAILPOINTS_ENV} set, even empty, to allow arming them; tests only)"
+            )
+        self._require_engine().failpoints.arm_from_text(text, where="failpoints request")
+
     def request_stop(self) -> None:
         """Stop as on SIGTERM, from another thread; returns at once (see :attr:`stopped`)."""
         with self._stop_lock:
@@ -371,15 +384,11 @@ class AgentServer:
             shared = next(d for d in other.domains if d in me.domains)
             peers[peer] = (other.hostname, other.port_in(shared))
             # Where to dial a peer, if not where it listens (a NAT, a tunnel, a test proxy).
-            override = self.config.prop(self.server_id, f"aaabus.dial.{peer}")
-            if override:
-                host, _, port = override.rpartition(":")
-                if not host or not port.isdigit():
-                    raise ConfigError(
-                        f"property aaabus.dial.{peer}={override!r} is not host:port",
-                        self.config.path,
-                    )
-                peers[peer] = (host, int(port))
+            override: tuple[str, int] | None = self.config.setting(
+                self.server_id, f"aaabus.dial.{peer}"
+            )
+            if override is not None:
+                peers[peer] = override
 
         def on_up(peer: int) -> None:
             engine.submit(lambda _engine: channel.resend(peer))
@@ -389,7 +398,7 @@ class AgentServer:
             my_id=self.server_id,
             listen=[(me.hostname, net.port) for net in me.networks],
             peers=peers,
-            secret=self.secret,
+            secret=self.keys.link_key,
             on_frame=channel.on_frame,
             on_up=on_up,
             max_frame=self.max_frame,

@@ -24,12 +24,12 @@ def tls_contexts(
     Paths are relative to the configuration file. Raises :class:`ConfigError` (one line) when
     a file is missing or unreadable.
     """
-    cert = config.prop(server_id, "aaabus.tls.cert")
+    cert: str | None = config.setting(server_id, "aaabus.tls.cert")
     if not cert:
         return None, None
     base = Path(config.path).resolve().parent
-    key = config.prop(server_id, "aaabus.tls.key")
-    ca = config.prop(server_id, "aaabus.tls.ca") or cert
+    key: str | None = config.setting(server_id, "aaabus.tls.key")
+    ca: str = config.setting(server_id, "aaabus.tls.ca") or cert
     try:
         accepting = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH, cafile=str(base / ca))
         accepting.load_cert_chain(str(base / cert), str(base / key) if key else None)

@@ -1,6 +1,6 @@
 """``python -m perf torture``: crash schedules judged by the independent checker, and wire fuzzing.
 
-Each schedule (see ``tests/support/torture.py``) runs the bank-and-gossip workload on a bus of
+Each schedule (see ``aaabus/testing/torture.py``) runs the bank-and-gossip workload on a bus of
 real server processes in several causality domains while servers and routers are SIGKILLed and
 restarted at moments fixed by the schedule's seed; afterwards the money must be conserved and
 the checker must find no loss, no duplicate and no causal violation. ``--fuzz-frames N`` adds a
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.support.torture import make_schedule, run_schedule, schedule_seed
+from aaabus.testing.torture import make_schedule, run_schedule, schedule_seed
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             if not outcome.ok:
                 totals["failed_seeds"].append(seed)
         if args.fuzz_frames > 0:
-            from tests.support.torture import fuzz_live_server
+            from aaabus.testing.torture import fuzz_live_server
 
             try:
                 fuzz = fuzz_live_server(root / "fuzz", args.fuzz_frames, seed=args.seed, log=log)

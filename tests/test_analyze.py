@@ -21,6 +21,9 @@ from perf.analyze import TraceError, analyze, spark_session, validate_traces
 from perf.schema import RTT_SCHEMA
 from perf.synth import Law, write_traces
 
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parent.parent
 
 # Known laws (ms): a quadratic, two linear, a constant, each with 8 % log-normal noise.

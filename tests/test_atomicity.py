@@ -3,16 +3,35 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from aaabus import AgentId
+from aaabus import (
+    AgentDeleteAck,
+    AgentDeleteRequest,
+    AgentId,
+    AgentServer,
+    ExceptionNotification,
+    UnknownAgent,
+)
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
-from tests.conftest import Inbox
-from tests.support.agents import Deployer, Go, InitSender, Marker, Recorder, Seen
+from tests.support.agents import (
+    Deployer,
+    Go,
+    InitSender,
+    Leaving,
+    Marker,
+    Poke,
+    Probe,
+    Recorder,
+    Seen,
+)
+from tests.support.harness import Inbox
 
 
 @pytest.fixture
@@ -44,7 +63,9 @@ def _setup(bus: InProcessBus) -> tuple[AgentId, Inbox]:
     return deployer, inbox
 
 
-def test_failed_creation_sends_no_phantom_and_loses_nothing_after(two_servers) -> None:
+def test_failed_creation_sends_no_phantom_and_loses_nothing_after(
+    two_servers: InProcessBus,
+) -> None:
     """A remote send staged earlier in the group, then a creation whose on_init sends and
     raises: the creation's send must vanish, and the next send must not reuse its number."""
     bus = two_servers
@@ -59,7 +80,9 @@ def test_failed_creation_sends_no_phantom_and_loses_nothing_after(two_servers) -
     _assert_counts_match(bus)
 
 
-def test_failed_creation_alone_in_a_group_leaves_the_channel_sending(two_servers) -> None:
+def test_failed_creation_alone_in_a_group_leaves_the_channel_sending(
+    two_servers: InProcessBus,
+) -> None:
     """The creation's send is the first remote send of its group: rolling it back must not
     leave the channel believing that a flush is scheduled, or it never sends again."""
     bus = two_servers
@@ -96,7 +119,7 @@ def test_on_init_of_a_rolled_back_reaction_runs_again(
         _assert_counts_match(bus)
 
 
-def test_deploy_from_outside_survives_a_replayed_group(two_servers) -> None:
+def test_deploy_from_outside_survives_a_replayed_group(two_servers: InProcessBus) -> None:
     """The caller's agent object learns its id inside the group: if the group is replayed,
     the deployment must run again rather than find the object 'already deployed'."""
     bus = two_servers
@@ -112,10 +135,50 @@ def test_deploy_from_outside_survives_a_replayed_group(two_servers) -> None:
     assert _labels(inbox, 1) == ["works"]
 
 
+def test_a_failing_on_delete_keeps_the_agent_and_reports_to_the_sender(
+    two_servers: InProcessBus, caplog: pytest.LogCaptureFixture
+) -> None:
+    """on_delete sends, then raises: the deletion and the send vanish, the requester gets an
+    exception notification, the log has one line naming the agent; a later delete works."""
+    bus = two_servers
+    inbox = Inbox()
+    bus[0].add_listener(inbox)
+    probe = bus[0].deploy(Probe())
+    leaving = bus[1].deploy(Leaving(probe))
+
+    def received() -> object:
+        seen = inbox.get()
+        assert isinstance(seen, Seen) and seen.by == probe, seen
+        return seen.note
+
+    with caplog.at_level(logging.WARNING, logger="aaabus"):
+        bus[0].send(probe, Poke(leaving, AgentDeleteRequest()))
+        report = received()
+    assert isinstance(report, ExceptionNotification), report
+    assert report.target == leaving and report.error_type == "RuntimeError"
+    assert report.error_message == "not leaving"
+    lines = [r.getMessage() for r in caplog.records if str(leaving) in r.getMessage()]
+    assert len(lines) == 1 and "RuntimeError: not leaving" in lines[0], lines
+    # Still there, and the rolled-back goodbye was never delivered.
+    bus[0].send(probe, Poke(leaving, Marker("comply")))
+    bus[0].send(probe, Poke(leaving, AgentDeleteRequest()))
+    goodbye, ack = received(), received()
+    assert goodbye == Marker("goodbye") and ack == AgentDeleteAck(leaving)
+    bus[0].send(probe, Poke(leaving, Marker("anyone?")))
+    gone = received()
+    assert isinstance(gone, UnknownAgent) and gone.target == leaving
+    _assert_counts_match(bus)
+
+
 def _assert_counts_match(bus: InProcessBus) -> None:
     """Once idle, every committed send was delivered once: the sums agree on both sides."""
-    sent = sum(server.call(lambda s=server: s.engine.stats.sent) for server in bus.servers.values())
-    delivered = sum(
-        server.call(lambda s=server: s.engine.stats.reactions) for server in bus.servers.values()
-    )
+
+    def counts(server: AgentServer) -> tuple[int, int]:
+        engine = server.engine
+        assert engine is not None
+        return engine.stats.sent, engine.stats.reactions
+
+    totals = [server.call(functools.partial(counts, server)) for server in bus.servers.values()]
+    sent = sum(t[0] for t in totals)
+    delivered = sum(t[1] for t in totals)
     assert sent == delivered, (sent, delivered)

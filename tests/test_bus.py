@@ -7,19 +7,24 @@ import random
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aaabus.launch import Bus
 from aaabus.secret import load_secret
+from aaabus.testing.proxy import FaultProxy
 from aaabus.wire import AcceptorHandshake, ConnectorHandshake, FrameDecoder
-from tests.conftest import REPO_ROOT
 from tests.support.bus import add_to_server, listen_port, wait_json
-from tests.support.proxy import FaultProxy
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 
-def figure13(tmp_path: Path, make_config, order: str) -> list[str]:
+def figure13(tmp_path: Path, make_config: Callable[..., Path], order: str) -> list[str]:
     """A1 on s1 sends n1 to A3 on s3, then n2 to A2 on s2, which forwards n3 to A3; the s1->s3
     link is slowed down by a proxy. Returns the order in which A3 received n1 and n3."""
     config = make_config(servers=4, domain_attrs=f'order="{order}"')
@@ -41,24 +46,32 @@ def figure13(tmp_path: Path, make_config, order: str) -> list[str]:
         proxy.stop()
 
 
-def test_figure13_causal_order_holds_despite_a_slow_link(tmp_path, make_config) -> None:
+def test_figure13_causal_order_holds_despite_a_slow_link(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     assert figure13(tmp_path, make_config, "causal") == ["n1", "n3"]
 
 
-def test_figure13_fifo_domain_shows_the_delay_reorders(tmp_path, make_config) -> None:
+def test_figure13_fifo_domain_shows_the_delay_reorders(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     # Same traffic with per-link order only: n3 overtakes n1, so the test above is not vacuous.
     assert figure13(tmp_path, make_config, "fifo") == ["n3", "n1"]
 
 
-def bounce_config(make_config, tmp_path: Path, n: int, **kw) -> tuple[Path, Path]:
+def bounce_config(
+    make_config: Callable[..., Path], tmp_path: Path, n: int, **kw: Any
+) -> tuple[Path, Path]:
     done = tmp_path / "done.json"
     args = json.dumps({"echo": 1, "n": n, "done": str(done)})
-    service = f"<service class=\"tests.support.agents:bounce_setup\" args='{args}'/>"
+    service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{args}'/>"
     return make_config(servers=2, extra={0: service}, **kw), done
 
 
 @pytest.mark.parametrize("stamps", ["delta", "full"])
-def test_pingpong_survives_five_sigkills_of_the_pong_server(tmp_path, make_config, stamps) -> None:
+def test_pingpong_survives_five_sigkills_of_the_pong_server(
+    tmp_path: Path, make_config: Callable[..., Path], stamps: str
+) -> None:
     rng = random.Random(7 if stamps == "delta" else 8)
     config, done = bounce_config(make_config, tmp_path, 2000, domain_attrs=f'stamps="{stamps}"')
     kills = 0
@@ -102,7 +115,9 @@ def read_frame(sock: socket.socket) -> bytes:
             return frames[0]
 
 
-def test_intruders_are_refused_and_logged_while_peers_keep_working(tmp_path, make_config) -> None:
+def test_intruders_are_refused_and_logged_while_peers_keep_working(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, done = bounce_config(make_config, tmp_path, 3000)
     secret = load_secret(tmp_path / "bus.key")
     port = listen_port(config, 1)

@@ -10,8 +10,8 @@ from aaabus.config import parse_config
 from aaabus.domains import Topology
 from aaabus.inprocess import InProcessBus
 from aaabus.topology import render
-from tests.conftest import contiguous_free_base
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
+from tests.support.harness import contiguous_free_base
 
 
 @st.composite
@@ -36,7 +36,9 @@ def domain_trees(draw: st.DrawFn) -> list[list[int]]:
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
 @given(layout=domain_trees(), seed=st.integers(0, 1000), stamps=st.sampled_from(["delta", "full"]))
-def test_random_domain_trees_keep_causal_order(layout, seed, stamps) -> None:
+def test_random_domain_trees_keep_causal_order(
+    layout: list[list[int]], seed: int, stamps: str
+) -> None:
     servers = 1 + max(max(m) for m in layout)
     text = render(
         layout,

@@ -1,4 +1,4 @@
-"""The history checker (tests/support/checker.py), judged before it judges the bus.
+"""The history checker (aaabus/testing/checker.py), judged before it judges the bus.
 
 Hand-made histories pin each verdict on a case small enough to verify by eye. The property
 tests run a causal-delivery simulator written here that tracks causality as explicit sets of
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.support.checker import (
+from aaabus.testing.checker import (
     Delivery,
     Report,
     Send,

@@ -26,7 +26,10 @@ from pathlib import Path
 import pytest
 
 from examples._bus import free_base
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 DOCS = ["README.md", "docs/tutorial.md", "docs/operations.md"]
 FENCE = re.compile(r"^```(\w+)[ \t]*([^\n]*)\n(.*?)^```[ \t]*$", re.M | re.S)

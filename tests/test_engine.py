@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 
@@ -18,7 +20,7 @@ from aaabus import (
     OutsideReactionError,
     UnknownAgent,
 )
-from aaabus.store import open_store
+from aaabus.store import DEFAULT_STORE_KIND, STORE_KINDS, open_store
 from tests.support.agents import (
     Boom,
     Counter,
@@ -33,25 +35,28 @@ from tests.support.agents import (
     Silent,
     Weird,
 )
+from tests.support.harness import Inbox, SingleServer
 
 
 def stored_agent(storage: Path, agent_id: AgentId) -> Agent | None:
     """Read an agent straight from a stopped server's store."""
-    store = open_store("file", storage, agent_id.server)
+    store = open_store(DEFAULT_STORE_KIND, storage, agent_id.server)
     try:
-        agent = store.agents.get((agent_id.origin, agent_id.stamp))
+        agent: Agent | None = store.agents.get((agent_id.origin, agent_id.stamp))
         if agent is None:
             return None
         # Copy the state out: the stored object becomes unusable once the store is closed.
         agent._p_activate()
-        copy = type(agent).__new__(type(agent))
-        copy.__setstate__(dict(agent.__getstate__()))
+        cls: type[Agent] = type(agent)
+        copy = cls.__new__(cls)
+        state = cast("dict[str, Any]", agent.__getstate__())
+        copy.__setstate__(dict(state))
         return copy
     finally:
         store.close()
 
 
-def seen(inbox, timeout: float = 10.0) -> Seen:
+def seen(inbox: Inbox, timeout: float = 10.0) -> Seen:
     note = inbox.get(timeout)
     assert isinstance(note, Seen), note
     return note
@@ -73,7 +78,9 @@ def test_send_outside_a_reaction_is_a_clear_error() -> None:
         Agent().send_to(AgentId(0, 0, 16), Marker())
 
 
-def test_failed_reaction_leaves_only_the_exception_notification(single_server, tmp_path) -> None:
+def test_failed_reaction_leaves_only_the_exception_notification(
+    single_server: SingleServer, tmp_path: Path
+) -> None:
     server, inbox, _ = single_server
     probe = server.deploy(Probe())
     recorder = server.deploy(Recorder())
@@ -95,8 +102,12 @@ def test_failed_reaction_leaves_only_the_exception_notification(single_server, t
     assert state is not None and state.value == 0
 
 
-def test_failure_inside_a_group_rolls_back_that_reaction_alone(single_server, tmp_path) -> None:
+def test_failure_inside_a_group_rolls_back_that_reaction_alone(
+    single_server: SingleServer, tmp_path: Path
+) -> None:
     server, inbox, _ = single_server
+    engine = server.engine
+    assert engine is not None
     probe = server.deploy(Probe())
     counter = server.deploy(Counter())
     faulty = server.deploy(Faulty())
@@ -104,18 +115,18 @@ def test_failure_inside_a_group_rolls_back_that_reaction_alone(single_server, tm
     def burst() -> None:
         # Everything lands in the input queue together, so the engine runs it as one group.
         for i in range(1, 6):
-            server.engine._context.send(counter, Inc(i))
-        server.engine._context.send(probe, Poke(faulty, Boom(probe)))
+            engine._context.send(counter, Inc(i))
+        engine._context.send(probe, Poke(faulty, Boom(probe)))
         for i in range(6, 11):
-            server.engine._context.send(counter, Inc(i))
-        server.engine._context.send(probe, Poke(counter, Weird()))
+            engine._context.send(counter, Inc(i))
+        engine._context.send(probe, Poke(counter, Weird()))
 
     server.call(burst)
     first, second = seen(inbox), seen(inbox)
     assert isinstance(first.note, ExceptionNotification) and first.note.error_type == "ValueError"
     assert isinstance(second.note, ExceptionNotification)
     assert second.note.error_type == "UnknownNotificationError"
-    assert server.engine.stats.aborts >= 1
+    assert engine.stats.aborts >= 1
     server.stop()
     state = stored_agent(tmp_path / "s0", counter)
     assert state is not None and (state.count, state.errors) == (10, 0)
@@ -123,7 +134,7 @@ def test_failure_inside_a_group_rolls_back_that_reaction_alone(single_server, tm
     assert faulty_state is not None and faulty_state.value == 0
 
 
-def test_unknown_agent_and_unknown_server(single_server) -> None:
+def test_unknown_agent_and_unknown_server(single_server: SingleServer) -> None:
     server, inbox, _ = single_server
     probe = server.deploy(Probe())
     ghost = AgentId(0, 0, 999)
@@ -137,7 +148,7 @@ def test_unknown_agent_and_unknown_server(single_server) -> None:
     assert isinstance(report.note, UnknownAgent) and report.note.target == elsewhere
 
 
-def test_unknown_notification_gives_an_exception_notification(single_server) -> None:
+def test_unknown_notification_gives_an_exception_notification(single_server: SingleServer) -> None:
     server, inbox, _ = single_server
     probe = server.deploy(Probe())
     silent = server.deploy(Silent())
@@ -147,7 +158,7 @@ def test_unknown_notification_gives_an_exception_notification(single_server) -> 
     assert exc.error_type == "UnknownNotificationError" and "Weird" in exc.error_message
 
 
-def test_deploy_through_the_factory_with_reply_then_delete(single_server) -> None:
+def test_deploy_through_the_factory_with_reply_then_delete(single_server: SingleServer) -> None:
     server, inbox, _ = single_server
     probe = server.deploy(Probe())
     server.send(probe, DeployThis(Counter(), 0))
@@ -163,13 +174,13 @@ def test_deploy_through_the_factory_with_reply_then_delete(single_server) -> Non
     assert isinstance(gone, UnknownAgent) and gone.target == counter
 
 
-def test_create_failure_is_reported(single_server) -> None:
+class Broken(Agent):
+    def on_init(self, first_time: bool) -> None:
+        raise KeyError("no init")
+
+
+def test_create_failure_is_reported(single_server: SingleServer) -> None:
     server, inbox, _ = single_server
-
-    class Broken(Agent):
-        def on_init(self, first_time: bool) -> None:
-            raise KeyError("no init")
-
     probe = server.deploy(Probe())
     server.send(probe, DeployThis(Broken(), 0))
     reply = seen(inbox).note
@@ -182,11 +193,12 @@ class _Note(Notification):
 
 
 def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
-    tmp_path, make_config
+    tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
     from aaabus.config import load_config
 
-    cfg = load_config(make_config())
+    # A class by value is code: the server loads it only when told to (aaabus.trust.by_value).
+    cfg = load_config(make_config(properties={"aaabus.trust.by_value": "true"}))
 
     class Local(Agent):  # defined in a function: no server could import it by name
         def __init__(self) -> None:
@@ -198,7 +210,7 @@ def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
             self.send_to(AgentId.server_of(0), Seen(self.id, sender, self.hits))
 
     def run_once(expect: int, agent_id: AgentId | None) -> AgentId:
-        from tests.conftest import Inbox
+        from tests.support.harness import Inbox
 
         server = AgentServer(cfg, 0, storage=tmp_path / "s0")
         server.start()
@@ -217,7 +229,9 @@ def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
     run_once(2, aid)
 
 
-def test_on_init_first_time_then_at_each_boot(tmp_path, make_config) -> None:
+def test_on_init_first_time_then_at_each_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     from aaabus.config import load_config
 
     cfg = load_config(make_config())
@@ -236,8 +250,8 @@ def test_on_init_first_time_then_at_each_boot(tmp_path, make_config) -> None:
     assert state is not None and (state.inits, state.count) == (2, 2)
 
 
-@pytest.mark.parametrize("kind", ["memory", "file"])
-def test_an_agent_stays_in_the_object_cache_through_busy_groups(tmp_path, kind) -> None:
+@pytest.mark.parametrize("kind", STORE_KINDS)
+def test_an_agent_stays_in_the_object_cache_through_busy_groups(tmp_path: Path, kind: str) -> None:
     # As in a broadcast on a router: the agent reacts first, then the channel writes a thousand
     # queue entries in the same transaction, so at the commit the agent is the oldest object.
     # ZODB's default cache (400 objects, which memory stores had) then evicted it: unpickled

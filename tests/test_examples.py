@@ -7,7 +7,10 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 EXPECTED = {
     "hello": ["deployed a Greeter on server 1", "hello #1, world", "hello #2, again"],

@@ -18,20 +18,21 @@ show in the runs after it.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from aaabus.config import parse_config
+from aaabus import AgentServer
+from aaabus.config import load_config, parse_config
 from aaabus.failpoints import STEPS, FailpointError, Failpoints
 from aaabus.inprocess import InProcessBus
 from aaabus.secret import ensure_secret
+from aaabus.testing.proxy import FaultProxy
 from aaabus.topology import render
-from tests.conftest import contiguous_free_base
-from tests.support.proxy import FaultProxy
+from tests.support.harness import TEST_TRUST, contiguous_free_base
 from tests.support.walk import Run, Scenario, scenarios, wait_idle
 
 LAYOUT = [[0, 1, 2], [2, 3]]
@@ -49,7 +50,11 @@ class WalkBus:
 @pytest.fixture(scope="module")
 def walk_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WalkBus]:
     tmp = tmp_path_factory.mktemp("walk")
-    properties = {"aaabus.secret": "bus.key", "aaabus.engine.max_group_ms": "50"}
+    properties = {
+        "aaabus.secret": "bus.key",
+        "aaabus.engine.max_group_ms": "50",
+        "aaabus.trust": TEST_TRUST,
+    }
     text = render(LAYOUT, 4, base_port=contiguous_free_base(5), properties=properties)
     router_port = parse_config(text).servers[2].port_in("D0")
     slow = FaultProxy(("127.0.0.1", router_port), "walk-slow-link")
@@ -131,6 +136,7 @@ class Walk:
         return outcome, hits
 
 
+@pytest.mark.slow
 def test_every_failpoint_fails_every_scenario_cleanly(walk_bus: WalkBus) -> None:
     walk = Walk(walk_bus)
     started = time.monotonic()
@@ -183,3 +189,28 @@ def test_failpoints_from_the_environment_are_checked(tmp_path: Path) -> None:
     for bad in ("channel.flush", "channel.flush:explode", "channel.flush:raise:x", "x:raise"):
         with pytest.raises(ConfigError, match="AAABUS_FAILPOINTS: bad failpoint"):
             Failpoints().arm_from_text(bad)
+
+
+def test_arming_a_running_server_needs_the_operators_opt_in(
+    tmp_path: Path, make_config: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from aaabus.errors import ConfigError
+
+    config = load_config(make_config())
+    monkeypatch.delenv("AAABUS_FAILPOINTS", raising=False)
+    closed = AgentServer(config, 0, storage=tmp_path / "closed")
+    closed.start()
+    try:
+        with pytest.raises(ConfigError, match="failpoints are off"):
+            closed.arm_failpoints("engine.commit:raise")
+    finally:
+        closed.stop()
+    monkeypatch.setenv("AAABUS_FAILPOINTS", "")
+    opened = AgentServer(config, 0, storage=tmp_path / "opened")
+    opened.start()
+    try:
+        opened.arm_failpoints("engine.commit:raise")
+        assert opened.call(lambda: "done") == "done"  # its group failed once, then replayed
+        assert opened.engine is not None and opened.engine.failpoints.fired("engine.commit") == 1
+    finally:
+        opened.stop()

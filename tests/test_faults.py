@@ -6,10 +6,14 @@ delays, stalls, cuts connections in the middle of a frame, and partitions then h
 the next volley is the recovery time, bounded by the 1 s cap of the redial backoff plus one round
 trip. Gossip across two domains through a cut-and-partitioned link is judged by the checker.
 
-Storage: a server whose disk fills stops with one error line and a non-zero status instead of
-acknowledging what it could not store, and the sender delivers everything once the space is
-back; a data.fs cut short or overwritten with garbage is refused at boot (exit 2, one line),
-while the torn tail a crash leaves behind is recovered silently, as it must be.
+Storage, on both durable kinds: a server whose disk fills stops with one error line and a
+non-zero status instead of acknowledging what it could not store, and the sender delivers
+everything once the space is back. FileStorage: a data.fs cut short or overwritten with garbage
+is refused at boot (exit 2, one line), while the torn tail a crash leaves behind is recovered
+silently, as it must be. Log store: a damaged block or segment header is refused at boot in one
+line naming the segment file and the byte offset (its torn tails are tested in
+``test_logstorage.py`` and by the SIGKILL tests of ``test_server_process.py``, which run on the
+default store).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import pytest
@@ -28,28 +33,35 @@ import pytest
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
 from aaabus.launch import Bus, ServerProcess
-from tests.conftest import REPO_ROOT
+from aaabus.testing.proxy import FaultProxy
+from aaabus.testing.torture import read_progress, wait_progress
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
-from tests.support.proxy import FaultProxy
-from tests.support.torture import read_progress, wait_progress
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 # -- network faults ------------------------------------------------------------------------------
 
 
-def rally_through_proxy(tmp_path: Path, make_config) -> tuple[Path, FaultProxy, Path]:
+def rally_through_proxy(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> tuple[Path, FaultProxy, Path]:
     progress = tmp_path / "rally.json"
     config = make_config(servers=2)
     cfg = load_config(config)
     proxy = FaultProxy(("127.0.0.1", cfg.servers[1].networks[0].port), name="s0-s1")
     add_to_server(config, 0, f'<property name="aaabus.dial.1" value="127.0.0.1:{proxy.port}"/>')
     spec = json.dumps({"echo": 1, "n": 10**9, "done": str(progress), "every": 1})
-    service = f"<service class=\"tests.support.agents:bounce_setup\" args='{spec}'/>"
+    service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{spec}'/>"
     add_to_server(config, 0, service)
     return config, proxy, progress
 
 
-def wait_change(progress: Path, since: int, procs, timeout: float) -> float:
+def wait_change(
+    progress: Path, since: int, procs: Iterable[ServerProcess], timeout: float
+) -> float:
     """Seconds until the rally's count moves past ``since`` (polled every 2 ms)."""
     t0 = time.monotonic()
     pause = threading.Event()
@@ -62,7 +74,9 @@ def wait_change(progress: Path, since: int, procs, timeout: float) -> float:
     return time.monotonic() - t0
 
 
-def test_rally_survives_delay_stall_cuts_and_partitions(tmp_path, make_config) -> None:
+def test_rally_survives_delay_stall_cuts_and_partitions(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, proxy, progress = rally_through_proxy(tmp_path, make_config)
     rng = random.Random(5)
     recoveries: list[float] = []
@@ -116,7 +130,9 @@ def test_rally_survives_delay_stall_cuts_and_partitions(tmp_path, make_config) -
     assert max(recoveries) <= 1.5 + 5 * rtt, (recoveries, rtt)
 
 
-def test_gossip_across_domains_through_a_faulty_link_is_causal(tmp_path, make_config) -> None:
+def test_gossip_across_domains_through_a_faulty_link_is_causal(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     # D0 [s0 s1]  D1 [s1 s2]: s1 routes, and its dial to s2 goes through the proxy.
     config = make_config(layout=[[0, 1], [1, 2]], properties={"aaabus.store": "memory"})
     cfg = load_config(config)
@@ -162,8 +178,9 @@ def _umount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
+@pytest.mark.parametrize("kind", ["log", "file"])
 def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
-    tmp_path, make_config
+    tmp_path: Path, make_config: Callable[..., Path], kind: str
 ) -> None:
     small = tmp_path / "small"
     if not _mount_tmpfs(small, "1m"):
@@ -171,12 +188,21 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
     try:
         done = tmp_path / "done.json"
         n = 1500  # parcels of 8 KB: over 10 MB, ten times what fits in the 1 MB file system
-        spec = json.dumps({"depot_server": 1, "n": n, "size": 8192, "done": str(done)})
-        service = f"<service class=\"tests.support.torture:shipping_setup\" args='{spec}'/>"
-        # Small groups: each commit writes the depot and its 8 KB again.
-        config = make_config(
-            servers=2, extra={0: service}, properties={"aaabus.engine.max_batch": "1"}
+        # FileStorage keeps every revision: rewriting the depot fills the disk. The log store
+        # reclaims superseded ones: the depot must keep every parcel (live data) to fill it,
+        # in 64 KiB segments so that the store fits the 1 MB file system at first.
+        hoard = kind == "log"
+        spec = json.dumps(
+            {"depot_server": 1, "n": n, "size": 8192, "done": str(done), "hoard": hoard}
         )
+        service = f"<service class=\"aaabus.testing.torture:shipping_setup\" args='{spec}'/>"
+        # Small groups: each commit writes the depot and its 8 KB again.
+        properties = {
+            "aaabus.engine.max_batch": "1",
+            "aaabus.store": kind,
+            "aaabus.store.segment_kb": "64",
+        }
+        config = make_config(servers=2, extra={0: service}, properties=properties)
         s0 = ServerProcess(config, 0, tmp_path / "s0", cwd=REPO_ROOT)
         s1 = ServerProcess(config, 1, small / "s1", cwd=REPO_ROOT)
         try:
@@ -206,12 +232,14 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
         _umount(small)
 
 
-def _counter_store(tmp_path: Path, make_config) -> tuple[Path, Path]:
-    """A stopped server 0 whose store holds a counter that reached 200."""
+def _counter_store(
+    tmp_path: Path, make_config: Callable[..., Path], kind: str = "file"
+) -> tuple[Path, Path]:
+    """A stopped server 0 whose store (of ``kind``) holds a counter that reached 200."""
     done = tmp_path / "done.json"
     args = json.dumps({"n": 200, "done": str(done)})
     service = f"<service class=\"tests.support.agents:durability_setup\" args='{args}'/>"
-    config = make_config(extra={0: service})
+    config = make_config(extra={0: service}, properties={"aaabus.store": kind})
     storage = tmp_path / "s0"
     proc = ServerProcess(config, 0, storage, cwd=REPO_ROOT).start()
     try:
@@ -236,11 +264,11 @@ def _boot(config: Path, storage: Path) -> subprocess.CompletedProcess[str] | Non
     return None
 
 
-def _counter_value(storage: Path) -> int:
+def _counter_value(storage: Path, kind: str = "file") -> int:
     from aaabus.store import open_store
     from tests.support.agents import Counter
 
-    store = open_store("file", storage, 0)
+    store = open_store(kind, storage, 0)
     try:
         return next(a.count for a in store.agents.values() if isinstance(a, Counter))
     finally:
@@ -255,7 +283,9 @@ def _last_transaction(data: Path) -> tuple[int, bytes]:
     return start, raw[start:]
 
 
-def test_store_cut_short_is_refused_at_boot(tmp_path, make_config) -> None:
+def test_store_cut_short_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config, storage = _counter_store(tmp_path, make_config)
     data = storage / "data.fs"
     size = data.stat().st_size
@@ -268,7 +298,9 @@ def test_store_cut_short_is_refused_at_boot(tmp_path, make_config) -> None:
     assert "Traceback" not in refused.stdout
 
 
-def test_torn_tail_of_a_crash_is_recovered(tmp_path, make_config) -> None:
+def test_torn_tail_of_a_crash_is_recovered(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     """What SIGKILL in the middle of a commit leaves: a last transaction still marked "c" (in
     progress), possibly incomplete. FileStorage drops it at open (keeping the bytes in
     data.fs.tr0) and the server boots with the last committed state: nothing acknowledged is
@@ -303,7 +335,9 @@ def _oid_of(storage: Path, which: str) -> bytes:
 
 
 @pytest.mark.parametrize("which", ["root", "agent"])
-def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config, which) -> None:
+def test_garbage_over_a_live_record_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path], which: str
+) -> None:
     import ZODB.FileStorage
     from ZODB.FileStorage.format import DATA_HDR_LEN
 
@@ -326,7 +360,9 @@ def test_garbage_over_a_live_record_is_refused_at_boot(tmp_path, make_config, wh
     assert "Traceback" not in refused.stdout
 
 
-def test_garbage_in_an_old_revision_is_harmless(tmp_path, make_config) -> None:
+def test_garbage_in_an_old_revision_is_harmless(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     """Old revisions are never read again (no pack, no undo here): garbage there is not found
     at boot, and does not matter. Documented, not wished for."""
     config, storage = _counter_store(tmp_path, make_config)
@@ -339,7 +375,9 @@ def test_garbage_in_an_old_revision_is_harmless(tmp_path, make_config) -> None:
     assert _counter_value(storage) == 200
 
 
-def test_check_of_a_copied_store_is_unaffected(tmp_path, make_config) -> None:
+def test_check_of_a_copied_store_is_unaffected(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     # A whole copy of a stopped store is a valid backup: the boot checks accept it.
     config, storage = _counter_store(tmp_path, make_config)
     copy = tmp_path / "copy"
@@ -347,3 +385,68 @@ def test_check_of_a_copied_store_is_unaffected(tmp_path, make_config) -> None:
     (copy / "data.fs.lock").unlink(missing_ok=True)
     assert _boot(config, copy) is None
     assert _counter_value(copy) == 200
+
+
+# -- the same faults on a log store (the default) --------------------------------------------------
+
+
+def test_damaged_log_block_is_refused_at_boot_naming_segment_and_offset(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "log")
+    segments = sorted((storage / "log").glob("*.seg"))
+    first = next(p for p in segments if not p.name.startswith("free-"))
+    before = first.read_bytes()
+    # Inside the body of the first block: acknowledged blocks follow it, so it is damage, not
+    # a torn write.
+    with first.open("r+b") as f:
+        f.seek(64 + 24 + 10)
+        f.write(b"\xde\xad")
+    refused = _boot(config, storage)
+    assert refused is not None, "a log store with a damaged committed block booted"
+    assert refused.returncode == 2
+    last = refused.stdout.strip().splitlines()[-1]
+    assert f"log store segment {first} is damaged at byte 64:" in last, last
+    assert "Traceback" not in refused.stdout
+    assert first.read_bytes()[:64] == before[:64], "refused, yet changed"
+
+
+def test_damaged_log_segment_header_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "log")
+    first = sorted((storage / "log").glob("[0-9a-f]*.seg"))[0]
+    with first.open("r+b") as f:
+        f.seek(20)
+        f.write(b"\xff")
+    refused = _boot(config, storage)
+    assert refused is not None, "a log store with a damaged segment header booted"
+    assert refused.returncode == 2
+    last = refused.stdout.strip().splitlines()[-1]
+    assert f"log store segment {first} is damaged at byte 0:" in last, last
+    assert "Traceback" not in refused.stdout
+
+
+def test_copy_of_a_stopped_log_store_boots(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "log")
+    copy = tmp_path / "copy"
+    shutil.copytree(storage, copy)
+    assert _boot(config, copy) is None
+    assert _counter_value(copy, "log") == 200
+
+
+def test_a_store_of_the_other_kind_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "file")
+    other = config.with_name("log.xml")
+    other.write_text(config.read_text().replace('value="file"', 'value="log"'))
+    refused = _boot(other, storage)
+    assert refused is not None, "a file store was opened as an empty log store"
+    assert refused.returncode == 2
+    last = refused.stdout.strip().splitlines()[-1]
+    assert f"storage directory {storage} holds a file store" in last, last
+    assert "set property aaabus.store=file to keep using it" in last, last
+    assert not (storage / "log").exists()

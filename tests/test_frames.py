@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pickle
 import tracemalloc
+from typing import Any
 
 import cloudpickle
 import pytest
@@ -21,7 +22,7 @@ from aaabus.channel import decode_data, encode_data
 from aaabus.ids import AgentId
 from aaabus.message import BadBody, Message, encode_note, vet_body
 from aaabus.pickles import MalformedPickle, pickle_end
-from tests.support.torture import Start
+from aaabus.testing.torture import Start
 
 values = st.recursive(
     st.none()
@@ -43,7 +44,9 @@ values = st.recursive(
 
 @settings(max_examples=300, deadline=None)
 @given(value=values, protocol=st.integers(0, pickle.HIGHEST_PROTOCOL))
-def test_every_pickle_python_writes_passes_and_every_cut_is_refused(value, protocol) -> None:
+def test_every_pickle_python_writes_passes_and_every_cut_is_refused(
+    value: Any, protocol: int
+) -> None:
     body = pickle.dumps(value, protocol)
     vet_body(body)
     for cut in range(len(body)):
@@ -121,7 +124,9 @@ ids = st.builds(
     target=ids,
     value=values,
 )
-def test_data_frames_round_trip(seq, domain, stamp, sender, target, value) -> None:
+def test_data_frames_round_trip(
+    seq: int, domain: str, stamp: bytes, sender: AgentId, target: AgentId, value: Any
+) -> None:
     message = Message(sender, target, pickle.dumps(value, pickle.HIGHEST_PROTOCOL))
     assert decode_data(encode_data(seq, domain, stamp, message)) == (seq, domain, stamp, message)
 
@@ -160,6 +165,7 @@ def test_pickle_end_finds_each_pickle_of_a_store_record() -> None:
     record = first + second
     assert pickle_end(record) == len(first)
     assert pickle_end(record, len(first)) == len(record)
-    garbled = record.replace(b"tests.support", b"tests.\xde\xad\xbe\xefort")
+    garbled = record.replace(b"aaabus.testing", b"aaabus.\xde\xad\xbe\xefing")
+    assert garbled != record
     with pytest.raises(MalformedPickle, match="is not UTF-8"):
         pickle_end(garbled)

@@ -2,7 +2,7 @@
 
 Wire: a live server s2 (real process) plays a rally with s1 while the fuzzer connects to it
 unauthenticated (raw bytes) and, holding the bus secret, as the declared-but-absent server s0
-(see :class:`tests.support.torture.FuzzTarget`). The server must never crash, must drop the
+(see :class:`aaabus.testing.torture.FuzzTarget`). The server must never crash, must drop the
 offending connection or frame, and the rally must go on exactly (every volley once, in order).
 
 An authenticated peer is trusted with the secret, but not with the server's life: a data frame is
@@ -22,6 +22,7 @@ import random
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,8 +36,7 @@ from aaabus.domains import Topology
 from aaabus.errors import ConfigError
 from aaabus.ids import AgentId
 from aaabus.message import Message, encode_note
-from aaabus.wire import MAGIC, VERSION, encode_frame
-from tests.support.torture import (
+from aaabus.testing.torture import (
     FuzzTarget,
     Start,
     mutate,
@@ -44,6 +44,7 @@ from tests.support.torture import (
     random_raw_bytes,
     wait_progress,
 )
+from aaabus.wire import MAGIC, VERSION, encode_frame
 
 FUZZ = settings(
     max_examples=1000,
@@ -55,7 +56,7 @@ FUZZ = settings(
 
 
 @pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory):
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FuzzTarget]:
     with FuzzTarget(tmp_path_factory.mktemp("fuzz")) as t:
         yield t
     assert t.codes == {1: 0, 2: 0}, f"servers did not stop cleanly after the fuzzing: {t.codes}"
@@ -84,12 +85,14 @@ raw_frames = st.one_of(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(data=raw_frames, to_s1=st.booleans())
 def test_raw_bytes_before_authentication(target: FuzzTarget, data: bytes, to_s1: bool) -> None:
     target.send_raw(data, to_s1=to_s1)
 
 
+@pytest.mark.slow
 def test_servers_survive_raw_fuzzing(target: FuzzTarget) -> None:
     # Runs after the hypothesis test above (file order): the servers took 1,000 intruders.
     assert_still_serving(target, target.rally())
@@ -98,7 +101,14 @@ def test_servers_survive_raw_fuzzing(target: FuzzTarget) -> None:
 # -- after authentication --------------------------------------------------------------------
 
 
-def _data_frame(seq: int, domain: str, stamp: bytes, sender, target_id, body: bytes) -> bytes:
+def _data_frame(
+    seq: int,
+    domain: str,
+    stamp: bytes,
+    sender: tuple[int, int, int],
+    target_id: tuple[int, int, int],
+    body: bytes,
+) -> bytes:
     return encode_data(seq, domain, stamp, Message(AgentId(*sender), AgentId(*target_id), body))
 
 
@@ -130,23 +140,27 @@ authenticated_payloads = st.one_of(
 )
 
 
+@pytest.mark.slow
 @FUZZ
 @given(payload=authenticated_payloads)
 def test_garbage_from_an_authenticated_peer(target: FuzzTarget, payload: bytes) -> None:
     target.send_authenticated(payload)
 
 
+@pytest.mark.slow
 @settings(FUZZ, max_examples=500)
 @given(r=st.randoms(use_true_random=False))
 def test_mutated_frames_from_an_authenticated_peer(target: FuzzTarget, r: random.Random) -> None:
     target.send_authenticated(random_authenticated_payload(r, target.templates))
 
 
+@pytest.mark.slow
 def test_servers_survive_authenticated_fuzzing(target: FuzzTarget) -> None:
     assert target.dropped > 100, "the garbage never reached the engine: the fuzzing tested nothing"
     assert_still_serving(target, target.rally())
 
 
+@pytest.mark.slow
 def test_a_frame_with_a_bad_mac_cuts_only_that_session(target: FuzzTarget) -> None:
     sessions = target.sessions
     target.send_authenticated(b"D", tamper=True)
@@ -164,6 +178,7 @@ def test_a_frame_with_a_bad_mac_cuts_only_that_session(target: FuzzTarget) -> No
     ],
     ids=["garbage", "memo-bomb"],
 )
+@pytest.mark.slow
 def test_a_bad_body_is_dropped_and_traffic_goes_on(tmp_path: Path, body: bytes) -> None:
     with FuzzTarget(tmp_path) as target:
         before = target.rally()
@@ -182,7 +197,7 @@ VALID = [
   <server id="1" name="s1"><network domain="D0" port="20001"/><network domain="D1" port="20002"/>
     <property name="aaabus.store" value="memory"/></server>
   <server id="2"><network domain="D1" port="20003"/><network domain="D2" port="20004"/>
-    <service class="tests.support.agents:bounce_setup" args="{}"/></server>
+    <service class="aaabus.testing.workload:bounce_setup" args="{}"/></server>
   <server id="3"><network domain="D2" port="20005"/></server>
 </config>
 """,
@@ -260,6 +275,7 @@ def test_valid_bases_are_valid() -> None:
         Topology.from_config(parse_config(text, "a3.xml"))
 
 
+@pytest.mark.slow
 def test_mutated_configs_through_the_check_command(tmp_path: Path) -> None:
     r = random.Random(2024)
     codes: set[int] = set()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
+from pathlib import Path
 
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
@@ -10,14 +12,14 @@ from aaabus.trace import TRACE_VERSION, read_hops
 from tests.support.bus import add_to_server, wait_json
 
 
-def test_in_process_bus_with_tracing(tmp_path, make_config) -> None:
+def test_in_process_bus_with_tracing(tmp_path: Path, make_config: Callable[..., Path]) -> None:
     config = make_config(
         layout=[[0, 1], [1, 2]],
         properties={"aaabus.trace": "traces", "aaabus.store": "memory"},
     )
     done = tmp_path / "done.json"
     args = json.dumps({"echo": 2, "n": 200, "done": str(done)})
-    service = f"<service class=\"tests.support.agents:bounce_setup\" args='{args}'/>"
+    service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{args}'/>"
     add_to_server(config, 0, service)
     with InProcessBus(load_config(config)):
         assert wait_json(done, [], 60) == {"count": 200, "errors": 0}

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from aaabus.topology import generate
 from perf.peers import PEERS, ratios
-from tests.conftest import REPO_ROOT, contiguous_free_base, free_ports
+from tests.support.harness import REPO_ROOT, contiguous_free_base, free_ports
 
 
+@pytest.mark.slow
 def test_unreachable_brokers_are_skipped_and_aaabus_is_measured(tmp_path: Path) -> None:
     # Own ports for the bus: other suites may be using domains/flat-2.xml's fixed ones.
     config = tmp_path / "flat-2.xml"

@@ -12,11 +12,15 @@ import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
+import pytest
 
 from aaabus.launch import free_port_base
 from aaabus.topology import generate
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 
 def shipped(tmp_path: Path, kind: str, servers: int, domain_size: int = 10) -> str:
@@ -66,13 +70,36 @@ def test_pingpong_through_routers_reports_hops(tmp_path: Path) -> None:
     assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
 
 
+def test_pingpong_compares_store_kinds_interleaved(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 1)
+    args = ["--config", config, "--rounds", "20", "--warmup", "5", "--repeat", "1", "--json"]
+    out = perf("pingpong", "--stores", "log,file", *args)
+    assert set(out["p50_ms"]) == {"log", "file"} and out["repeat"] == 1
+    ratio = out["p50_ms"]["log"] / out["p50_ms"]["file"]  # of rounded p50s: close, not equal
+    assert abs(out["log_vs_file"] - ratio) < 0.01 * ratio
+    bad = subprocess.run(
+        [sys.executable, "-m", "perf", "pingpong", "--stores", "log,disk", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "perf pingpong: error: --stores log,disk: expected two or more of log, file, memory"
+    ]
+
+
 def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     config = shipped(tmp_path, "flat", 2)
     out = perf("stream", "--config", config, "--count", "3000", "--json")
     assert out["count"] == 3000 and out["out_of_order"] == 0 and out["msgs_per_s"] > 0
+    # Two log stores, each at least its head segment (4 MiB), neither anywhere near 1 GB.
+    assert set(out["store_bytes"]) == {"0", "1"}
+    assert all(4 << 20 <= size < 1 << 30 for size in out["store_bytes"].values())
 
 
-def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
+def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:
     args = [
         "sweep",
         "--topologies",
@@ -114,7 +141,7 @@ def test_sweep_writes_traces_and_resumes(tmp_path) -> None:
     assert not list((tmp_path / "work").glob("*/store")), "finished points keep no stores"
 
 
-def test_sweep_in_process(tmp_path) -> None:
+def test_sweep_in_process(tmp_path: Path) -> None:
     out = perf(
         "sweep",
         "--topologies",
@@ -141,7 +168,7 @@ def test_sweep_in_process(tmp_path) -> None:
     assert set(rtt.column("hops").to_pylist()) == {2}  # a tree of domains of 3: s0 -> leaf
 
 
-def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path) -> None:
+def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # A timeout far too short for a million rounds: each point fails alone, in one line, and
     # is not recorded as done, so that the same command retries it.
     args = ["sweep", "--topologies", "flat,tree", "--sizes", "3", "--domain-size", "2",
@@ -164,7 +191,7 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path) -> None:
     assert not (tmp_path / "points.jsonl").exists()
 
 
-def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path) -> None:
+def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path: Path) -> None:
     traces, report = tmp_path / "traces", tmp_path / "report"
     sweep = perf(
         "sweep", "--topologies", "flat,star", "--sizes", "3,5,7", "--domain-size", "3",
@@ -194,7 +221,7 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path) -> None:
+def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path: Path) -> None:
     args = ["sweep", "--topologies", "flat", "--sizes", "2", "--tests", "remote",
             "--clock-modes", "delta", "--rounds", "1000000", "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.Popen(
@@ -221,3 +248,12 @@ def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path) -> None:
     assert proc.returncode == 130, err
     assert "interrupted; every server started was stopped" in err and "Traceback" not in err
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+
+
+def test_loader_suite_reports_the_cost_per_body(capsys: pytest.CaptureFixture[str]) -> None:
+    from perf.__main__ import main
+
+    assert main(["loader", "--number", "200", "--repeat", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loader"]
+    assert [r["payload"] for r in rows] == [0, 1024]
+    assert all(r["restricted_us"] > 0 and r["pickle_loads_us"] > 0 for r in rows)

@@ -7,20 +7,28 @@ import random
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from aaabus.launch import Bus
-from tests.conftest import REPO_ROOT
+from aaabus.testing.proxy import FaultProxy
 from tests.support.bus import add_to_server, wait_json
-from tests.support.proxy import FaultProxy
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 # Three domains in a line: A1's server s0 in D0, A2's s2 in D1, A3's s4 in D2; s1 and s3 route.
 #   D0 [s0 s1]   D1 [s1 s2 s3]   D2 [s3 s4]
 LINE = [[0, 1], [1, 2, 3], [3, 4]]
 
 
-def figure13_across_domains(tmp_path, make_config, order: str) -> list[str]:
+def figure13_across_domains(
+    tmp_path: Path, make_config: Callable[..., Path], order: str
+) -> list[str]:
     config = make_config(layout=LINE, domain_attrs=f'order="{order}"')
     from aaabus.config import load_config
 
@@ -43,20 +51,30 @@ def figure13_across_domains(tmp_path, make_config, order: str) -> list[str]:
         proxy.stop()
 
 
-def test_figure13_across_three_domains(tmp_path, make_config) -> None:
+def test_figure13_across_three_domains(tmp_path: Path, make_config: Callable[..., Path]) -> None:
     assert figure13_across_domains(tmp_path, make_config, "causal") == ["n1", "n3"]
 
 
-def test_figure13_across_domains_reorders_without_causal_order(tmp_path, make_config) -> None:
+def test_figure13_across_domains_reorders_without_causal_order(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     assert figure13_across_domains(tmp_path, make_config, "fifo") == ["n3", "n1"]
 
 
-def bouncing_through(tmp_path, make_config, layout, driver: int, echo: int, router: int, seed: int):
+def bouncing_through(
+    tmp_path: Path,
+    make_config: Callable[..., Path],
+    layout: list[list[int]],
+    driver: int,
+    echo: int,
+    router: int,
+    seed: int,
+) -> dict[str, Any]:
     done = tmp_path / "done.json"
     config = make_config(layout=layout)
     args = json.dumps({"echo": echo, "n": 1000, "done": str(done)})
     add_to_server(
-        config, driver, f"<service class=\"tests.support.agents:bounce_setup\" args='{args}'/>"
+        config, driver, f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{args}'/>"
     )
     rng = random.Random(seed)
     servers = sorted({s for members in layout for s in members})
@@ -74,14 +92,18 @@ def bouncing_through(tmp_path, make_config, layout, driver: int, echo: int, rout
     return result
 
 
-def test_chain_across_a_bus_of_four_domains_survives_router_kills(tmp_path, make_config) -> None:
+def test_chain_across_a_bus_of_four_domains_survives_router_kills(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     # s0 -> s2 -> s4 -> s6 -> s8: four domains, three routers; s4 is killed during the traffic.
     bus4 = [[0, 1, 2], [2, 3, 4], [4, 5, 6], [6, 7, 8]]
     result = bouncing_through(tmp_path, make_config, bus4, driver=0, echo=8, router=4, seed=11)
     assert result == {"count": 1000, "errors": 0}
 
 
-def test_chain_across_a_star_survives_hub_kills(tmp_path, make_config) -> None:
+def test_chain_across_a_star_survives_hub_kills(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     star = [[0, 1, 2], [0, 3, 4], [0, 5, 6]]
     result = bouncing_through(tmp_path, make_config, star, driver=1, echo=6, router=0, seed=12)
     assert result == {"count": 1000, "errors": 0}
@@ -90,7 +112,9 @@ def test_chain_across_a_star_survives_hub_kills(tmp_path, make_config) -> None:
 @pytest.mark.parametrize(
     ("kind", "servers", "size"), [("flat", 4, 10), ("bus", 7, 3), ("star", 7, 3), ("tree", 13, 4)]
 )
-def test_check_accepts_generated_topologies(tmp_path, kind, servers, size) -> None:
+def test_check_accepts_generated_topologies(
+    tmp_path: Path, kind: str, servers: int, size: int
+) -> None:
     gen = subprocess.run(
         [
             sys.executable,
@@ -124,7 +148,7 @@ def test_check_accepts_generated_topologies(tmp_path, kind, servers, size) -> No
     assert {m["id"] for d in data["domains"] for m in d["members"]} == set(range(servers))
 
 
-def test_check_refuses_a_cycle_with_one_line(tmp_path) -> None:
+def test_check_refuses_a_cycle_with_one_line(tmp_path: Path) -> None:
     path = tmp_path / "a3.xml"
     path.write_text(
         """<config>

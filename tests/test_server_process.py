@@ -10,13 +10,17 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from aaabus.launch import ServerProcess
 from aaabus.secret import ensure_secret
-from tests.conftest import REPO_ROOT
+from tests.support.harness import REPO_ROOT
+
+# Real server processes, subprocesses or Spark: not in the fast lane (make check).
+pytestmark = pytest.mark.slow
 
 READY_TIMEOUT = 30.0
 
@@ -42,7 +46,7 @@ def run_server_expecting_error(*args: str, cwd: Path | None = None) -> str:
     return lines[0]
 
 
-def wait_for(predicate, timeout: float, what: str) -> None:
+def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     event = threading.Event()
     while not predicate():
@@ -52,10 +56,10 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def read_counter(storage: Path) -> tuple[int, int]:
-    from aaabus.store import open_store
+    from aaabus.store import DEFAULT_STORE_KIND, open_store
     from tests.support.agents import Counter
 
-    store = open_store("file", storage, 0)
+    store = open_store(DEFAULT_STORE_KIND, storage, 0)
     try:
         counters = [a for a in store.agents.values() if isinstance(a, Counter)]
         assert len(counters) == 1
@@ -65,7 +69,9 @@ def read_counter(storage: Path) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_counter_is_exact_after_sigkills_at_random_moments(tmp_path, make_config, seed) -> None:
+def test_counter_is_exact_after_sigkills_at_random_moments(
+    tmp_path: Path, make_config: Callable[..., Path], seed: int
+) -> None:
     """1,000 local increments, the server SIGKILLed at random moments and restarted: the counter
     ends at exactly 1,000, every increment counted once and in order."""
     rng = random.Random(seed)
@@ -99,7 +105,9 @@ def test_counter_is_exact_after_sigkills_at_random_moments(tmp_path, make_config
     assert read_counter(storage) == (1000, 0)
 
 
-def test_sigterm_stops_cleanly_and_restart_resumes(tmp_path, make_config) -> None:
+def test_sigterm_stops_cleanly_and_restart_resumes(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     done = tmp_path / "done.json"
     args = json.dumps({"n": 300, "done": str(done)})
     service = f"<service class=\"tests.support.agents:durability_setup\" args='{args}'/>"
@@ -162,7 +170,7 @@ def write(tmp_path: Path, text: str, name: str = "a3.xml") -> Path:
     ],
     ids=["malformed", "unknown-element", "unknown-attribute", "missing-id", "dup-id", "dup-port"],
 )
-def test_bad_config_is_one_line_exit_2(tmp_path, text, expected) -> None:
+def test_bad_config_is_one_line_exit_2(tmp_path: Path, text: str, expected: str) -> None:
     path = write(tmp_path, text.format(port=40001, port2=40002, extra=""))
     line = run_server_expecting_error(
         "--id", "0", "--config", str(path), "--storage", str(tmp_path)
@@ -170,13 +178,13 @@ def test_bad_config_is_one_line_exit_2(tmp_path, text, expected) -> None:
     assert expected in line and "a3.xml" in line, line
 
 
-def test_id_not_in_config(tmp_path) -> None:
+def test_id_not_in_config(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.format(port=40001, extra=""))
     line = run_server_expecting_error("--id", "7", "--config", str(path))
     assert "server id 7" in line and "--id" in line, line
 
 
-def test_service_class_that_cannot_be_imported(tmp_path) -> None:
+def test_service_class_that_cannot_be_imported(tmp_path: Path) -> None:
     extra = '\n    <service class="no_such_module.sub:Thing" args=""/>'
     path = write(tmp_path, GOOD.format(port=40001, extra=extra))
     line = run_server_expecting_error(
@@ -185,7 +193,7 @@ def test_service_class_that_cannot_be_imported(tmp_path) -> None:
     assert "no_such_module.sub:Thing" in line and "a3.xml:5" in line, line
 
 
-def test_service_that_fails_at_boot(tmp_path) -> None:
+def test_service_that_fails_at_boot(tmp_path: Path) -> None:
     extra = '\n    <service class="tests.support.agents:failing_service" args=""/>'
     path = write(tmp_path, GOOD.format(port=40001, extra=extra))
     line = run_server_expecting_error(
@@ -194,7 +202,7 @@ def test_service_that_fails_at_boot(tmp_path) -> None:
     assert "this service always fails" in line, line
 
 
-def test_unwritable_storage(tmp_path) -> None:
+def test_unwritable_storage(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD.format(port=40001, extra=""))
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
@@ -204,7 +212,9 @@ def test_unwritable_storage(tmp_path) -> None:
     assert "not writable" in line and "--storage" in line, line
 
 
-def test_storage_already_open_by_another_process(tmp_path, make_config) -> None:
+def test_storage_already_open_by_another_process(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
     config = make_config()
     storage = tmp_path / "s0"
     proc = ServerProcess(config, 0, storage, cwd=REPO_ROOT).start()
@@ -218,7 +228,7 @@ def test_storage_already_open_by_another_process(tmp_path, make_config) -> None:
         assert proc.stop() == 0
 
 
-def test_storage_of_another_server(tmp_path, make_config) -> None:
+def test_storage_of_another_server(tmp_path: Path, make_config: Callable[..., Path]) -> None:
     config = make_config(servers=2)
     storage = tmp_path / "shared"
     proc = ServerProcess(config, 0, storage, cwd=REPO_ROOT).start()
@@ -232,7 +242,7 @@ def test_storage_of_another_server(tmp_path, make_config) -> None:
     assert "belongs to server 0" in line, line
 
 
-def test_missing_config_file(tmp_path) -> None:
+def test_missing_config_file(tmp_path: Path) -> None:
     line = run_server_expecting_error("--id", "0", "--config", str(tmp_path / "nope.xml"))
     assert "nope.xml" in line, line
 
@@ -243,10 +253,10 @@ def test_bad_flag_is_one_line() -> None:
     assert os.path.exists(REPO_ROOT / "aaabus")
 
 
-def test_missing_secret_names_the_command(tmp_path) -> None:
+def test_missing_secret_names_the_command(tmp_path: Path) -> None:
     path = tmp_path / "a3.xml"
     path.write_text(GOOD.format(port=40001, extra=""))
     line = run_server_expecting_error(
         "--id", "0", "--config", str(path), "--storage", str(tmp_path / "s0")
     )
-    assert "aaabus secret > " in line and "bus.key" in line, line
+    assert "aaabus secret --out bus.key" in line, line

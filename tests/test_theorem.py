@@ -15,6 +15,7 @@ before A2 even sees m2, so D1's clock orders it before m3. Clean.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -23,10 +24,10 @@ from aaabus.config import load_config
 from aaabus.errors import ConfigError
 from aaabus.inprocess import InProcessBus
 from aaabus.server import AgentServer
+from aaabus.testing.proxy import FaultProxy
+from aaabus.testing.torture import Fire, Scribe
 from tests.support.bus import add_to_server
 from tests.support.gossip import wait_and_check
-from tests.support.proxy import FaultProxy
-from tests.support.torture import Fire, Scribe
 
 CYCLE = [[0, 1], [1, 2], [2, 0]]
 TREE = [[0, 1], [1, 2]]
@@ -55,7 +56,7 @@ def run_pattern(config: Path, slow_peer: int, domain: str) -> tuple[list, int]:
         proxy.stop()
 
 
-def test_cyclic_domains_violate_causal_order(make_config) -> None:
+def test_cyclic_domains_violate_causal_order(make_config: Callable[..., Path]) -> None:
     config = make_config(
         layout=CYCLE,
         properties={"aaabus.store": "memory", "aaabus.test.allow_cycles": "true"},
@@ -67,7 +68,7 @@ def test_cyclic_domains_violate_causal_order(make_config) -> None:
     assert all(agent == "A3" for agent, _earlier, _later in violations), violations
 
 
-def test_the_same_traffic_on_a_tree_of_domains_is_causal(make_config) -> None:
+def test_the_same_traffic_on_a_tree_of_domains_is_causal(make_config: Callable[..., Path]) -> None:
     config = make_config(layout=TREE, properties={"aaabus.store": "memory"})
     # m1 now goes s0 -> s1 -> s2: slow down its first link, which m2 shares.
     violations, messages = run_pattern(config, slow_peer=1, domain="D0")
@@ -75,7 +76,7 @@ def test_the_same_traffic_on_a_tree_of_domains_is_causal(make_config) -> None:
     assert violations == []
 
 
-def test_a_cycle_is_refused_without_the_test_switch(make_config) -> None:
+def test_a_cycle_is_refused_without_the_test_switch(make_config: Callable[..., Path]) -> None:
     config = make_config(layout=CYCLE, properties={"aaabus.store": "memory"})
     with pytest.raises(ConfigError, match="cycle"):
         AgentServer(load_config(config), 0)

@@ -1,4 +1,4 @@
-"""Crash schedules, the quick version of ``python -m perf torture`` (see tests/support/torture.py).
+"""Crash schedules, the quick version of ``python -m perf torture`` (see aaabus/testing/torture.py).
 
 Each schedule runs bank accounts that are also causal-chain recorders on a bus of real server
 processes spread over several causality domains, while servers and routers are SIGKILLed and
@@ -9,12 +9,15 @@ flight, and the independent checker finds no loss, no duplicate and no causal vi
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
-from tests.support.torture import (
+from aaabus.testing.torture import (
     AccountState,
     Outcome,
+    Schedule,
     judge,
     make_schedule,
     run_schedule,
@@ -24,8 +27,9 @@ from tests.support.torture import (
 SEEDS = [schedule_seed(2024, i) for i in range(3)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", SEEDS)
-def test_crash_schedule(tmp_path, seed: int) -> None:
+def test_crash_schedule(tmp_path: Path, seed: int) -> None:
     schedule = make_schedule(seed, kills=4, span=3.0, ttl=30)
     assert schedule.routers, "every layout has routers to kill"
     outcome = run_schedule(schedule, tmp_path, log=print)
@@ -45,7 +49,7 @@ def test_a_schedule_is_fixed_by_its_seed() -> None:
     assert [f.at for f in a.faults] == sorted(f.at for f in a.faults)
 
 
-def _accounts(per_server_schedule) -> list[AccountState]:
+def _accounts(per_server_schedule: Schedule) -> list[AccountState]:
     # One account per server of the "line" layout, paying the next one around a ring (amount
     # i + 1); every credit delivered: a clean, conserved history.
     n = per_server_schedule.accounts
@@ -91,14 +95,16 @@ def test_judges_see_a_lost_credit_a_duplicate_and_broken_money() -> None:
     assert outcome.duplicated == 1 and not outcome.invariant_ok
 
 
-def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(make_config) -> None:
+def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(
+    make_config: Callable[..., Path],
+) -> None:
     from aaabus.channel import encode_data
     from aaabus.clock import DomainClock
     from aaabus.config import load_config
     from aaabus.ids import AgentId
     from aaabus.inprocess import InProcessBus
     from aaabus.message import Message, encode_note
-    from tests.support.torture import Start
+    from aaabus.testing.torture import Start
 
     config = load_config(make_config(servers=2, properties={"aaabus.store": "memory"}))
     # Server 0 is not started: the frames it "sent" are made here with a clock of its own.

@@ -7,8 +7,8 @@ import time
 from collections.abc import Callable
 
 from aaabus import AgentId, AgentServer
-from tests.support.agents import Gossiper, Kick, Peers
-from tests.support.checker import Report, Send, check
+from aaabus.testing.checker import Report, Send, check
+from aaabus.testing.workload import Gossiper, Kick, Peers
 
 
 def deploy_gossipers(

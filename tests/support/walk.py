@@ -43,8 +43,8 @@ from aaabus import (
     UnknownAgent,
 )
 from aaabus.failpoints import FailpointError
-from tests.support.agents import merge_and_tick
-from tests.support.checker import Report, Send, check
+from aaabus.testing.checker import Report, Send, check
+from aaabus.testing.workload import merge_and_tick
 
 Plan = tuple[Any, ...]
 
@@ -200,6 +200,19 @@ def scenarios(home: int, peer: int, router: int, far: int) -> list[Scenario]:
     ]
 
 
+def start_step(scenario: Scenario, prefix: str) -> Step:
+    """The notification that starts ``scenario`` for the actors labelled with ``prefix``."""
+
+    def relabel(plan: Any) -> Any:
+        if isinstance(plan, tuple):
+            return tuple(relabel(p) for p in plan)
+        if isinstance(plan, str) and (plan in scenario.actors or plan == "kid"):
+            return f"{prefix}{plan}"
+        return plan
+
+    return Step(f"{prefix}start", {}, relabel(scenario.plan))
+
+
 class Run:
     """One scenario on a running bus: deploy its actors (labels made unique by ``prefix``),
     start it, wait until the bus is idle, then read what every actor recorded."""
@@ -226,22 +239,12 @@ class Run:
     def kick(self) -> None:
         """Start the scenario: its first actor gets the plan (a call retried once if a
         failpoint made it fail: a call that raises did nothing, as a client knows)."""
-        start = Step(f"{self.prefix}start", {}, self._plan())
+        start = start_step(self.scenario, self.prefix)
         server = self.servers[self.first.server]
         try:
             server.send(self.first, start)
         except FailpointError:
             server.send(self.first, start)
-
-    def _plan(self) -> Plan:
-        def relabel(plan: Any) -> Any:
-            if isinstance(plan, tuple):
-                return tuple(relabel(p) for p in plan)
-            if isinstance(plan, str) and (plan in self.scenario.actors or plan == "kid"):
-                return self.label(plan)
-            return plan
-
-        return relabel(self.scenario.plan)
 
     def histories(self) -> dict[str, History]:
         """label -> what the actor of this run recorded, for every actor still alive."""

@@ -1,17 +1,18 @@
 """Crash schedules: a bank-and-gossip workload run across domains while servers and routers die.
 
 Shared by ``tests/test_torture.py`` (a few small schedules) and ``python -m perf torture`` (the
-long run). One schedule is fixed by its seed: the layout of the domains, the workload (which
-account pays which, how much, along which chains) and the fault schedule (when, whom, how long
-down). Process timing is not reproducible, so which messages a kill catches in flight varies from
-run to run; what the seed fixes is everything we choose.
+long run). Its agents and services are in the installed package, so the server processes it
+starts load them wherever they run. One schedule is fixed by its seed: the layout of the domains,
+the workload (which account pays which, how much, along which chains) and the fault schedule
+(when, whom, how long down). Process timing is not reproducible, so which messages a kill catches
+in flight varies from run to run; what the seed fixes is everything we choose.
 
 The workload
     :class:`Account` agents on every server hold a balance. A transfer debits the payer and sends
     a :class:`Credit` to the payee in the same reaction (one atomic transaction); the payee adds
     the amount and, while the credit's ``ttl`` lasts, pays someone else in turn. So every credit
     is also a link of a causal chain, and every account keeps the vector-clock history the
-    independent checker (:mod:`tests.support.checker`) judges: each send with its clock, each
+    independent checker (:mod:`aaabus.testing.checker`) judges: each send with its clock, each
     delivery in order. Two independent verdicts come out of one run:
 
     * money: the balances plus the credits still in flight equal the initial total, and at the
@@ -42,16 +43,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from BTrees.OOBTree import OOBTree
+from persistent import Persistent
+
 from aaabus import Agent, AgentId, BootContext, Notification, PersistentList
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus
+from aaabus.launch import Bus, free_port_base
 from aaabus.secret import ensure_secret
+from aaabus.testing.checker import Send, check
+from aaabus.testing.workload import Gossiper, merge_and_tick
 from aaabus.topology import render
-from tests.support.agents import Gossiper, merge_and_tick
-from tests.support.checker import Send, check
-
-REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 # -- the workload agents -----------------------------------------------------------------------
 
@@ -295,13 +297,6 @@ class Outcome:
         return asdict(self)
 
 
-def free_base(count: int) -> int:
-    # Imported here: tests.conftest imports pytest, which the long run does not otherwise need.
-    from tests.conftest import contiguous_free_base
-
-    return contiguous_free_base(count)
-
-
 def write_config(schedule: Schedule, directory: Path) -> Path:
     """The a3.xml of ``schedule`` in ``directory``, on free ports, with the bank on server 0."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -310,7 +305,7 @@ def write_config(schedule: Schedule, directory: Path) -> Path:
     # Small groups: a kill then catches fewer reactions in one uncommitted group, so more
     # distinct commit boundaries are crossed by the faults.
     props = {"aaabus.engine.max_batch": "8"}
-    text = render(domains, len(schedule.servers), base_port=free_base(ports), properties=props)
+    text = render(domains, len(schedule.servers), base_port=free_port_base(ports), properties=props)
     spec = {
         "servers": schedule.servers,
         "per_server": schedule.per_server,
@@ -319,7 +314,7 @@ def write_config(schedule: Schedule, directory: Path) -> Path:
         "chains": schedule.chains,
         "ttl": schedule.ttl,
     }
-    service = f"<service class=\"tests.support.torture:bank_setup\" args='{json.dumps(spec)}'/>"
+    service = f"<service class=\"aaabus.testing.torture:bank_setup\" args='{json.dumps(spec)}'/>"
     start = text.index('<server id="0"')
     end = text.index("</server>", start)
     text = text[:end] + "  " + service + "\n  " + text[end:]
@@ -458,7 +453,9 @@ def finish_in_process(
     were stopped. Stops at the deadline even if credits are missing: the judges then say what.
     """
     cfg = load_config(config)
-    bus = InProcessBus(cfg, store_kind="file", storage_root=storage_root)
+    # The store kind the server processes used (the config's, else the default).
+    kind = cfg.setting(min(cfg.servers), "aaabus.store")
+    bus = InProcessBus(cfg, store_kind=kind, storage_root=storage_root)
     with bus:
         deadline = time.monotonic() + timeout
         first: int | None = None
@@ -487,7 +484,7 @@ def run_schedule(
     outcome = Outcome(schedule.seed, schedule.layout, expected_messages=schedule.messages)
     config = write_config(schedule, workdir)
     storage = workdir / "stores"
-    bus = Bus(config, schedule.servers, storage, cwd=REPO_ROOT)
+    bus = Bus(config, schedule.servers, storage)
     try:
         bus.start(timeout=60)
         outcome.kills = run_faults(bus, schedule.faults, time.monotonic())
@@ -569,11 +566,13 @@ class FakePeer:
     """
 
     def __init__(self, addr: tuple[str, int], secret: bytes, me: int, peer: int) -> None:
+        from aaabus.secret import link_key
         from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 
         self.sock = socket.create_connection(addr, timeout=5)
         decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
-        handshake = ConnectorHandshake(secret, me, peer)
+        # The key of the pair (me, peer), derived from the bus key as a real server does.
+        handshake = ConnectorHandshake(link_key(secret, me, peer), me, peer)
 
         def next_message() -> bytes:
             while True:
@@ -668,10 +667,10 @@ class FuzzTarget:
         workdir.mkdir(parents=True, exist_ok=True)
         self.workdir = workdir
         self.progress = workdir / "rally.json"
-        text = render([[0, 2], [1, 2]], 3, base_port=free_base(4))
+        text = render([[0, 2], [1, 2]], 3, base_port=free_port_base(4))
         spec = {"echo": 2, "n": 10**9, "done": str(self.progress), "every": 10}
         args = json.dumps(spec)
-        service = f"<service class=\"tests.support.agents:bounce_setup\" args='{args}'/>"
+        service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{args}'/>"
         start = text.index('<server id="1"')
         end = text.index("</server>", start)
         text = text[:end] + "  " + service + "\n  " + text[end:]
@@ -687,7 +686,7 @@ class FuzzTarget:
         self.s1_d1 = ("127.0.0.1", cfg.servers[1].port_in("D1"))
         self.dropped = 0  # log lines of the engine dropping a bad input
         self._dropped_changed = threading.Condition()
-        self.bus = Bus(self.config, [1, 2], workdir / "stores", cwd=REPO_ROOT, sink=self._line)
+        self.bus = Bus(self.config, [1, 2], workdir / "stores", sink=self._line)
         self._peer: FakePeer | None = None
         self.sessions = 0
         # The rally (a Bouncer and its Echo) plays Bounce; fuzzed frames carry Start to a
@@ -894,16 +893,26 @@ class Ship(Notification):
     pass
 
 
-class Depot(Agent):
-    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``."""
+class Kept(Persistent):
+    """One hoarded parcel's padding: a record of its own."""
 
-    def __init__(self, n: int, done: str) -> None:
+    def __init__(self, pad: bytes) -> None:
+        self.pad = pad
+
+
+class Depot(Agent):
+    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``.
+    ``hoard``: keep every parcel (each its own record), so that the live data grows: a store
+    that reclaims superseded records (the log store) fills its disk only that way."""
+
+    def __init__(self, n: int, done: str, hoard: bool = False) -> None:
         super().__init__("depot")
         self.n = n
         self.done = done
         self.count = 0
         self.errors = 0
         self.kept = b""
+        self.hoard: OOBTree | None = OOBTree() if hoard else None
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Parcel):
@@ -914,6 +923,8 @@ class Depot(Agent):
             # Keeping the parcel's padding makes every commit on this server write its size
             # again (FileStorage appends a new revision of the agent): the disk fills.
             self.kept = note.pad
+            if self.hoard is not None:
+                self.hoard[note.i] = Kept(note.pad)
             if self.count == self.n:
                 target = Path(self.done)
                 tmp = target.with_suffix(".tmp")
@@ -950,7 +961,9 @@ def shipping_setup(ctx: BootContext, args: str, first_time: bool) -> None:
     """Boot service of the shipping server: a depot on ``depot_server`` and a shipper here."""
     if first_time:
         spec = json.loads(args)
-        depot = Depot(spec["n"], spec["done"]).deploy(spec["depot_server"])
+        depot = Depot(spec["n"], spec["done"], spec.get("hoard", False)).deploy(
+            spec["depot_server"]
+        )
         shipper = Shipper(depot, spec["n"], spec["size"]).deploy()
         ctx.send(shipper, Ship())
 

@@ -1,0 +1,19 @@
+"""Tools to test a bus and what runs on it, shipped with the package.
+
+* :mod:`aaabus.testing.checker` — an independent judge of recorded histories: exactly-once and
+  causal delivery (it imports nothing else from ``aaabus``, so it cannot share a bug with it);
+* :mod:`aaabus.testing.proxy` — a fault-injecting TCP proxy for 127.0.0.1 (delay, stall, cut,
+  partition) to put between two servers;
+* :mod:`aaabus.testing.workload` — agents that record their vector-clock history for the checker,
+  and a ping-pong with an exact counter; server processes load them by name;
+* :mod:`aaabus.testing.torture` — crash schedules over that workload and the wire fuzzer
+  (``python -m perf torture``).
+
+Nothing in the runtime imports this package.
+"""
+
+from aaabus.testing.checker import Report, Send, check
+from aaabus.testing.proxy import FaultProxy
+from aaabus.testing.workload import merge_and_tick
+
+__all__ = ["FaultProxy", "Report", "Send", "check", "merge_and_tick"]
