@@ -110,6 +110,7 @@ def test_synth_traffic_writes_files_and_row_groups_of_the_schema(tmp_path: Path)
         write_traffic(tmp_path, 10, servers=5, groups=3)
 
 
+@pytest.mark.slow  # Spark or a subprocess
 def test_spark_sums_equal_pyarrow_sums(spark: Any, six_groups: Path) -> None:
     source = validate(str(six_groups), "local[2]")
     assert (source.kind, source.files, source.rows) == ("traffic", 1, 120_000)
@@ -123,6 +124,7 @@ def test_spark_sums_equal_pyarrow_sums(spark: Any, six_groups: Path) -> None:
     assert matrix.first_ms == pa.compute.min(table["window_start"]).as_py()
 
 
+@pytest.mark.slow  # Spark or a subprocess
 def test_recorder_files_are_read_by_spark(spark: Any, tmp_path: Path) -> None:
     sent: Counter[tuple[int, int]] = Counter()
     for sid in (3, 8):  # two servers write into the same traces directory
@@ -141,6 +143,7 @@ def test_recorder_files_are_read_by_spark(spark: Any, tmp_path: Path) -> None:
     assert matrix.nbytes.sum() == 64 * 600
 
 
+@pytest.mark.slow  # Spark or a subprocess
 def test_hop_traces_count_one_notification_per_send(spark: Any, tmp_path: Path) -> None:
     write_traces(tmp_path, [Law("flat", "full", "remote", 0, 0.01, 1.0)], [10, 20], 400, seed=2)
     source = validate(str(tmp_path), "local[2]")
@@ -153,6 +156,7 @@ def test_hop_traces_count_one_notification_per_send(spark: Any, tmp_path: Path) 
     assert matrix.notes[i, j] == sends[3, 5]
 
 
+@pytest.mark.slow  # Spark or a subprocess
 def test_spark_side_checks_when_the_driver_cannot_see_the_files(spark: Any, tmp_path: Path) -> None:
     """Traces on a cluster path: no footer check, so Spark's aggregate refuses nulls and
     negative counts itself."""
@@ -239,6 +243,7 @@ def test_servers_from_keeps_names_hosts_and_idle_servers(six_groups: Path, tmp_p
     assert_one_clean_error(proc, "server(s) 10, 11, 12", "does not declare")
 
 
+@pytest.mark.slow  # Spark or a subprocess
 def test_bad_inputs_give_one_line_and_status_2(tmp_path: Path) -> None:
     out = str(tmp_path / "a3.xml")
     missing = perf_cli("plan", str(tmp_path / "nowhere"), "--max-domain-size", "5", "--out", out)
