@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from aaabus.domains import Hop, Topology
     from aaabus.engine import Engine
     from aaabus.trace import Tracer
+    from aaabus.traffic import TrafficRecorder
 
 log = logging.getLogger("aaabus.channel")
 
@@ -87,6 +88,8 @@ class Channel:
         self.routes: dict[int, Hop] = topology.routes_from(self.me)
         self.tracer = tracer
         self.transport: Transport | None = None
+        #: Counts what this server's agents send, per destination server (aaabus.traffic).
+        self.traffic: TrafficRecorder | None = None
         self._index: dict[str, dict[int, int]] = {}
         self._members: dict[str, tuple[int, ...]] = {}
         self.clocks: dict[str, DomainClock] = {}
@@ -154,9 +157,15 @@ class Channel:
 
     def send(self, message: Message) -> None:
         """Stamp ``message`` for its first hop and queue it (engine thread, in the group)."""
-        self._enqueue(self.routes[message.target.server], message)
+        size = self._enqueue(self.routes[message.target.server], message)
+        traffic = self.traffic
+        if traffic is not None:
+            # Counted here, where it leaves its sender, and not in _enqueue: routers re-stamp
+            # what they forward through _enqueue, and the planner wants end-to-end counts.
+            traffic.record(message.target.server, size)
 
-    def _enqueue(self, hop: Hop, message: Message) -> None:
+    def _enqueue(self, hop: Hop, message: Message) -> int:
+        """Stamp and queue ``message`` for ``hop``; returns its frame size in bytes."""
         clock = self.clocks[hop.domain]
         dest = self._index[hop.domain][hop.server]
         tracer = self.tracer
@@ -176,6 +185,7 @@ class Channel:
         self._stage(hop.server, frame)
         if self._failpoints.armed:
             self._failpoints.hit("channel.send")
+        return len(frame)
 
     def _stage(self, peer: int, frame: bytes) -> None:
         frames = self._frames.get(peer)

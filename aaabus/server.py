@@ -42,6 +42,7 @@ from aaabus.trust import policy_for
 if TYPE_CHECKING:
     from aaabus.admin import AdminEndpoint
     from aaabus.metrics import MetricsEndpoint
+    from aaabus.traffic import TrafficRecorder
 
 log = logging.getLogger("aaabus.server")
 T = TypeVar("T")
@@ -141,6 +142,11 @@ class AgentServer:
         self.trust = policy_for(config, server_id)
         trace_dir: str | None = config.setting(server_id, "aaabus.trace")
         self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
+        traffic_dir: str | None = config.setting(server_id, "aaabus.traffic")
+        self.traffic_dir = (
+            None if not traffic_dir else Path(config.path).resolve().parent / traffic_dir
+        )
+        self.traffic: TrafficRecorder | None = None
         # Import every service before touching the store: a typo must not leave half a boot.
         self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
         self.store: Store | None = None
@@ -190,6 +196,15 @@ class AgentServer:
                     self.trace_dir, self.server_id, self.engine.effects
                 )
             self._boot()
+            if self.traffic_dir is not None and self.channel is not None:
+                from aaabus.traffic import TrafficRecorder
+
+                # Before the engine thread starts: it is then the only one that records.
+                self.traffic = self.channel.traffic = TrafficRecorder(
+                    self.traffic_dir,
+                    self.server_id,
+                    window_ms=self.config.setting(self.server_id, "aaabus.traffic.window_ms"),
+                )
             self.engine.start()
             if self.channel is not None and self.topology.neighbours(self.server_id):
                 self.network = self._make_network(self.engine, self.channel)
@@ -205,10 +220,17 @@ class AgentServer:
                 self.network = None
             if self.engine is not None and self.engine.alive:
                 self.engine.stop()
+            self._close_traffic()
             self.store.close()
             self.store = None
             raise
         log.info("server %s started (%s)", self.server_id, self.store.description)
+
+    def _close_traffic(self) -> None:
+        """Write the last traffic window (the engine thread has ended: no record() races)."""
+        if self.traffic is not None:
+            self.traffic.close()
+            self.traffic = None
 
     def _start_endpoints(self) -> None:
         from aaabus.admin import AdminEndpoint, AdminError, admin_address
@@ -443,6 +465,7 @@ class AgentServer:
                 if self.tracer is not None:
                     self.tracer.close()
                     self.tracer = None
+                self._close_traffic()
                 self.stopped.set()
                 log.info("server %s stopped", self.server_id)
                 self._stop_endpoints()

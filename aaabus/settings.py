@@ -215,6 +215,22 @@ SETTINGS: tuple[Setting, ...] = (
         "when off.",
     ),
     Setting(
+        "aaabus.traffic",
+        path,
+        None,
+        "A directory (relative to the configuration file): the server counts the notifications "
+        "its agents send to each other server and writes them, per time window, as Parquet files "
+        "under `traffic/` (source, destination, notifications, bytes), the input of `python -m "
+        "perf plan`. Needs pyarrow (`aaabus[perf]`). Off when unset.",
+    ),
+    Setting(
+        "aaabus.traffic.window_ms",
+        integer(1, 86_400_000),
+        10_000,
+        "Length of one traffic window in ms (windows are aligned on the epoch, so the windows of "
+        "all servers line up). A file is written every six windows and at stop.",
+    ),
+    Setting(
         "aaabus.tls.cert",
         path,
         None,

@@ -2,14 +2,17 @@
 
 A :class:`TrafficRecorder` keeps, for the current time window, one counter pair (notifications,
 bytes) per destination server, and hands each finished window to a background thread that
-writes Parquet files of the ``traffic`` schema (:data:`perf.schema.TRAFFIC_SCHEMA`): one row
-per (window, src, dst). ``python -m perf plan`` reads them to plan causality domains.
+writes Parquet files of the ``traffic`` schema (:func:`traffic_schema`, re-exported by
+``perf.schema``): one row per (window, src, dst). ``python -m perf plan`` reads them to plan
+causality domains. A server runs one when property ``aaabus.traffic`` names a directory; its
+:class:`~aaabus.channel.Channel` calls ``record`` for every notification it sends.
 
 Threads:
 
 * :meth:`~TrafficRecorder.record`, :meth:`~TrafficRecorder.roll` and
-  :meth:`~TrafficRecorder.close` run on ONE thread, the engine thread (they share the current
-  window's dict without a lock: that is what keeps ``record`` to a time read and a dict update).
+  :meth:`~TrafficRecorder.close` run on ONE thread at a time: the engine thread, and ``close``
+  once the engine thread has ended (they share the current window's dict without a lock: that
+  is what keeps ``record`` to a time read and a dict update).
 * The writer thread ``traffic-s<id>`` receives finished windows through a queue, gathers them
   into batches and writes one file per batch; it never touches the current window.
 
@@ -18,11 +21,12 @@ sender runs, with ``dst`` the server of the addressee, whatever route the messag
 (routers do not record what they forward). The counts are then end to end and do not depend on
 the layout of domains in place when they were recorded, which is what a planner needs.
 
-The counts are statistics, not data: what has not been handed to the writer (the current
-window, or batches not yet written) is lost if the process dies. A file being written is named
-``.<name>.tmp`` (hidden from Spark and ``perf plan``) and renamed when complete. A write that
-fails (disk full...) is logged once per failure on ``aaabus.traffic`` and its rows counted in
-:attr:`TrafficRecorder.dropped_rows`; the engine is never disturbed.
+The counts are statistics, not data: a notification whose sending reaction is rolled back
+after ``record`` stays counted (rare, and harmless to a plan); what has not been handed to the
+writer (the current window, or batches not yet written) is lost if the process dies. A file
+being written is named ``.<name>.tmp`` (hidden from Spark and ``perf plan``) and renamed when
+complete. A write that fails (disk full...) is logged once per failure on ``aaabus.traffic`` and
+its rows counted in :attr:`TrafficRecorder.dropped_rows`; the engine is never disturbed.
 
 pyarrow is an optional dependency (the ``perf`` extra): a recorder cannot be created without it.
 """
@@ -45,13 +49,37 @@ from aaabus.errors import AaabusError
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["TrafficError", "TrafficRecorder"]
+__all__ = ["TRAFFIC_SCHEMA_VERSION", "TrafficError", "TrafficRecorder", "traffic_schema"]
 
 log = logging.getLogger("aaabus.traffic")
 
 # One finished window handed to the writer: (window_start_ms, {dst: [notes, bytes]}).
 _Window = tuple[int, dict[int, list[int]]]
 _STOP = None  # what close() puts in the queue after the last window
+
+
+#: Changes whenever a column of the traffic schema changes meaning; readers refuse others.
+TRAFFIC_SCHEMA_VERSION = 1
+
+
+def traffic_schema() -> pa.Schema:
+    """The Parquet schema of traffic rows (a function: pyarrow is imported only when used)."""
+    import pyarrow as pa
+
+    return pa.schema(
+        [
+            pa.field("window_start", pa.int64(), nullable=False),  # epoch ms, multiple of window
+            pa.field("window_ms", pa.int32(), nullable=False),
+            pa.field("src", pa.int32(), nullable=False),  # the server where the sender runs
+            pa.field("dst", pa.int32(), nullable=False),  # the addressee's server, not next hop
+            pa.field("notes", pa.int64(), nullable=False),  # notifications sent in the window
+            pa.field("bytes", pa.int64(), nullable=False),  # their bytes on the wire
+        ],
+        metadata={
+            "aaabus.trace": "traffic",
+            "aaabus.schema_version": str(TRAFFIC_SCHEMA_VERSION),
+        },
+    )
 
 
 class TrafficError(AaabusError):
@@ -83,9 +111,7 @@ class TrafficRecorder:
                 ">= 1"
             )
         try:
-            import pyarrow  # noqa: F401  (checked here, used by the writer thread)
-
-            from perf.schema import TRAFFIC_SCHEMA
+            schema = traffic_schema()
         except ImportError as exc:
             raise TrafficError(
                 f"traffic recording needs pyarrow ({exc}); install it with "
@@ -102,7 +128,7 @@ class TrafficRecorder:
                 f"cannot create the traffic directory {self.directory}: "
                 f"{exc.strerror or exc}; choose a writable directory"
             ) from None
-        self._schema: pa.Schema = TRAFFIC_SCHEMA
+        self._schema: pa.Schema = schema
         #: Rows lost to failed writes (read from any thread; written by the writer only).
         self.dropped_rows = 0
         #: Files written so far (same).

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import pyarrow as pa
 
+from aaabus.traffic import traffic_schema
+
 SCHEMA_VERSION = 1
 
 #: Columns shared by both datasets: what identifies a measured point.
@@ -63,14 +65,6 @@ HOP_SCHEMA = pa.schema(
     metadata={"aaabus.trace": "hops", "aaabus.schema_version": str(SCHEMA_VERSION)},
 )
 
-TRAFFIC_SCHEMA = pa.schema(
-    [
-        pa.field("window_start", pa.int64(), nullable=False),  # epoch ms, a multiple of window_ms
-        pa.field("window_ms", pa.int32(), nullable=False),
-        pa.field("src", pa.int32(), nullable=False),  # the server where the sender runs
-        pa.field("dst", pa.int32(), nullable=False),  # the addressee's server, not the next hop
-        pa.field("notes", pa.int64(), nullable=False),  # notifications sent in the window
-        pa.field("bytes", pa.int64(), nullable=False),  # their bytes on the wire
-    ],
-    metadata={"aaabus.trace": "traffic", "aaabus.schema_version": str(SCHEMA_VERSION)},
-)
+#: The traffic rows are written by live servers too, so their schema lives in aaabus (which
+#: must not import perf); the same object, for the perf readers and writers.
+TRAFFIC_SCHEMA = traffic_schema()

@@ -3,18 +3,23 @@ thread as Parquet files of the traffic schema. A test clock drives the windows."
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 import threading
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from aaabus.config import load_config
+from aaabus.inprocess import InProcessBus
 from aaabus.traffic import TrafficError, TrafficRecorder
 from perf.schema import TRAFFIC_SCHEMA
+from tests.support.bus import add_to_server, wait_json
 
 
 class Clock:
@@ -125,3 +130,28 @@ def test_bad_window_and_unwritable_directory(tmp_path: Path) -> None:
     blocker.write_text("")
     with pytest.raises(TrafficError, match="cannot create the traffic directory"):
         TrafficRecorder(blocker, 0)
+
+
+def test_servers_with_the_property_record_end_to_end_counts(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """s0 bounces with an echo on s2 through the router s1: s1 forwards both ways but sends
+    nothing of its own, so the rows say s0 -> s2 and s2 -> s0 only, in equal numbers."""
+    config = make_config(
+        layout=[[0, 1], [1, 2]],
+        properties={"aaabus.traffic": "traces", "aaabus.store": "memory"},
+    )
+    done = tmp_path / "done.json"
+    args = json.dumps({"echo": 2, "n": 100, "done": str(done)})
+    service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{args}'/>"
+    add_to_server(config, 0, service)
+    with InProcessBus(load_config(config)):
+        assert wait_json(done, [], 60) == {"count": 100, "errors": 0}
+    rows = read_rows(tmp_path / "traces")
+    notes: Counter[tuple[int, int]] = Counter()
+    for r in rows:
+        notes[r["src"], r["dst"]] += r["notes"]
+        assert r["bytes"] > 0 and r["window_ms"] == 10_000
+    assert {pair for pair in notes} == {(0, 2), (2, 0)}  # nothing from the router s1
+    assert notes[2, 0] == 100  # one echo per bounce
+    assert notes[0, 2] >= 100  # the bounces, plus the creation of the echo agent
