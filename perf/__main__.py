@@ -53,8 +53,26 @@ def _cmd_pingpong(args: argparse.Namespace) -> int:
 
 
 def _cmd_stream(args: argparse.Namespace) -> int:
-    from perf.stream import run
+    from perf.stream import compare, run
 
+    if args.against:
+        compared = compare(
+            args.config,
+            args.count,
+            _properties(args.against),
+            args.repeat,
+            burst=args.burst,
+            payload=args.payload,
+            properties=_properties(args.property),
+        )
+        if not args.json:
+            med = compared["median_msgs_per_s"]
+            print(
+                f"stream, median of {args.repeat} interleaved runs: off {med['off']:.0f} msgs/s, "
+                f"on {med['on']:.0f} msgs/s; overhead {compared['overhead_pct']:.1f} %"
+            )
+        print(json.dumps(compared))
+        return 0
     result = run(
         args.config,
         args.count,
@@ -130,6 +148,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.add_argument("--workdir")
     st.add_argument("--json", action="store_true")
     st.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    st.add_argument(
+        "--against",
+        action="append",
+        help="NAME=VALUE: runs without and with these properties, interleaved; their medians",
+    )
+    st.add_argument("--repeat", type=int, default=3, help="with --against: runs per side")
     st.set_defaults(func=_cmd_stream)
     demo = sub.add_parser("demo", help="what `make demo` runs")
     demo.set_defaults(func=_cmd_demo)

@@ -6,6 +6,7 @@ directory on disk when the stream has been consumed (servers still running)."""
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -52,3 +53,38 @@ def run(
     result.update(servers=len(ids), to=target, config=str(config), payload=payload)
     result["store_bytes"] = sizes
     return result
+
+
+def compare(
+    config: str | Path,
+    count: int,
+    extra: dict[str, str],
+    repeat: int,
+    *,
+    burst: int = 200,
+    payload: int = 0,
+    properties: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The stream without and with the ``extra`` properties, interleaved ``repeat`` times.
+
+    Runs alternate (off, on, off, on...) so that both sides see the same machine load; the
+    result holds each side's throughputs, their medians and the overhead of ``extra`` in percent
+    of the median throughput without it.
+    """
+    base = dict(properties or {})
+    sides = {"off": base, "on": {**base, **extra}}
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(repeat):
+        for label, props in sides.items():
+            result = run(config, count, burst=burst, payload=payload, properties=props)
+            rates[label].append(result["msgs_per_s"])
+    medians = {label: statistics.median(values) for label, values in rates.items()}
+    overhead = 100.0 * (medians["off"] - medians["on"]) / medians["off"]
+    return {
+        "extra": extra,
+        "count": count,
+        "repeat": repeat,
+        "msgs_per_s": rates,
+        "median_msgs_per_s": medians,
+        "overhead_pct": overhead,
+    }
