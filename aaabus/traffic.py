@@ -34,6 +34,7 @@ pyarrow is an optional dependency (the ``perf`` extra): a recorder cannot be cre
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import logging
 import os
 import queue
@@ -110,13 +111,18 @@ class TrafficRecorder:
                 f"traffic windows of {window_ms} ms in batches of {batch_windows}: both must be "
                 ">= 1"
             )
+        # Only found here, imported by the writer at its first file: importing pyarrow doubles
+        # the objects of a server process, which every full garbage collection on the engine
+        # thread would then walk (our suspect for the 11 % the stream lost with it imported).
         try:
-            schema = traffic_schema()
-        except ImportError as exc:
+            found = importlib.util.find_spec("pyarrow") is not None
+        except (ImportError, ValueError):  # ValueError: blocked in sys.modules
+            found = False
+        if not found:
             raise TrafficError(
-                f"traffic recording needs pyarrow ({exc}); install it with "
+                "traffic recording needs pyarrow, which is not installed; install it with "
                 "pip install 'aaabus[perf]' or turn traffic recording off"
-            ) from None
+            )
         self.server_id = server_id
         self.window_ms = window_ms
         self.batch_windows = batch_windows
@@ -128,7 +134,6 @@ class TrafficRecorder:
                 f"cannot create the traffic directory {self.directory}: "
                 f"{exc.strerror or exc}; choose a writable directory"
             ) from None
-        self._schema: pa.Schema = schema
         #: Rows lost to failed writes (read from any thread; written by the writer only).
         self.dropped_rows = 0
         #: Files written so far (same).
@@ -246,7 +251,7 @@ class TrafficRecorder:
         final = self.directory / name
         partial = self.directory / f".{name}.tmp"
         try:
-            table = pa.Table.from_arrays(columns, schema=self._schema)
+            table = pa.Table.from_arrays(columns, schema=traffic_schema())
             pq.write_table(table, partial)
             os.replace(partial, final)
         except (OSError, pa.ArrowException) as exc:

@@ -118,7 +118,7 @@ def test_a_failed_write_is_logged_and_counted_never_raised(
 
 def test_without_pyarrow_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # what an install without it looks like
-    with pytest.raises(TrafficError, match=r"needs pyarrow .*pip install 'aaabus\[perf\]'"):
+    with pytest.raises(TrafficError, match=r"needs pyarrow, .*pip install 'aaabus\[perf\]'"):
         TrafficRecorder(tmp_path, 0)
     assert not (tmp_path / "traffic").exists()
 
