@@ -110,6 +110,8 @@ class Channel:
     def _open(self, config: BusConfig) -> None:
         """Find or create this server's clocks and queues (call inside a transaction)."""
         queues = self.store.queues
+        if config.setting(self.me, "aaabus.domains.rebuild"):
+            self._forget_changed_domains(config)
         for domain in self.topology.domains_of(self.me):
             members = self.topology.domains[domain]
             self._members[domain] = members
@@ -149,6 +151,39 @@ class Channel:
                     queues[out_key] = PersistentQueue()
                 self._qout[peer, domain] = queues[out_key]
                 self._links_of.setdefault(peer, []).append(domain)
+
+    def _forget_changed_domains(self, config: BusConfig) -> None:
+        """Drop the stored clock and queues of every domain that changed (or went away).
+
+        Only safe on a drained bus whose every member of such a domain does the same at this
+        boot: sequence numbers and clocks then restart at zero on all sides. A domain that still
+        holds a held-back or unacknowledged message is refused (StoreError), since dropping it
+        would lose that message; the agents, their state and the input queue are never touched.
+        """
+        queues = self.store.queues
+        wanted: dict[str, tuple[int, int, str, str]] = {}
+        for domain in self.topology.domains_of(self.me):
+            members = self.topology.domains[domain]
+            spec = config.domains[domain]
+            wanted[domain] = (len(members), members.index(self.me), spec.stamps, spec.order)
+        stale = set()
+        for key in list(queues.keys()):
+            if key[0] == "clock":
+                clock = queues[key]
+                if wanted.get(key[1]) != (clock.size, clock.me, clock.stamps, clock.order):
+                    stale.add(key[1])
+        doomed = [k for k in queues if k[0] in ("clock", "wait", "out") and k[-1] in stale]
+        pending = sum(len(queues[key]) for key in doomed if key[0] != "clock")
+        if pending:
+            raise StoreError(
+                f"server {self.me} cannot rebuild domain(s) {', '.join(sorted(stale))}: they "
+                f"still hold {pending} message(s) held back or not acknowledged; boot under the "
+                "old configuration, drain the bus (docs/operations.md), then try again"
+            )
+        for key in doomed:
+            del queues[key]
+        if stale:
+            log.warning("server %s: domain(s) %s rebuilt afresh", self.me, ", ".join(sorted(stale)))
 
     def knows(self, server: int) -> bool:
         return server in self.routes

@@ -231,6 +231,16 @@ SETTINGS: tuple[Setting, ...] = (
         "all servers line up). A file is written every six windows and at stop.",
     ),
     Setting(
+        "aaabus.domains.rebuild",
+        boolean,
+        False,
+        "Set it for the first boot of a DRAINED bus under new domains (see `docs/operations.md`, "
+        "changing the configuration): a server whose stored clocks no longer match its domains "
+        "then drops them and starts those domains afresh, keeping its agents and their state; "
+        "it refuses if such a domain still holds messages. Every member of a changed domain "
+        "must boot this way, together.",
+    ),
+    Setting(
         "aaabus.tls.cert",
         path,
         None,
