@@ -7,12 +7,11 @@ The public surface is what this module exports; everything else is internal.
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
-from aaabus.agent import Agent
-from aaabus.client import Client
-from aaabus.context import OutsideReactionError
 from aaabus.errors import AaabusError, ConfigError, StoreError, UnknownNotificationError
-from aaabus.ids import AgentId
-from aaabus.notifications import (
+from aaabus.model.agent import Agent
+from aaabus.model.context import OutsideReactionError
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import (
     AgentCreateReply,
     AgentCreateRequest,
     AgentDeleteAck,
@@ -21,7 +20,8 @@ from aaabus.notifications import (
     Notification,
     UnknownAgent,
 )
-from aaabus.server import AgentServer, BootContext
+from aaabus.node.server import AgentServer, BootContext
+from aaabus.tools.client import Client
 
 __all__ = [
     "AaabusError",

@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.admin import server_status
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
+from aaabus.config.reader import load_config
+from aaabus.node.admin import server_status
+from aaabus.node.inprocess import InProcessBus
 from examples._bus import Gate, wait_for, write_bus
 
 

@@ -13,8 +13,8 @@ from xml.etree import ElementTree
 
 from defusedxml.ElementTree import parse as safe_parse
 
-from aaabus.config import BusConfig, load_config
-from aaabus.launch import Bus
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.tools.launch import Bus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

@@ -126,7 +126,7 @@ def _stop_child(proc: subprocess.Popen[Any]) -> None:
 
 
 def _free_ports(count: int) -> list[int]:
-    from aaabus.launch import free_port_base
+    from aaabus.tools.launch import free_port_base
 
     base = free_port_base(count)
     return list(range(base, base + count))

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aaabus.domains import Topology
-from aaabus.launch import Bus
+from aaabus.config.domains import Topology
+from aaabus.tools.launch import Bus
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
 
 TESTS = ("local", "remote", "broadcast")

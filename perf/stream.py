@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from aaabus.launch import Bus
+from aaabus.tools.launch import Bus
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
 
 

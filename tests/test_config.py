@@ -1,4 +1,4 @@
-"""Parsing and checking of a3.xml (aaabus.config)."""
+"""Parsing and checking of a3.xml (aaabus.config.reader)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import (
+from aaabus.config.reader import (
     BusConfig,
     DomainConfig,
     NetworkConfig,

@@ -15,15 +15,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from aaabus.network import Network, NetworkError
-from aaabus.wire import ConnectorHandshake, FrameDecoder, FrameTooLarge, encode_frame
+from aaabus.io.network import Network, NetworkError
+from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, FrameTooLarge, encode_frame
 from tests.support.tls import make_certificate
 
 SECRET = b"s" * 32
 WRONG_SECRET = b"w" * 32
 LOCAL = "127.0.0.1"
 WAIT = 10.0  # generous deadline for anything that should take milliseconds
-LOGGER = "aaabus.network"
+LOGGER = "aaabus.io.network"
 
 
 class Recorder:

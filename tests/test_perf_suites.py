@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from aaabus.launch import free_port_base
-from aaabus.topology import generate
+from aaabus.config.topology import generate
+from aaabus.tools.launch import free_port_base
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from tests.support.harness import REPO_ROOT
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from aaabus import settings
-from aaabus.cli import main
-from aaabus.config import load_config, parse_config
+from aaabus.config import settings
+from aaabus.config.reader import load_config, parse_config
 from aaabus.errors import ConfigError
+from aaabus.tools.cli import main
 from tests.support.harness import REPO_ROOT
 
 
@@ -63,7 +63,7 @@ def test_an_unknown_aaabus_property_is_refused_with_the_closest_name() -> None:
         match=r"unknown property 'aaabus\.engine\.max_bach'; "
         r"did you mean aaabus\.engine\.max_batch\?",
     ):
-        parse_config(config_with("aaabus.engine.max_bach", "3"), "a3.xml")
+        parse_config(config_with("aaabus.core.engine.max_bach", "3"), "a3.xml")
     # The application's own properties are not the bus's business.
     cfg = parse_config(config_with("myapp.colour", "blue"), "a3.xml")
     assert cfg.prop(0, "myapp.colour") == "blue"
@@ -99,6 +99,6 @@ def test_aaabus_check_refuses_what_a_server_would_refuse_at_boot(
 
 def test_the_reference_in_the_docs_is_the_declarations() -> None:
     text = (REPO_ROOT / "docs" / "config.md").read_text()
-    assert settings.reference_table() in text, "regenerate it: python -m aaabus.settings"
+    assert settings.reference_table() in text, "regenerate it: python -m aaabus.config.settings"
     for setting in settings.SETTINGS:
         assert setting.doc and setting.doc.endswith((".", ")")), setting.name

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 
 from aaabus import AgentServer
-from aaabus.admin import AdminError, Link, ServerUnreachable, admin_address
-from aaabus.client import Client
-from aaabus.config import BusConfig, load_config
-from aaabus.secret import load_secret
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import load_secret
+from aaabus.node.admin import AdminError, Link, ServerUnreachable, admin_address
+from aaabus.tools.client import Client
 from tests.support.agents import Marker, Probe, Seen
 from tests.support.harness import Inbox, free_ports
 from tests.support.tls import make_certificate

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aaabus import wire
+from aaabus.config.secret import ensure_secret, load_secret, make_secret
 from aaabus.errors import SecretError
-from aaabus.secret import ensure_secret, load_secret, make_secret
-from aaabus.wire import (
+from aaabus.wire import frames as wire
+from aaabus.wire.frames import (
     AcceptorHandshake,
     AuthError,
     ConnectorHandshake,

@@ -12,9 +12,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from types import TracebackType
 
-from aaabus.config import BusConfig
-from aaabus.domains import Topology
-from aaabus.server import AgentServer
+from aaabus.config.domains import Topology
+from aaabus.config.reader import BusConfig
+from aaabus.node.server import AgentServer
 
 
 class InProcessBus:

@@ -18,8 +18,8 @@ the line it starts on, and every problem is reported as one :class:`ConfigError`
 ``file:line`` and ending with how to fix it.
 
 This module checks the file on its own. Whether the servers and domains form a tree (the condition
-for global causal order) is checked by :mod:`aaabus.domains`; service classes are imported by the
-server at boot, not here.
+for global causal order) is checked by
+:mod:`aaabus.config.domains`; service classes are imported by the server at boot, not here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from defusedxml import DefusedXmlException
 from defusedxml.common import DTDForbidden, EntitiesForbidden, ExternalReferenceForbidden
 from defusedxml.expatreader import DefusedExpatParser
 
-from aaabus import settings
+from aaabus.config import settings
 from aaabus.errors import ConfigError
 
 __all__ = [
@@ -60,7 +60,7 @@ STAMPS = ("delta", "full")
 
 DEFAULT_HOSTNAME = "127.0.0.1"
 # Server ids travel as 32-bit fields in frames; from 2**31 up they are left to external clients
-# (see aaabus.admin), so that a client never takes a server's id.
+# (see aaabus.node.admin), so that a client never takes a server's id.
 MAX_SERVER_ID = 2**31 - 1
 
 # A dotted module path, a colon, one identifier: what ``importlib`` + ``getattr`` can resolve.
@@ -159,7 +159,7 @@ class BusConfig:
 
     def setting(self, server_id: int | None, name: str) -> Any:
         """The typed value of ``aaabus.*`` property ``name`` for ``server_id`` (its own value,
-        else the bus's, else the declared default; see :mod:`aaabus.settings`). The file was
+        else the bus's, else the declared default; see :mod:`aaabus.config.settings`). The file was
         checked when read, so this does not fail for a declared name."""
         raw = self.prop(server_id, name)
         return settings.find(name).default if raw is None else settings.parse(name, raw)

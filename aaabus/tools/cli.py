@@ -73,8 +73,8 @@ def _server_parser(prog: str) -> _Parser:
 
 
 def run_server(args: argparse.Namespace, prog: str) -> int:
-    from aaabus.config import load_config
-    from aaabus.server import AgentServer
+    from aaabus.config.reader import load_config
+    from aaabus.node.server import AgentServer
 
     _setup_logging(args.log_level, f"s{args.id}")
     _dump_threads_on_sigusr1()
@@ -118,8 +118,8 @@ def server_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from aaabus.config import load_config
-    from aaabus.domains import Topology
+    from aaabus.config.domains import Topology
+    from aaabus.config.reader import load_config
 
     topology = Topology.from_config(load_config(args.config))
     if args.json:
@@ -130,7 +130,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:
-    from aaabus.topology import generate
+    from aaabus.config.topology import generate
 
     sys.stdout.write(
         generate(
@@ -145,16 +145,16 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 
 def _cmd_secret(args: argparse.Namespace) -> int:
-    from aaabus.secret import make_secret
+    from aaabus.config.secret import make_secret
 
     sys.stdout.write(make_secret())
     return 0
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    from aaabus.config import load_config
-    from aaabus.domains import Topology
-    from aaabus.launch import Bus, local_server_ids
+    from aaabus.config.domains import Topology
+    from aaabus.config.reader import load_config
+    from aaabus.tools.launch import Bus, local_server_ids
 
     config = load_config(args.config)
     Topology.from_config(config)  # refuse a bad topology before starting anything
@@ -219,9 +219,9 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
-    from aaabus.config import load_config
-    from aaabus.secret import load_secret
-    from aaabus.server import secret_path
+    from aaabus.config.reader import load_config
+    from aaabus.config.secret import load_secret
+    from aaabus.node.server import secret_path
 
     config = load_config(args.config)
     ids = sorted(config.servers) if args.id is None else [args.id]
@@ -231,7 +231,7 @@ def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from aaabus.admin import bus_status
+    from aaabus.node.admin import bus_status
 
     config, ids, secret = _bus_and_ids(args)
     servers = bus_status(config, ids, secret, timeout=args.timeout)
@@ -290,7 +290,7 @@ def _size(n: int) -> str:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from aaabus.admin import stop_servers
+    from aaabus.node.admin import stop_servers
 
     config, ids, secret = _bus_and_ids(args)
     outcome = stop_servers(config, ids, secret, timeout=args.timeout)
@@ -300,11 +300,11 @@ def _cmd_stop(args: argparse.Namespace) -> int:
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
-    from aaabus.client import Client
-    from aaabus.config import load_config
+    from aaabus.config.reader import load_config
     from aaabus.errors import ConfigError
-    from aaabus.ids import AgentId
-    from aaabus.notifications import Notification
+    from aaabus.model.ids import AgentId
+    from aaabus.model.notifications import Notification
+    from aaabus.tools.client import Client
 
     config = load_config(args.config)
     text = args.to if args.to.startswith("#") else f"#{args.to}"

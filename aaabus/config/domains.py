@@ -19,7 +19,7 @@ from typing import Any
 
 import networkx as nx
 
-from aaabus.config import BusConfig
+from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 
 __all__ = ["Hop", "Topology"]

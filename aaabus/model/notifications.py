@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from aaabus.ids import AgentId
+from aaabus.model.ids import AgentId
 
 
 class Notification:

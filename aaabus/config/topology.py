@@ -8,7 +8,7 @@
 
 Servers are ``s0..s(N-1)``, domains ``D0, D1, ...``; each ``<network>`` element gets the next port
 from ``base_port`` in document order. The result always passes
-:meth:`aaabus.domains.Topology.from_config`.
+:meth:`aaabus.config.domains.Topology.from_config`.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def generate(
         base_port=base_port,
         host=host,
         properties=properties,
-        recipe=f"aaabus.topology.generate({args}",
+        recipe=f"aaabus.config.topology.generate({args}",
     )
 
 
@@ -108,7 +108,7 @@ def render(
     base_port: int = 16300,
     host: str = "127.0.0.1",
     properties: Mapping[str, str] | None = None,
-    recipe: str = "aaabus.topology.render(...",
+    recipe: str = "aaabus.config.topology.render(...",
 ) -> str:
     """The ``a3.xml`` text of an explicit layout: ``domains[d]`` lists the members of ``Dd``.
 

@@ -1,7 +1,7 @@
 """The wire protocol between two agent servers, without any I/O.
 
 Everything here is pure computation on bytes, so that it can be tested exhaustively without sockets
-and reused by any transport. :mod:`aaabus.network` drives it from its I/O thread.
+and reused by any transport. :mod:`aaabus.io.network` drives it from its I/O thread.
 
 Framing
     Every message on a connection is a *frame*: a 4-byte big-endian length, then that many bytes of

@@ -1,17 +1,17 @@
 """The admin endpoint of an agent server, and the client side of its protocol.
 
 Each server process listens on one more TCP port, its **admin port**, for the tools of the bus
-(``aaabus status``, ``aaabus stop``, ``aaabus send``, :class:`aaabus.client.Client`). The port is
-property ``aaabus.admin.port`` of the server, by default its first network port + 1000
-(:data:`ADMIN_PORT_OFFSET`), bound on the server's ``hostname``.
+(``aaabus status``, ``aaabus stop``, ``aaabus send``, :class:`aaabus.tools.client.Client`).
+The port is property ``aaabus.admin.port`` of the server, by default its first network port
++ 1000 (:data:`ADMIN_PORT_OFFSET`), bound on the server's ``hostname``.
 
 Authentication
-    Exactly the handshake of the links between servers (:mod:`aaabus.wire`): a mutual HMAC
+    Exactly the handshake of the links between servers (:mod:`aaabus.wire.frames`): a mutual HMAC
     challenge-response on the bus secret, then every frame sequenced and MACed by a
-    :class:`~aaabus.wire.SessionCipher`. Server ids and client ids share the handshake's 32-bit id
-    field, so clients take their ids in a reserved range, ``CLIENT_ID_BASE`` (2**31) and above;
-    the endpoint refuses any other connector id, and the network ports refuse client ids (they
-    only accept the configured peers). Nothing is read from a connection beyond the 256-byte
+    :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's
+    32-bit id field, so clients take their ids in a reserved range, ``CLIENT_ID_BASE`` (2**31) and
+    above; the endpoint refuses any other connector id, and the network ports refuse client ids
+    (they only accept the configured peers). Nothing is read from a connection beyond the 256-byte
     handshake limit before the peer has proven it holds the secret.
 
 Protocol
@@ -53,10 +53,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from aaabus.errors import AaabusError
-from aaabus.ids import AgentId
-from aaabus.message import vet_body
-from aaabus.tls import tls_contexts
-from aaabus.wire import (
+from aaabus.io.tls import tls_contexts
+from aaabus.model.ids import AgentId
+from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
     AcceptorHandshake,
@@ -65,10 +64,11 @@ from aaabus.wire import (
     SessionCipher,
     WireError,
 )
+from aaabus.wire.message import vet_body
 
 if TYPE_CHECKING:
-    from aaabus.config import BusConfig
-    from aaabus.server import AgentServer
+    from aaabus.config.reader import BusConfig
+    from aaabus.node.server import AgentServer
 
 __all__ = [
     "ADMIN_PORT_OFFSET",
@@ -84,7 +84,7 @@ __all__ = [
     "stop_servers",
 ]
 
-log = logging.getLogger("aaabus.admin")
+log = logging.getLogger("aaabus.node.admin")
 
 #: Default admin port: the server's first network port plus this.
 ADMIN_PORT_OFFSET = 1000
@@ -168,7 +168,7 @@ class Link:
     ) -> Link:
         """Connect to the admin endpoint of ``server_id`` and authenticate both ways.
 
-        With ``tls`` (the dialing context of :func:`aaabus.tls.tls_contexts`) the connection
+        With ``tls`` (the dialing context of :func:`aaabus.io.tls.tls_contexts`) the connection
         runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
         Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
         handshake fails (another bus's secret, another server on that port, a certificate the

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Protocol
 
-from aaabus.ids import AgentId
+from aaabus.model.ids import AgentId
 
 if TYPE_CHECKING:
-    from aaabus.agent import Agent
-    from aaabus.notifications import Notification
+    from aaabus.model.agent import Agent
+    from aaabus.model.notifications import Notification
 
 
 class OutsideReactionError(RuntimeError):

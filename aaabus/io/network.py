@@ -9,10 +9,11 @@ Topology
     the old link is half-open), the new connection replaces the old one.
 
 Security
-    Each connection runs the mutual handshake of :mod:`aaabus.wire` (optionally inside TLS)
+    Each connection runs the mutual handshake of :mod:`aaabus.wire.frames` (optionally inside TLS)
     within ``handshake_timeout``; before it completes, frames are limited to a few hundred bytes
     so an unauthenticated client cannot make us buffer megabytes. Afterwards every frame is
-    verified by a :class:`~aaabus.wire.SessionCipher`; a frame that fails verification closes the
+    verified by a
+    :class:`~aaabus.wire.frames.SessionCipher`; a frame that fails verification closes the
     connection. Only verified payloads reach ``on_frame``. Refused incoming connections are
     logged at WARNING with the remote address and the reason; the server keeps serving.
 
@@ -68,7 +69,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from aaabus.errors import AaabusError
-from aaabus.wire import (
+from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
     AcceptorHandshake,
     AuthError,
@@ -201,7 +202,7 @@ class Network:
         self._max_frame = max_frame
         self._ssl_server = ssl_server
         self._ssl_client = ssl_client
-        self._log = log or logging.getLogger("aaabus.network")
+        self._log = log or logging.getLogger("aaabus.io.network")
         self._name = name
         self._handshake_timeout = handshake_timeout
         # Lower ids dial us; we dial higher ids.

@@ -23,26 +23,26 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 
-from aaabus.agent import Agent
-from aaabus.channel import Channel
-from aaabus.config import BusConfig, ServiceConfig
-from aaabus.domains import Topology
-from aaabus.engine import Engine
+from aaabus.config.domains import Topology
+from aaabus.config.reader import BusConfig, ServiceConfig
+from aaabus.config.secret import load_secret
+from aaabus.core.channel import Channel
+from aaabus.core.engine import Engine
+from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
+from aaabus.core.store import STORE_KINDS, Store, open_store
+from aaabus.core.trace import Tracer
 from aaabus.errors import AaabusError, ConfigError
-from aaabus.failpoints import ENV_VAR as FAILPOINTS_ENV
-from aaabus.ids import AgentId
-from aaabus.network import Network
-from aaabus.notifications import Notification
-from aaabus.secret import load_secret
-from aaabus.store import STORE_KINDS, Store, open_store
-from aaabus.tls import tls_contexts
-from aaabus.trace import Tracer
+from aaabus.io.network import Network
+from aaabus.io.tls import tls_contexts
+from aaabus.model.agent import Agent
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import Notification
 
 if TYPE_CHECKING:
-    from aaabus.admin import AdminEndpoint
-    from aaabus.metrics import MetricsEndpoint
+    from aaabus.node.admin import AdminEndpoint
+    from aaabus.node.metrics import MetricsEndpoint
 
-log = logging.getLogger("aaabus.server")
+log = logging.getLogger("aaabus.node.server")
 T = TypeVar("T")
 
 #: Store root keys of the client request ids already accepted (see :meth:`accept_once`).
@@ -196,7 +196,7 @@ class AgentServer:
         log.info("server %s started (%s)", self.server_id, self.store.description)
 
     def _start_endpoints(self) -> None:
-        from aaabus.admin import AdminEndpoint, AdminError, admin_address
+        from aaabus.node.admin import AdminEndpoint, AdminError, admin_address
 
         address, explicit = admin_address(self.config, self.server_id)
         if address is not None:
@@ -212,7 +212,7 @@ class AgentServer:
                 log.info("server %s: admin endpoint on %s:%s", self.server_id, *address)
         metrics_port: int | None = self.config.setting(self.server_id, "aaabus.metrics.port")
         if metrics_port is not None:
-            from aaabus.metrics import MetricsEndpoint
+            from aaabus.node.metrics import MetricsEndpoint
 
             host: str = self.config.setting(self.server_id, "aaabus.metrics.host")
             self.metrics = MetricsEndpoint(self, host, metrics_port)
@@ -389,7 +389,7 @@ class AgentServer:
             max_frame=self.max_frame,
             ssl_server=ssl_server,
             ssl_client=ssl_client,
-            log=logging.getLogger(f"aaabus.network.s{self.server_id}"),
+            log=logging.getLogger(f"aaabus.io.network.s{self.server_id}"),
             name=f"net-{self.server_id}",
         )
 

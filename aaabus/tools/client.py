@@ -2,13 +2,13 @@
 
 ::
 
-    from aaabus.client import Client
+    from aaabus.tools.client import Client
 
     with Client("a3.xml", server=0) as client:          # reads the bus secret beside a3.xml
         greeter = client.deploy(Greeter(), server=1)    # the new agent's id
         client.send(greeter, Hello("world"))
 
-A client talks to ONE server of the bus, through its admin port (:mod:`aaabus.admin`),
+A client talks to ONE server of the bus, through its admin port (:mod:`aaabus.node.admin`),
 authenticated with the bus secret. What it sends leaves that server as if sent by a boot
 service, from ``#s.s.0``: the server commits the notification (queued for its target like any
 other send) *before* it answers, so once :meth:`Client.send` returns, delivery is guaranteed
@@ -34,21 +34,21 @@ from typing import Any
 
 import cloudpickle
 
-from aaabus.admin import (
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import load_secret
+from aaabus.io.tls import tls_contexts
+from aaabus.model.agent import Agent
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import Notification
+from aaabus.node.admin import (
     AdminError,
     Link,
     RequestRefused,
     ServerUnreachable,
     admin_address,
 )
-from aaabus.agent import Agent
-from aaabus.config import BusConfig, load_config
-from aaabus.ids import AgentId
-from aaabus.message import encode_note
-from aaabus.notifications import Notification
-from aaabus.secret import load_secret
-from aaabus.tls import tls_contexts
-from aaabus.wire import WireError
+from aaabus.wire.frames import WireError
+from aaabus.wire.message import encode_note
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]
 
@@ -72,7 +72,7 @@ class Client:
         secret: bytes | None = None,
         timeout: float = 30.0,
     ) -> None:
-        from aaabus.server import secret_path
+        from aaabus.node.server import secret_path
 
         self.config = config if isinstance(config, BusConfig) else load_config(config)
         self.server = min(self.config.servers) if server is None else server
@@ -132,7 +132,7 @@ class Client:
 
     def arm_failpoints(self, spec: str) -> None:
         """Arm failpoints on the server (``name:action[:skip[:times]],...``, see
-        :mod:`aaabus.failpoints`). A testing tool: the server refuses unless it was started
+        :mod:`aaabus.core.failpoints`). A testing tool: the server refuses unless it was started
         with ``AAABUS_FAILPOINTS`` set."""
         self._request({"op": "failpoints", "arm": spec})
 

@@ -33,23 +33,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from BTrees.OOBTree import OOBTree
 
-from aaabus.clock import ClockError, DomainClock, Verdict
+from aaabus.core.clock import ClockError, DomainClock, Verdict
+from aaabus.core.store import PersistentQueue
 from aaabus.errors import StoreError
-from aaabus.ids import AgentId
-from aaabus.message import Message, vet_body
-from aaabus.store import PersistentQueue
+from aaabus.model.ids import AgentId
+from aaabus.wire.message import Message, vet_body
 
 if TYPE_CHECKING:
-    from aaabus.config import BusConfig
-    from aaabus.domains import Hop, Topology
-    from aaabus.engine import Engine
-    from aaabus.trace import Tracer
+    from aaabus.config.domains import Hop, Topology
+    from aaabus.config.reader import BusConfig
+    from aaabus.core.engine import Engine
+    from aaabus.core.trace import Tracer
 
-log = logging.getLogger("aaabus.channel")
+log = logging.getLogger("aaabus.core.channel")
 
 # First byte of every frame. Neither kind is pickled: a frame is checked and taken apart with
 # fixed-size fields in time linear in its length, whatever its bytes, and only the notification
-# body inside a data frame is ever unpickled (after :func:`aaabus.message.vet_body`).
+# body inside a data frame is ever unpickled (after :func:`aaabus.wire.message.vet_body`).
 DATA = b"D"
 ACK = b"A"
 # An acknowledgement, parsed on the network thread and handed to the engine as lazy work:
@@ -62,7 +62,7 @@ _DATA = struct.Struct(">cQIIQIIQHI")
 
 
 class Transport(Protocol):
-    """The part of :class:`aaabus.network.Network` the channel uses (any thread-safe sender)."""
+    """The part of :class:`aaabus.io.network.Network` the channel uses (any thread-safe sender)."""
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
 

@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from aaabus.admin import ADMIN_PORT_OFFSET
-from aaabus.cli import READY_LINE
 from aaabus.errors import AaabusError
+from aaabus.node.admin import ADMIN_PORT_OFFSET
+from aaabus.tools.cli import READY_LINE
 
 
 class LaunchError(AaabusError):
@@ -200,9 +200,9 @@ class Bus:
 
     def start(self, timeout: float = 60.0) -> Bus:
         # Tools that start a whole bus make its secret when there is none yet.
-        from aaabus.config import load_config
-        from aaabus.secret import ensure_secret
-        from aaabus.server import secret_path
+        from aaabus.config.reader import load_config
+        from aaabus.config.secret import ensure_secret
+        from aaabus.node.server import secret_path
 
         ensure_secret(secret_path(load_config(self.config)))
         try:
@@ -251,7 +251,7 @@ def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 200) -> 
     """
     low, high = _ephemeral_range()
     # Below the ephemeral range, with room for each server's admin port (its first port + 1000,
-    # see aaabus.admin) to stay below it too; above the range only when that is impossible.
+    # see aaabus.node.admin) to stay below it too; above the range only when that is impossible.
     spans = [(1024, low - count - ADMIN_PORT_OFFSET)]
     spans = [(a, b) for a, b in spans if b > a] or [(high + 1, 65536 - count - ADMIN_PORT_OFFSET)]
     spans = [(a, b) for a, b in spans if b > a]

@@ -14,7 +14,7 @@ that preceded it, which is exactly what a crash followed by a restart would do, 
 behaviour: reactions must already tolerate being re-run when their transaction did not commit.
 
 In-memory effects of a group (frames staged, agents initialised or unpickled, actions for after
-the commit, counters) are recorded in :class:`~aaabus.effects.TransactionEffects` with the way
+the commit, counters) are recorded in :class:`~aaabus.core.effects.TransactionEffects` with the way
 to undo them, so that the transaction itself -- abort or savepoint rollback -- takes them back
 together with the store. No code path undoes anything by hand.
 """
@@ -35,26 +35,26 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import cloudpickle
 from persistent import Persistent
 
-from aaabus.agent import Agent
-from aaabus.context import running
-from aaabus.effects import TransactionEffects
-from aaabus.failpoints import Failpoints
-from aaabus.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
-from aaabus.message import Message, decode_note, encode_note
-from aaabus.notifications import (
+from aaabus.core.effects import TransactionEffects
+from aaabus.core.failpoints import Failpoints
+from aaabus.core.store import StoreWriteFailed
+from aaabus.model.agent import Agent
+from aaabus.model.context import running
+from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
+from aaabus.model.notifications import (
     AgentCreateReply,
     AgentCreateRequest,
     ExceptionNotification,
     Notification,
     UnknownAgent,
 )
-from aaabus.store import StoreWriteFailed
+from aaabus.wire.message import Message, decode_note, encode_note
 
 if TYPE_CHECKING:
-    from aaabus.store import Store
-    from aaabus.trace import Tracer
+    from aaabus.core.store import Store
+    from aaabus.core.trace import Tracer
 
-log = logging.getLogger("aaabus.engine")
+log = logging.getLogger("aaabus.core.engine")
 
 #: Notifications that report an error: never answered with another error report, so that two
 #: parties can never bounce errors at each other forever.
@@ -110,7 +110,7 @@ class ReactionFailed(Exception):
 class EngineStopped(BaseException):
     """The engine cannot make progress: the same group failed to commit again and again.
 
-    A ``BaseException`` for the reason :class:`~aaabus.store.StoreWriteFailed` is one: it must
+    A ``BaseException`` for the reason :class:`~aaabus.core.store.StoreWriteFailed` is one: it must
     reach the engine thread's last-resort handler, which stops the server.
     """
 
@@ -173,9 +173,9 @@ class Engine:
         self.max_batch = max_batch
         self.max_group_s = max_group_s
         self.stats = EngineStats()
-        #: In-memory effects of the open transaction, undone with it (see aaabus.effects).
+        #: In-memory effects of the open transaction, undone with it (see aaabus.core.effects).
         self.effects = TransactionEffects(store.tm)
-        #: Failpoints of this engine and of its channel (see aaabus.failpoints).
+        #: Failpoints of this engine and of its channel (see aaabus.core.failpoints).
         self.failpoints = Failpoints()
         #: Optional per-hop tracing (see aaabus.trace); set before start.
         self.tracer: Tracer | None = None
@@ -696,7 +696,7 @@ class Engine:
 
 
 class _EngineContext:
-    """The :class:`~aaabus.context.ReactionContext` the engine installs around a reaction."""
+    """The :class:`~aaabus.model.context.ReactionContext` the engine installs around a reaction."""
 
     __slots__ = ("_engine",)
 

@@ -7,9 +7,9 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
-from aaabus.ids import AgentId
-from aaabus.notifications import Notification
-from aaabus.pickles import MalformedPickle, pickle_end
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import Notification
+from aaabus.wire.pickles import MalformedPickle, pickle_end
 
 
 class Message(NamedTuple):
@@ -56,7 +56,7 @@ def vet_body(body: bytes) -> None:
     Unpickling is linear in the input except for one trap of CPython's C unpickler: a memo
     store (``PUT``/``LONG_BINPUT``) at index *i* grows the memo table to 2*i* slots and clears
     them one by one, so twelve bytes can ask for gigabytes and minutes of CPU. The check
-    (:func:`aaabus.pickles.pickle_end`) walks the opcodes without building anything and refuses
+    (:func:`aaabus.wire.pickles.pickle_end`) walks the opcodes without building anything and refuses
     unknown opcodes, a missing ``STOP`` and memo indexes beyond the body's length (a well-formed
     pickle stores at most one memo entry per opcode). It costs a few microseconds for a typical
     notification, paid once per message received from another server or a client.

@@ -31,7 +31,7 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 
 from aaabus.errors import StoreError
-from aaabus.pickles import MalformedPickle, pickle_end
+from aaabus.wire.pickles import MalformedPickle, pickle_end
 
 log = logging.getLogger("aaabus.store")
 
@@ -274,7 +274,7 @@ def _verify_current_records(storage: ZODB.FileStorage.FileStorage, data: Path) -
     one-line error, rather than when an agent or a queue is next touched. Garbage inside an old
     revision is never read again and goes unnoticed: it is harmless.
 
-    The walk (:func:`aaabus.pickles.pickle_end`) builds nothing: a few microseconds per live
+    The walk (:func:`aaabus.wire.pickles.pickle_end`) builds nothing: a few microseconds per live
     object (reading it costs more than checking it), once per boot.
     """
     if not len(storage):

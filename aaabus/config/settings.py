@@ -2,14 +2,14 @@
 
 Each :class:`Setting` has a name, a parser that turns the property's text into a typed value (or
 says in one line what is wrong and how to fix it), a default and a line of documentation. The
-configuration reader (:mod:`aaabus.config`) checks every ``aaabus.*`` property against these
+configuration reader (:mod:`aaabus.config.reader`) checks every ``aaabus.*`` property against these
 declarations when it reads the file, so ``aaabus check`` refuses what a server would refuse at
 boot, with the file and line; a name that is not declared is refused too (a typo would otherwise
 be silently ignored). Properties outside the ``aaabus.`` prefix belong to the application and are
 left alone.
 
 The reference table of ``docs/config.md`` is this module's :func:`reference_table` (a test keeps
-them equal; ``python -m aaabus.settings`` prints it).
+them equal; ``python -m aaabus.config.settings`` prints it).
 
 This module is a leaf: it imports nothing from the rest of the runtime.
 """
@@ -182,11 +182,11 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.admin.port",
         port_or_off,
         None,
-        "The admin endpoint (`aaabus status`, `stop`, `send`, `aaabus.client.Client`), on the "
-        "server's `hostname`, open only to holders of the bus secret. A port, or `off`. When set, "
-        "a port that cannot be bound stops the server from starting; the default port, when "
-        "taken, is skipped with a warning (the server runs without an admin endpoint). Not served "
-        "by in-process simulations (`InProcessBus`). See `docs/operations.md`.",
+        "The admin endpoint (`aaabus status`, `stop`, `send`, `aaabus.tools.client.Client`), "
+        "on the server's `hostname`, open only to holders of the bus secret. A port, or `off`. "
+        "When set, a port that cannot be bound stops the server from starting; the default port, "
+        "when taken, is skipped with a warning (the server runs without an admin endpoint). "
+        "Not served by in-process simulations (`InProcessBus`). See `docs/operations.md`.",
         shown_default="first `<network>` port + 1000",
     ),
     Setting(

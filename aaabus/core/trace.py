@@ -7,7 +7,7 @@ it. The perf suites turn these lines into their Parquet traces.
 
 Runs on the engine thread only; the file is written in blocks and closed at stop. The records of
 the open group are in-memory effects of its transaction: a rolled-back reaction or an aborted
-group takes its records back with it (see :mod:`aaabus.effects`).
+group takes its records back with it (see :mod:`aaabus.core.effects`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
-    from aaabus.effects import TransactionEffects
+    from aaabus.core.effects import TransactionEffects
 
 #: Written in every record so that readers can refuse what they do not understand.
 TRACE_VERSION = 1

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ssl
 from pathlib import Path
 
-from aaabus.config import BusConfig
+from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 
 

@@ -37,7 +37,7 @@ import transaction
 from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
 from zope.interface import implementer
 
-log = logging.getLogger("aaabus.effects")
+log = logging.getLogger("aaabus.core.effects")
 
 Undo = Callable[..., object]
 Action = Callable[[], object]
@@ -75,7 +75,7 @@ class TransactionEffects:
 
         Actions run in the order they were registered, on the thread that commits. One that
         raises is logged and does not stop the others: an action must therefore handle its own
-        failure (see :meth:`aaabus.channel.Channel._flush`).
+        failure (see :meth:`aaabus.core.channel.Channel._flush`).
         """
         if not self._joined:
             self._join()
@@ -153,7 +153,7 @@ class TransactionEffects:
 
     def sortKey(self) -> str:
         # Nothing is written by this manager, so its place in the two-phase commit is irrelevant.
-        return "aaabus.effects"
+        return "aaabus.core.effects"
 
     # -- ISavepointDataManager --------------------------------------------------------------------
 

@@ -3,7 +3,7 @@
 Enabled by property ``aaabus.metrics.port`` (``0``: any free port, see the log line), bound to
 ``aaabus.metrics.host`` (default ``127.0.0.1``: the page is not authenticated, so it is not exposed
 beyond the machine unless asked). Served by the standard ``prometheus_client`` HTTP server; each
-scrape takes one consistent snapshot on the engine thread (:func:`aaabus.admin.server_status`),
+scrape takes one consistent snapshot on the engine thread (:func:`aaabus.node.admin.server_status`),
 so a scrape costs about what one ``aaabus status`` does.
 """
 
@@ -17,15 +17,15 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from aaabus.admin import AdminError, server_status
 from aaabus.errors import AaabusError
+from aaabus.node.admin import AdminError, server_status
 
 if TYPE_CHECKING:
-    from aaabus.server import AgentServer
+    from aaabus.node.server import AgentServer
 
 __all__ = ["MetricsEndpoint", "MetricsError"]
 
-log = logging.getLogger("aaabus.metrics")
+log = logging.getLogger("aaabus.node.metrics")
 
 #: Counters: (status path, metric name, help).
 _COUNTERS = (

@@ -16,10 +16,10 @@ import logging
 
 from persistent import Persistent
 
-from aaabus.context import current_context
 from aaabus.errors import UnknownNotificationError
-from aaabus.ids import AgentId
-from aaabus.notifications import (
+from aaabus.model.context import current_context
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import (
     AgentCreateReply,
     AgentDeleteAck,
     AgentDeleteRequest,
@@ -28,7 +28,7 @@ from aaabus.notifications import (
     UnknownAgent,
 )
 
-log = logging.getLogger("aaabus.agent")
+log = logging.getLogger("aaabus.model.agent")
 
 
 class Agent(Persistent):
