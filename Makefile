@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy aaabus agents perf tests
+	$(VENV)/bin/lint-imports --no-logo
 
 demo: $(STAMP)
 	$(PY) -m perf demo

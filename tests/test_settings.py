@@ -63,7 +63,7 @@ def test_an_unknown_aaabus_property_is_refused_with_the_closest_name() -> None:
         match=r"unknown property 'aaabus\.engine\.max_bach'; "
         r"did you mean aaabus\.engine\.max_batch\?",
     ):
-        parse_config(config_with("aaabus.core.engine.max_bach", "3"), "a3.xml")
+        parse_config(config_with("aaabus.engine.max_bach", "3"), "a3.xml")
     # The application's own properties are not the bus's business.
     cfg = parse_config(config_with("myapp.colour", "blue"), "a3.xml")
     assert cfg.prop(0, "myapp.colour") == "blue"
