@@ -18,13 +18,23 @@ import os
 import secrets
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from aaabus.errors import SecretError
+
+if TYPE_CHECKING:
+    from aaabus.config.reader import BusConfig
 
 HEADER = "aaabus-secret-v1"
 KEY_BYTES = 32
 
 _FIX = "run `aaabus secret > bus.key` beside the config (or set property aaabus.secret)"
+
+
+def secret_path(config: BusConfig, server_id: int | None = None) -> Path:
+    """Where the bus secret is: property ``aaabus.secret`` (relative to the config) or bus.key."""
+    name: str = config.setting(server_id, "aaabus.secret")
+    return Path(config.path).resolve().parent / name
 
 
 def make_secret() -> str:

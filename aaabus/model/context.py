@@ -10,12 +10,11 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from aaabus.model.ids import AgentId
 
 if TYPE_CHECKING:
-    from aaabus.model.agent import Agent
     from aaabus.model.notifications import Notification
 
 
@@ -44,7 +43,9 @@ class ReactionContext(Protocol):
         """Queue ``note`` for ``to``, sent by :attr:`current`."""
         ...
 
-    def deploy(self, agent: Agent, server: int, reply: bool) -> AgentId:
+    # `agent` is an aaabus.model.agent.Agent (its only caller is Agent.deploy). Typed Any here
+    # because naming Agent would make this module and agent.py import each other.
+    def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:
         """Allocate an id for ``agent`` and ask ``server``'s factory to create it."""
         ...
 

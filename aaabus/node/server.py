@@ -25,7 +25,7 @@ from BTrees.OOBTree import OOBTree
 
 from aaabus.config.domains import Topology
 from aaabus.config.reader import BusConfig, ServiceConfig
-from aaabus.config.secret import load_secret
+from aaabus.config.secret import load_secret, secret_path
 from aaabus.core.channel import Channel
 from aaabus.core.engine import Engine
 from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
@@ -65,12 +65,6 @@ class BootContext:
     server_id: int
     config: BusConfig
     send: Callable[[AgentId, Notification], None]
-
-
-def secret_path(config: BusConfig, server_id: int | None = None) -> Path:
-    """Where the bus secret is: property ``aaabus.secret`` (relative to the config) or bus.key."""
-    name: str = config.setting(server_id, "aaabus.secret")
-    return Path(config.path).resolve().parent / name
 
 
 def resolve_service(cfg: BusConfig, service: ServiceConfig) -> Callable[..., Any]:

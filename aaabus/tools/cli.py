@@ -21,8 +21,7 @@ from types import FrameType
 from typing import Any, NoReturn
 
 from aaabus.errors import AaabusError
-
-READY_LINE = "AgentServer#{id} started"
+from aaabus.tools.readiness import READY_LINE
 
 
 class _Parser(argparse.ArgumentParser):
@@ -220,8 +219,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
     from aaabus.config.reader import load_config
-    from aaabus.config.secret import load_secret
-    from aaabus.node.server import secret_path
+    from aaabus.config.secret import load_secret, secret_path
 
     config = load_config(args.config)
     ids = sorted(config.servers) if args.id is None else [args.id]

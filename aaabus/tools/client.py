@@ -35,7 +35,7 @@ from typing import Any
 import cloudpickle
 
 from aaabus.config.reader import BusConfig, load_config
-from aaabus.config.secret import load_secret
+from aaabus.config.secret import load_secret, secret_path
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
@@ -72,8 +72,6 @@ class Client:
         secret: bytes | None = None,
         timeout: float = 30.0,
     ) -> None:
-        from aaabus.node.server import secret_path
-
         self.config = config if isinstance(config, BusConfig) else load_config(config)
         self.server = min(self.config.servers) if server is None else server
         self.config.server(self.server)  # a one-line ConfigError for an unknown id

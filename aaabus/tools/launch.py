@@ -22,7 +22,7 @@ from types import TracebackType
 
 from aaabus.errors import AaabusError
 from aaabus.node.admin import ADMIN_PORT_OFFSET
-from aaabus.tools.cli import READY_LINE
+from aaabus.tools.readiness import READY_LINE
 
 
 class LaunchError(AaabusError):
@@ -201,8 +201,7 @@ class Bus:
     def start(self, timeout: float = 60.0) -> Bus:
         # Tools that start a whole bus make its secret when there is none yet.
         from aaabus.config.reader import load_config
-        from aaabus.config.secret import ensure_secret
-        from aaabus.node.server import secret_path
+        from aaabus.config.secret import ensure_secret, secret_path
 
         ensure_secret(secret_path(load_config(self.config)))
         try:
