@@ -18,7 +18,8 @@ import pytest
 from aaabus import AgentId, AgentServer
 from aaabus.config.reader import load_config
 from aaabus.config.secret import load_secret
-from aaabus.node.admin import AdminError, Link, RequestRefused, admin_address, bus_status
+from aaabus.errors import AdminError, RequestRefused
+from aaabus.node.admin import Link, admin_address, bus_status
 from aaabus.tools.cli import main
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus

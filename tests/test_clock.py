@@ -19,7 +19,8 @@ import ZODB.FileStorage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aaabus.core.clock import ClockError, DomainClock, Verdict
+from aaabus.core.clock import DomainClock, Verdict
+from aaabus.errors import ClockError
 
 ENCODINGS = ["delta", "full"]
 

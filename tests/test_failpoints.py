@@ -29,7 +29,8 @@ from aaabus import AgentServer
 from aaabus.config.reader import load_config, parse_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
-from aaabus.core.failpoints import STEPS, FailpointError, Failpoints
+from aaabus.core.failpoints import STEPS, Failpoints
+from aaabus.errors import FailpointError
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.proxy import FaultProxy
 from tests.support.harness import contiguous_free_base

@@ -19,10 +19,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aaabus.core.channel import decode_data, encode_data
+from aaabus.errors import BadBody, MalformedPickle
 from aaabus.model.ids import AgentId
 from aaabus.testing.torture import Start
-from aaabus.wire.message import BadBody, Message, encode_note, vet_body
-from aaabus.wire.pickles import MalformedPickle, pickle_end
+from aaabus.wire.message import Message, encode_note, vet_body
+from aaabus.wire.pickles import pickle_end
 
 values = st.recursive(
     st.none()

@@ -32,7 +32,7 @@ from aaabus import AgentId, Client
 from aaabus.config.reader import load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
-from aaabus.node.admin import ServerUnreachable
+from aaabus.errors import ServerUnreachable
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.torture import stop_all
 from aaabus.tools.launch import Bus

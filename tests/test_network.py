@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from aaabus.io.network import Network, NetworkError
-from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, FrameTooLarge, encode_frame
+from aaabus.errors import FrameTooLarge, NetworkError
+from aaabus.io.network import Network
+from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, encode_frame
 from tests.support.tls import make_certificate
 
 SECRET = b"s" * 32

@@ -14,7 +14,8 @@ import pytest
 from aaabus import AgentServer
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import load_secret
-from aaabus.node.admin import AdminError, Link, ServerUnreachable, admin_address
+from aaabus.errors import AdminError, ServerUnreachable
+from aaabus.node.admin import Link, admin_address
 from aaabus.tools.client import Client
 from tests.support.agents import Marker, Probe, Seen
 from tests.support.harness import Inbox, free_ports

@@ -13,14 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aaabus.config.secret import ensure_secret, load_secret, make_secret
-from aaabus.errors import SecretError
+from aaabus.errors import AuthError, FrameTooLarge, SecretError
 from aaabus.wire import frames as wire
 from aaabus.wire.frames import (
     AcceptorHandshake,
-    AuthError,
     ConnectorHandshake,
     FrameDecoder,
-    FrameTooLarge,
     SessionCipher,
     encode_frame,
 )

@@ -33,9 +33,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from BTrees.OOBTree import OOBTree
 
-from aaabus.core.clock import ClockError, DomainClock, Verdict
+from aaabus.core.clock import DomainClock, Verdict
 from aaabus.core.store import PersistentQueue
-from aaabus.errors import StoreError
+from aaabus.errors import ClockError, StoreError
 from aaabus.model.ids import AgentId
 from aaabus.wire.message import Message, vet_body
 

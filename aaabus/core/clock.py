@@ -64,6 +64,8 @@ from typing import Any, Final
 
 import persistent
 
+from aaabus.errors import ClockError
+
 __all__ = [
     "HEADER_SIZE",
     "KIND_DELTA",
@@ -75,10 +77,6 @@ __all__ = [
     "DomainClock",
     "Verdict",
 ]
-
-
-class ClockError(ValueError):
-    """A stamp (or call) the clock refuses. The clock is left exactly as it was."""
 
 
 class Verdict(enum.Enum):

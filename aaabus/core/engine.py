@@ -37,7 +37,7 @@ from persistent import Persistent
 
 from aaabus.core.effects import TransactionEffects
 from aaabus.core.failpoints import Failpoints
-from aaabus.core.store import StoreWriteFailed
+from aaabus.errors import EngineStopped, ReactionFailed, StoreWriteFailed
 from aaabus.model.agent import Agent
 from aaabus.model.context import running
 from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
@@ -101,18 +101,6 @@ def _importable(cls: type) -> bool:
     for part in cls.__qualname__.split("."):
         obj = getattr(obj, part, None)
     return obj is cls
-
-
-class ReactionFailed(Exception):
-    """Internal: a reaction raised inside a group; the group must be replayed carefully."""
-
-
-class EngineStopped(BaseException):
-    """The engine cannot make progress: the same group failed to commit again and again.
-
-    A ``BaseException`` for the reason :class:`~aaabus.core.store.StoreWriteFailed` is one: it must
-    reach the engine thread's last-resort handler, which stops the server.
-    """
 
 
 #: Consecutive failures of one group (outside agent code) before the engine gives up.

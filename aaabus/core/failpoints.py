@@ -27,7 +27,7 @@ import os
 import signal
 from dataclasses import dataclass
 
-from aaabus.errors import ConfigError
+from aaabus.errors import ConfigError, FailpointError
 
 __all__ = ["ENV_VAR", "STEPS", "FailpointError", "Failpoints"]
 
@@ -53,10 +53,6 @@ STEPS: dict[str, str] = {
 }
 
 ACTIONS = ("raise", "kill", "count")
-
-
-class FailpointError(Exception):
-    """Raised by a failpoint armed with the ``raise`` action."""
 
 
 @dataclass

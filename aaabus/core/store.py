@@ -30,8 +30,8 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 from persistent.mapping import PersistentMapping
 
-from aaabus.errors import StoreError
-from aaabus.wire.pickles import MalformedPickle, pickle_end
+from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed
+from aaabus.wire.pickles import pickle_end
 
 log = logging.getLogger("aaabus.store")
 
@@ -40,16 +40,6 @@ STORE_KINDS = ("file", "memory")
 #: Objects kept in each connection's cache: large enough that a server's agents and queue
 #: buckets stay in memory, so that a reaction never waits on the disk to load its agent.
 CACHE_SIZE = 100_000
-
-
-class StoreWriteFailed(BaseException):
-    """A commit could not be written (disk full, I/O error): the server must stop.
-
-    Deliberately not an ``Exception``: the engine treats an ``Exception`` raised inside a group
-    as a bad input, drops it and goes on, which for a failed write means retrying the same
-    commit forever. Like ``SystemExit``, this one travels up to the engine thread's last-resort
-    handler, which stops the engine; the server process then exits non-zero with this message.
-    """
 
 
 class PersistentQueue(LOBTree):

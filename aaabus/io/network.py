@@ -68,16 +68,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from aaabus.errors import AaabusError
+from aaabus.errors import AuthError, FrameTooLarge, NetworkError, WireError
 from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
     AcceptorHandshake,
-    AuthError,
     ConnectorHandshake,
     FrameDecoder,
-    FrameTooLarge,
     SessionCipher,
-    WireError,
 )
 
 __all__ = ["Network", "NetworkError"]
@@ -101,10 +98,6 @@ _MAX_PENDING = 256
 #: Longest the I/O thread sleeps without a timer; it is woken by the socketpair anyway, so this
 #: only bounds the damage of a lost wake-up.
 _MAX_SELECT = 1.0
-
-
-class NetworkError(AaabusError):
-    """The network layer cannot start (e.g. a listen port is taken)."""
 
 
 class _Conn:

@@ -12,14 +12,11 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
+from aaabus.errors import OutsideReactionError
 from aaabus.model.ids import AgentId
 
 if TYPE_CHECKING:
     from aaabus.model.notifications import Notification
-
-
-class OutsideReactionError(RuntimeError):
-    """An agent operation was called while no reaction or service is running on this thread."""
 
 
 class ReactionContext(Protocol):

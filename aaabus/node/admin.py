@@ -52,7 +52,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from aaabus.errors import AaabusError
+from aaabus.errors import AaabusError, AdminError, RequestRefused, ServerUnreachable, WireError
 from aaabus.io.tls import tls_contexts
 from aaabus.model.ids import AgentId
 from aaabus.wire.frames import (
@@ -62,7 +62,6 @@ from aaabus.wire.frames import (
     ConnectorHandshake,
     FrameDecoder,
     SessionCipher,
-    WireError,
 )
 from aaabus.wire.message import vet_body
 
@@ -100,20 +99,6 @@ IDLE_TIMEOUT = 300.0
 MAX_REQUEST_ID = 128
 #: Window of the reactions-per-second figure, in seconds.
 RATE_WINDOW = 10.0
-
-
-class AdminError(AaabusError):
-    """An admin request could not be made or was refused."""
-
-
-class ServerUnreachable(AdminError):
-    """Nothing answers on the server's admin port (the server is down or unreachable)."""
-
-    exit_code = 1
-
-
-class RequestRefused(AdminError):
-    """The server received the request and refused it (bad target, undecodable notification)."""
 
 
 # -- where ------------------------------------------------------------------------------------

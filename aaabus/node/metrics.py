@@ -17,8 +17,8 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from aaabus.errors import AaabusError
-from aaabus.node.admin import AdminError, server_status
+from aaabus.errors import AdminError, MetricsError
+from aaabus.node.admin import server_status
 
 if TYPE_CHECKING:
     from aaabus.node.server import AgentServer
@@ -56,10 +56,6 @@ _GAUGES = (
     (("storage_bytes",), "aaabus_storage_bytes", "Size of the server's store."),
     (("clock_cells",), "aaabus_clock_cells", "Cells of all this server's matrix clocks."),
 )
-
-
-class MetricsError(AaabusError):
-    """The metrics port cannot be served."""
 
 
 class _Collector(Collector):

@@ -31,7 +31,7 @@ from aaabus.core.engine import Engine
 from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
 from aaabus.core.store import STORE_KINDS, Store, open_store
 from aaabus.core.trace import Tracer
-from aaabus.errors import AaabusError, ConfigError
+from aaabus.errors import AaabusError, ConfigError, ServiceFailed
 from aaabus.io.network import Network
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
@@ -48,10 +48,6 @@ T = TypeVar("T")
 #: Store root keys of the client request ids already accepted (see :meth:`accept_once`).
 _SEEN = "client_requests"
 _SEEN_ORDER = "client_requests_order"
-
-
-class ServiceFailed(AaabusError):
-    """A boot-time service raised; the server does not start."""
 
 
 @dataclass(frozen=True)
@@ -190,7 +186,8 @@ class AgentServer:
         log.info("server %s started (%s)", self.server_id, self.store.description)
 
     def _start_endpoints(self) -> None:
-        from aaabus.node.admin import AdminEndpoint, AdminError, admin_address
+        from aaabus.errors import AdminError
+        from aaabus.node.admin import AdminEndpoint, admin_address
 
         address, explicit = admin_address(self.config, self.server_id)
         if address is not None:

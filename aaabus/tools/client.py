@@ -36,18 +36,12 @@ import cloudpickle
 
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import load_secret, secret_path
+from aaabus.errors import AdminError, RequestRefused, ServerUnreachable, WireError
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
-from aaabus.node.admin import (
-    AdminError,
-    Link,
-    RequestRefused,
-    ServerUnreachable,
-    admin_address,
-)
-from aaabus.wire.frames import WireError
+from aaabus.node.admin import Link, admin_address
 from aaabus.wire.message import encode_note
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]

@@ -20,13 +20,9 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
-from aaabus.errors import AaabusError
+from aaabus.errors import LaunchError
 from aaabus.node.admin import ADMIN_PORT_OFFSET
 from aaabus.tools.readiness import READY_LINE
-
-
-class LaunchError(AaabusError):
-    """A server process did not become ready, or died."""
 
 
 class ServerProcess:

@@ -53,6 +53,8 @@ import struct
 from collections.abc import Collection
 from typing import Any
 
+from aaabus.errors import AuthError, FrameTooLarge, WireError
+
 __all__ = [
     "MAGIC",
     "VERSION",
@@ -93,18 +95,6 @@ _PROOF = struct.Struct(f">4sBB{MAC_BYTES}s")
 _IDS = struct.Struct(">II")
 _SEQ = struct.Struct(">Q")
 _FRAME_HEAD = struct.Struct(">IQ")  # length prefix + seq of a session frame
-
-
-class WireError(Exception):
-    """The byte stream of a connection violates the protocol; the connection must be dropped."""
-
-
-class FrameTooLarge(WireError):
-    """A frame's length prefix exceeds the allowed maximum."""
-
-
-class AuthError(WireError):
-    """The peer failed to authenticate, or a session frame failed verification."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -7,9 +7,10 @@ from typing import Any, NamedTuple
 
 import cloudpickle
 
+from aaabus.errors import BadBody, MalformedPickle
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
-from aaabus.wire.pickles import MalformedPickle, pickle_end
+from aaabus.wire.pickles import pickle_end
 
 
 class Message(NamedTuple):
@@ -44,10 +45,6 @@ def decode_note(body: bytes) -> Any:
     Bodies that came over the wire have been through :func:`vet_body` first.
     """
     return pickle.loads(body)
-
-
-class BadBody(ValueError):
-    """A notification body that is not a pickle this server is willing to load."""
 
 
 def vet_body(body: bytes) -> None:

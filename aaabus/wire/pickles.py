@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import pickletools
 
-
-class MalformedPickle(ValueError):
-    """Bytes that are not one well-formed pickle (the message says what is wrong, and where)."""
-
+from aaabus.errors import MalformedPickle
 
 # How each opcode's argument is laid out, from the standard library's own description of the
 # pickle format: a fixed size (>= 0) or one of these codes (pickletools' own, plus a pair of
