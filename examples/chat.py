@@ -28,7 +28,6 @@ from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification
 from aaabus.config.reader import load_config
-from aaabus.node.admin import server_status
 from aaabus.node.inprocess import InProcessBus
 from examples._bus import Gate, wait_for, write_bus
 
@@ -105,7 +104,7 @@ def run(order: str, root: Path) -> list[str]:
                 print(f"  [{order}] Carol reads: {lines[-1]}")
             else:
                 held = wait_for(
-                    lambda: server_status(bus[2])["queues"]["held_back"],
+                    lambda: bus[2].status()["queues"]["held_back"],
                     10,
                     "Bob's answer held back at Carol's server",
                 )

@@ -26,7 +26,7 @@ from pathlib import Path
 from aaabus import Agent, AgentId, Notification, PersistentMapping
 from aaabus.config.reader import load_config
 from aaabus.config.secret import load_secret
-from aaabus.node.admin import bus_status
+from aaabus.tools.buswide import bus_status
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus
 from examples._bus import wait_for, write_bus

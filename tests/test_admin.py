@@ -16,10 +16,12 @@ from typing import Any
 import pytest
 
 from aaabus import AgentId, AgentServer
+from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import load_config
 from aaabus.config.secret import load_secret
 from aaabus.errors import AdminError, RequestRefused
-from aaabus.node.admin import Link, admin_address, bus_status
+from aaabus.io.link import Link
+from aaabus.tools.buswide import bus_status
 from aaabus.tools.cli import main
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus

@@ -24,7 +24,7 @@ SECRET = b"s" * 32
 WRONG_SECRET = b"w" * 32
 LOCAL = "127.0.0.1"
 WAIT = 10.0  # generous deadline for anything that should take milliseconds
-LOGGER = "aaabus.io.network"
+LOGGER = "aaabus.network"
 
 
 class Recorder:

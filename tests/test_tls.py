@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 
 from aaabus import AgentServer
+from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import load_secret
 from aaabus.errors import AdminError, ServerUnreachable
-from aaabus.node.admin import Link, admin_address
+from aaabus.io.link import Link
 from aaabus.tools.client import Client
 from tests.support.agents import Marker, Probe, Seen
 from tests.support.harness import Inbox, free_ports

@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from aaabus.core.engine import Engine
     from aaabus.core.trace import Tracer
 
-log = logging.getLogger("aaabus.core.channel")
+log = logging.getLogger("aaabus.channel")
 
 # First byte of every frame. Neither kind is pickled: a frame is checked and taken apart with
 # fixed-size fields in time linear in its length, whatever its bytes, and only the notification

@@ -37,7 +37,7 @@ import transaction
 from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
 from zope.interface import implementer
 
-log = logging.getLogger("aaabus.core.effects")
+log = logging.getLogger("aaabus.effects")
 
 Undo = Callable[..., object]
 Action = Callable[[], object]

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     from aaabus.core.store import Store
     from aaabus.core.trace import Tracer
 
-log = logging.getLogger("aaabus.core.engine")
+log = logging.getLogger("aaabus.engine")
 
 #: Notifications that report an error: never answered with another error report, so that two
 #: parties can never bounce errors at each other forever.

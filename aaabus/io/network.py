@@ -195,7 +195,7 @@ class Network:
         self._max_frame = max_frame
         self._ssl_server = ssl_server
         self._ssl_client = ssl_client
-        self._log = log or logging.getLogger("aaabus.io.network")
+        self._log = log or logging.getLogger("aaabus.network")
         self._name = name
         self._handshake_timeout = handshake_timeout
         # Lower ids dial us; we dial higher ids.

@@ -28,7 +28,7 @@ from aaabus.model.notifications import (
     UnknownAgent,
 )
 
-log = logging.getLogger("aaabus.model.agent")
+log = logging.getLogger("aaabus.agent")
 
 
 class Agent(Persistent):

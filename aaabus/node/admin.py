@@ -1,15 +1,15 @@
-"""The admin endpoint of an agent server, and the client side of its protocol.
+"""The admin endpoint of an agent server: its listener and connections.
 
 Each server process listens on one more TCP port, its **admin port**, for the tools of the bus
 (``aaabus status``, ``aaabus stop``, ``aaabus send``, :class:`aaabus.tools.client.Client`).
 The port is property ``aaabus.admin.port`` of the server, by default its first network port
-+ 1000 (:data:`ADMIN_PORT_OFFSET`), bound on the server's ``hostname``.
++ 1000 (:data:`aaabus.config.admin_port.ADMIN_PORT_OFFSET`), bound on the server's ``hostname``.
 
 Authentication
     Exactly the handshake of the links between servers (:mod:`aaabus.wire.frames`): a mutual HMAC
     challenge-response on the bus secret, then every frame sequenced and MACed by a
     :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's
-    32-bit id field, so clients take their ids in a reserved range, ``CLIENT_ID_BASE`` (2**31) and
+    32-bit id field, so clients take their ids in a reserved range (:mod:`aaabus.io.link`) and
     above; the endpoint refuses any other connector id, and the network ports refuse client ids
     (they only accept the configured peers). Nothing is read from a connection beyond the 256-byte
     handshake limit before the peer has proven it holds the secret.
@@ -28,334 +28,38 @@ Protocol
 Threads
     One listener thread (``admin-<id>``) accepts connections and runs one short-lived thread per
     connection (at most :data:`MAX_CONNECTIONS` at once). Whatever reads or changes the store is
-    handed to the engine thread with :meth:`AgentServer.call`, so status figures are one
+    handed to the engine thread (:mod:`aaabus.node.dispatch`, through the narrow
+    :class:`~aaabus.node.control.NodeControl`), so status figures are one
     consistent snapshot and sends are committed by the engine like any other.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
-import json
 import logging
-import os
-import pickle
-import secrets
 import socket
 import socketserver
 import ssl
 import threading
-import time
-from collections import deque
-from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from aaabus.errors import AaabusError, AdminError, RequestRefused, ServerUnreachable, WireError
+from aaabus.errors import AdminError, WireError
+from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
-from aaabus.model.ids import AgentId
-from aaabus.wire.frames import (
-    HANDSHAKE_MAX_FRAME,
-    MAX_SERVER_ID,
-    AcceptorHandshake,
-    ConnectorHandshake,
-    FrameDecoder,
-    SessionCipher,
-)
-from aaabus.wire.message import vet_body
+from aaabus.node.control import NodeControl
+from aaabus.node.dispatch import answer
+from aaabus.node.rates import RateMeter
 
-if TYPE_CHECKING:
-    from aaabus.config.reader import BusConfig
-    from aaabus.node.server import AgentServer
+__all__ = ["AdminEndpoint"]
 
-__all__ = [
-    "ADMIN_PORT_OFFSET",
-    "CLIENT_ID_BASE",
-    "AdminEndpoint",
-    "AdminError",
-    "Link",
-    "RequestRefused",
-    "ServerUnreachable",
-    "admin_address",
-    "bus_status",
-    "server_status",
-    "stop_servers",
-]
+log = logging.getLogger("aaabus.admin")
 
-log = logging.getLogger("aaabus.node.admin")
-
-#: Default admin port: the server's first network port plus this.
-ADMIN_PORT_OFFSET = 1000
-#: Handshake ids from here up are clients (tools, programs), never servers.
-CLIENT_ID_BASE = 0x8000_0000
 #: Concurrent admin connections per server; more are refused at once.
 MAX_CONNECTIONS = 32
 #: Seconds a connection has to complete the handshake.
 HANDSHAKE_TIMEOUT = 5.0
 #: Seconds an authenticated connection may stay idle between requests.
 IDLE_TIMEOUT = 300.0
-#: Longest client-chosen request id (they are remembered by the server for deduplication).
-MAX_REQUEST_ID = 128
-#: Window of the reactions-per-second figure, in seconds.
-RATE_WINDOW = 10.0
-
-
-# -- where ------------------------------------------------------------------------------------
-
-
-def admin_address(config: BusConfig, server_id: int) -> tuple[tuple[str, int] | None, bool]:
-    """``((host, port), explicit)`` of a server's admin endpoint; ``(None, True)`` when off.
-
-    ``explicit`` tells whether property ``aaabus.admin.port`` chose it: an explicit port must be
-    bound or the server does not start, the default one is used when free (see docs/config.md).
-    """
-    spec = config.server(server_id)
-    if not config.prop(server_id, "aaabus.admin.port"):  # unset or empty: the default port
-        port = spec.networks[0].port + ADMIN_PORT_OFFSET
-        if port > 65535:
-            return None, False
-        return (spec.hostname, port), False
-    chosen: int | None = config.setting(server_id, "aaabus.admin.port")
-    return (None if chosen is None else (spec.hostname, chosen)), True
-
-
-# -- one authenticated connection ---------------------------------------------------------------
-
-
-class Link:
-    """A blocking, authenticated connection carrying JSON objects in session frames.
-
-    Used by both ends; not thread-safe (one request at a time).
-    """
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self._cipher: SessionCipher | None = None
-        # Until the peer has authenticated, frames are held to the handshake's tiny limit.
-        self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
-        self._frames: deque[bytes] = deque()
-
-    def _authenticated(self, cipher: SessionCipher, max_frame: int) -> None:
-        self._cipher = cipher
-        self._decoder.max_frame = max_frame + SessionCipher.OVERHEAD
-
-    @classmethod
-    def connect(
-        cls,
-        address: tuple[str, int],
-        secret: bytes,
-        server_id: int,
-        *,
-        timeout: float = 5.0,
-        max_frame: int = 16 << 20,
-        tls: ssl.SSLContext | None = None,
-    ) -> Link:
-        """Connect to the admin endpoint of ``server_id`` and authenticate both ways.
-
-        With ``tls`` (the dialing context of :func:`aaabus.io.tls.tls_contexts`) the connection
-        runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
-        Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
-        handshake fails (another bus's secret, another server on that port, a certificate the
-        server does not accept).
-        """
-        where = f"server {server_id} at {address[0]}:{address[1]}"
-        try:
-            sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise ServerUnreachable(
-                f"server {server_id} does not answer on {address[0]}:{address[1]} "
-                f"({exc.strerror or exc})"
-            ) from None
-        if tls is not None:
-            try:
-                sock = tls.wrap_socket(sock, server_hostname=address[0])
-            except ssl.SSLError as exc:
-                sock.close()
-                raise AdminError(f"{where}: TLS handshake failed ({exc.reason or exc})") from None
-            except OSError as exc:
-                sock.close()
-                raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
-        link = cls(sock)
-        answered = False
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # A fresh random client id per connection: ids only have to differ from server ids.
-            client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
-            handshake = ConnectorHandshake(secret, client_id, server_id)
-            sock.sendall(handshake.receive(link._read_raw()))
-            answered = True
-            handshake.receive(link._read_raw())
-            link._authenticated(handshake.cipher(), max_frame)
-            return link
-        except WireError as exc:
-            link.close()
-            raise AdminError(f"{where}: {exc}") from None
-        except OSError as exc:
-            link.close()
-            if answered:
-                # It challenged us and hung up on our answer: it refused our proof.
-                raise AdminError(
-                    f"{where} refused the authentication: it does not use this bus secret"
-                ) from None
-            raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
-
-    @classmethod
-    def accept(
-        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int
-    ) -> tuple[Link, int]:
-        """Authenticate an accepted connection; returns the link and the client's id."""
-        link = cls(sock)
-        handshake = AcceptorHandshake(secret, server_id, None)
-        sock.sendall(handshake.start())
-        proof = handshake.receive(link._read_raw())
-        client_id = handshake.peer_id
-        assert client_id is not None
-        if client_id < CLIENT_ID_BASE:
-            # A server of the bus holds the secret too, but has no business here: no proof.
-            raise WireError(f"id {client_id} is a server id, not a client id")
-        sock.sendall(proof)
-        link._authenticated(handshake.cipher(), max_frame)
-        return link, client_id
-
-    def _read_raw(self) -> bytes:
-        while not self._frames:
-            data = self.sock.recv(65536)
-            if not data:
-                raise ConnectionResetError("connection closed by the other end")
-            self._frames.extend(self._decoder.feed(data))
-        return self._frames.popleft()
-
-    def send(self, obj: Any) -> None:
-        assert self._cipher is not None, "not authenticated"
-        payload = json.dumps(obj, separators=(",", ":")).encode()
-        self.sock.sendall(self._cipher.wrap_frame(payload))
-
-    def receive(self) -> Any:
-        """The next JSON object; raises ConnectionResetError at the end of the stream."""
-        assert self._cipher is not None, "not authenticated"
-        payload = self._cipher.unwrap(self._read_raw())
-        try:
-            return json.loads(payload)
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise WireError(f"admin frame is not JSON ({exc})") from None
-
-    def request(self, obj: dict[str, Any]) -> dict[str, Any]:
-        self.send(obj)
-        answer = self.receive()
-        if not isinstance(answer, dict):
-            raise WireError("admin answer is not a JSON object")
-        return answer
-
-    def wait_closed(self, timeout: float) -> bool:
-        """Wait for the other end to close (True) or the deadline (False)."""
-        self.sock.settimeout(timeout)
-        try:
-            while self.sock.recv(65536):
-                pass
-        except TimeoutError:
-            return False
-        except OSError:
-            return True
-        return True
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-# -- status -------------------------------------------------------------------------------------
-
-
-def server_status(server: AgentServer, timeout: float = 10.0) -> dict[str, Any]:
-    """One consistent snapshot of a running server's figures (see docs/operations.md).
-
-    Queue depths, clocks, counters and the storage size are read together on the engine thread,
-    between two reactions, so that they describe the same instant.
-    """
-    engine = server.engine
-    channel = server.channel
-    if engine is None or channel is None:
-        raise AdminError(f"server {server.server_id} is not started")
-    network = server.network
-    me = server.server_id
-
-    def read() -> dict[str, Any]:
-        store = engine.store
-        depths = channel.depths()
-        clocks: dict[str, int] = {}
-        sent_remote = received_remote = 0
-        for name, clock in channel.clocks.items():
-            clocks[name] = clock.size
-            for j in range(clock.size):
-                if j != clock.me:
-                    sent_remote += clock.sent_to(j)
-                    received_remote += clock.received_from(j)
-        stats = engine.stats
-        return {
-            "queues": {
-                "input": len(store.qin),
-                "held_back": depths["held_back"],
-                "outgoing": {str(peer): n for peer, n in sorted(depths["outgoing"].items())},
-            },
-            "messages": {
-                "sent": stats.sent,
-                "delivered": stats.reactions,
-                "sent_remote": sent_remote,
-                "received_remote": received_remote,
-            },
-            "reactions": stats.reactions,
-            "commits": stats.commits,
-            "errors": stats.errors,
-            "boots": store.record.boots,
-            "clocks": clocks,
-            "clock_cells": sum(k * k for k in clocks.values()),
-            "storage_bytes": store.size_bytes(),
-        }
-
-    snapshot = server.call(read, timeout)
-    spec = server.spec
-    neighbours = server.topology.neighbours(me)
-    return {
-        "id": me,
-        "name": spec.name,
-        "up": True,
-        "pid": os.getpid(),
-        "uptime_s": round(time.monotonic() - server.started_at, 3),
-        "domains": list(spec.domains),
-        "router": server.topology.is_router(me),
-        "store": server.store_kind,
-        "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
-        **snapshot,
-    }
-
-
-class RateMeter:
-    """Reactions per second over the last :data:`RATE_WINDOW` seconds, from periodic samples."""
-
-    def __init__(self, read: Any) -> None:
-        self._read = read
-        self._samples: deque[tuple[float, int]] = deque()
-        self._lock = threading.Lock()
-        self.sample()
-
-    def sample(self) -> None:
-        now = time.monotonic()
-        with self._lock:
-            if self._samples and now - self._samples[-1][0] < 1.0:
-                return
-            self._samples.append((now, self._read()))
-            while len(self._samples) > 2 and now - self._samples[0][0] > RATE_WINDOW:
-                self._samples.popleft()
-
-    def rate(self) -> float:
-        now, value = time.monotonic(), self._read()
-        with self._lock:
-            then, before = self._samples[0]
-        return round((value - before) / (now - then), 1) if now - then > 0.1 else 0.0
-
-
-# -- the endpoint -------------------------------------------------------------------------------
 
 
 class _TCPServer(socketserver.ThreadingTCPServer):
@@ -384,9 +88,9 @@ class _Handler(socketserver.BaseRequestHandler):
 class AdminEndpoint:
     """The admin listener of one server (see the module docstring)."""
 
-    def __init__(self, server: AgentServer, address: tuple[str, int]) -> None:
+    def __init__(self, server: NodeControl, address: tuple[str, int]) -> None:
         self.server = server
-        self.rates = RateMeter(lambda: server.engine.stats.reactions if server.engine else 0)
+        self.rates = RateMeter(server.reactions)
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._closing = False
@@ -467,7 +171,7 @@ class AdminEndpoint:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                link.send(self._answer(request))
+                link.send(answer(server, self.rates, request))
         except OSError:
             return
         finally:
@@ -485,153 +189,3 @@ class AdminEndpoint:
         with self._lock:
             self._conns.add(wrapped)
         return wrapped
-
-    def _answer(self, request: Any) -> dict[str, Any]:
-        server = self.server
-        try:
-            if not isinstance(request, dict):
-                raise RequestRefused("a request is a JSON object")
-            op = request.get("op")
-            if op == "status":
-                status = server_status(server)
-                status["reactions_per_s"] = self.rates.rate()
-                return {"ok": True, "status": status}
-            if op == "stop":
-                log.info("server %s: stop requested through the admin port", server.server_id)
-                server.request_stop()
-                return {"ok": True}
-            if op == "send":
-                to = _target(server, request.get("to"))
-                note = _unpickle(request.get("note"), "notification")
-                key = _request_id(request)
-                _, duplicate = server.accept_once(key, lambda: server.send_now(to, note))
-                return {"ok": True, "duplicate": duplicate}
-            if op == "deploy":
-                agent = _unpickle(request.get("agent"), "agent")
-                where = request.get("server")
-                if where is not None and (
-                    not isinstance(where, int) or where not in server.config.servers
-                ):
-                    raise RequestRefused(f"server {where!r} is not in the bus")
-                key = _request_id(request)
-                agent_id, duplicate = server.accept_once(
-                    key, lambda: server.deploy_now(agent, where)
-                )
-                return {"ok": True, "agent": agent_id, "duplicate": duplicate}
-            if op == "failpoints":
-                spec = request.get("arm")
-                if not isinstance(spec, str):
-                    raise RequestRefused("'arm' must be a text like engine.commit:kill:0")
-                server.arm_failpoints(spec)
-                return {"ok": True}
-            raise RequestRefused(f"unknown request {op!r}")
-        except (AaabusError, TimeoutError) as exc:
-            return {"ok": False, "error": str(exc) or type(exc).__name__}
-        except Exception as exc:  # a failing send or deploy: its transaction was rolled back
-            return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-
-
-def _request_id(request: dict[str, Any]) -> str:
-    key = request.get("id")
-    if not isinstance(key, str) or not 0 < len(key) <= MAX_REQUEST_ID:
-        raise RequestRefused(f"a request id is a string of 1..{MAX_REQUEST_ID} characters")
-    return key
-
-
-def _target(server: AgentServer, text: Any) -> AgentId:
-    if not isinstance(text, str):
-        raise RequestRefused("'to' must be an agent id like #0.1.16")
-    try:
-        to = AgentId.parse(text)
-    except ValueError as exc:
-        raise RequestRefused(str(exc)) from None
-    if to.server not in server.config.servers:
-        raise RequestRefused(f"agent {to} is on server {to.server}, which is not in the bus")
-    return to
-
-
-def _unpickle(text: Any, what: str) -> Any:
-    # Only ever reached on an authenticated session: the client holds the bus secret, which is
-    # the same trust as a peer server, and its pickles are vetted the same way.
-    if not isinstance(text, str):
-        raise RequestRefused(f"the {what} is missing")
-    try:
-        data = base64.b64decode(text, validate=True)
-    except (binascii.Error, ValueError):
-        raise RequestRefused(f"the {what} is not base64") from None
-    try:
-        vet_body(data)
-        return pickle.loads(data)
-    except Exception as exc:
-        raise RequestRefused(
-            f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "
-            "importable by the server"
-        ) from None
-
-
-# -- bus-wide tools -----------------------------------------------------------------------------
-
-
-def _ask(
-    config: BusConfig, server_id: int, secret: bytes, request: dict[str, Any], timeout: float
-) -> tuple[Link, dict[str, Any]]:
-    address, _ = admin_address(config, server_id)
-    if address is None:
-        raise ServerUnreachable(f"server {server_id} has no admin port (aaabus.admin.port=off)")
-    link = Link.connect(
-        address, secret, server_id, timeout=timeout, tls=tls_contexts(config, server_id)[1]
-    )
-    try:
-        link.sock.settimeout(timeout)
-        answer = link.request(request)
-    except (WireError, OSError) as exc:
-        link.close()
-        raise ServerUnreachable(f"server {server_id} did not answer ({exc})") from None
-    if not answer.get("ok"):
-        link.close()
-        raise RequestRefused(f"server {server_id}: {answer.get('error', 'refused')}")
-    return link, answer
-
-
-def bus_status(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 5.0
-) -> list[dict[str, Any]]:
-    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``."""
-
-    def one(sid: int) -> dict[str, Any]:
-        try:
-            link, answer = _ask(config, sid, secret, {"op": "status"}, timeout)
-        except ServerUnreachable:
-            return {"id": sid, "up": False}
-        link.close()
-        status: dict[str, Any] = answer["status"]
-        return status
-
-    ids = list(ids)
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(ids)))) as pool:
-        return list(pool.map(one, ids))
-
-
-def stop_servers(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 30.0
-) -> dict[int, str]:
-    """Stop servers cleanly, in parallel; waits until each has closed its store.
-
-    Returns, per server, ``"stopped"``, ``"not running"`` or ``"still stopping"`` (the deadline
-    passed first).
-    """
-
-    def one(sid: int) -> str:
-        try:
-            link, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
-        except ServerUnreachable:
-            return "not running"
-        try:
-            # The server closes admin connections last, once its store is closed.
-            return "stopped" if link.wait_closed(timeout) else "still stopping"
-        finally:
-            link.close()
-
-    ids = list(ids)
-    with ThreadPoolExecutor(max_workers=min(16, max(1, len(ids)))) as pool:
-        return dict(zip(ids, pool.map(one, ids), strict=True))

@@ -3,7 +3,8 @@
 Enabled by property ``aaabus.metrics.port`` (``0``: any free port, see the log line), bound to
 ``aaabus.metrics.host`` (default ``127.0.0.1``: the page is not authenticated, so it is not exposed
 beyond the machine unless asked). Served by the standard ``prometheus_client`` HTTP server; each
-scrape takes one consistent snapshot on the engine thread (:func:`aaabus.node.admin.server_status`),
+scrape takes one consistent snapshot on the engine thread
+(:func:`aaabus.node.status.server_status`),
 so a scrape costs about what one ``aaabus status`` does.
 """
 
@@ -11,21 +12,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from aaabus.errors import AdminError, MetricsError
-from aaabus.node.admin import server_status
-
-if TYPE_CHECKING:
-    from aaabus.node.server import AgentServer
+from aaabus.node.control import NodeControl
 
 __all__ = ["MetricsEndpoint", "MetricsError"]
 
-log = logging.getLogger("aaabus.node.metrics")
+log = logging.getLogger("aaabus.metrics")
 
 #: Counters: (status path, metric name, help).
 _COUNTERS = (
@@ -59,13 +57,13 @@ _GAUGES = (
 
 
 class _Collector(Collector):
-    def __init__(self, server: AgentServer) -> None:
+    def __init__(self, server: NodeControl) -> None:
         self.server = server
 
     def collect(self) -> Iterator[Metric]:
         labels = {"server": str(self.server.server_id)}
         try:
-            status = server_status(self.server, timeout=5.0)
+            status = self.server.status(timeout=5.0)
         except (AdminError, TimeoutError):
             up = GaugeMetricFamily("aaabus_up", "1 when the server answers.", labels=["server"])
             up.add_metric([labels["server"]], 0)
@@ -117,7 +115,7 @@ class MetricsEndpoint:
     """``GET /metrics`` for one server, on its own registry (several servers may share a
     process)."""
 
-    def __init__(self, server: AgentServer, host: str, port: int) -> None:
+    def __init__(self, server: NodeControl, host: str, port: int) -> None:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(_Collector(server))
         try:

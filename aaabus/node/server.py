@@ -37,12 +37,13 @@ from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
+from aaabus.node.status import server_status
 
 if TYPE_CHECKING:
     from aaabus.node.admin import AdminEndpoint
     from aaabus.node.metrics import MetricsEndpoint
 
-log = logging.getLogger("aaabus.node.server")
+log = logging.getLogger("aaabus.server")
 T = TypeVar("T")
 
 #: Store root keys of the client request ids already accepted (see :meth:`accept_once`).
@@ -186,8 +187,9 @@ class AgentServer:
         log.info("server %s started (%s)", self.server_id, self.store.description)
 
     def _start_endpoints(self) -> None:
+        from aaabus.config.admin_port import admin_address
         from aaabus.errors import AdminError
-        from aaabus.node.admin import AdminEndpoint, admin_address
+        from aaabus.node.admin import AdminEndpoint
 
         address, explicit = admin_address(self.config, self.server_id)
         if address is not None:
@@ -276,6 +278,14 @@ class AgentServer:
         """Send ``note`` to ``to`` from ``#s.s.0``; returns once it is durable here."""
         engine = self._require_engine()
         self.call(lambda: engine.send(to, note), timeout)
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """One consistent snapshot of this server's figures (:mod:`aaabus.node.status`)."""
+        return server_status(self, timeout)
+
+    def reactions(self) -> int:
+        """Reactions run since the engine started (0 before); any thread."""
+        return self.engine.stats.reactions if self.engine else 0
 
     def accept_once(
         self, request_id: str, fn: Callable[[], str], timeout: float = 30.0
@@ -380,7 +390,7 @@ class AgentServer:
             max_frame=self.max_frame,
             ssl_server=ssl_server,
             ssl_client=ssl_client,
-            log=logging.getLogger(f"aaabus.io.network.s{self.server_id}"),
+            log=logging.getLogger(f"aaabus.network.s{self.server_id}"),
             name=f"net-{self.server_id}",
         )
 

@@ -229,7 +229,7 @@ def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
-    from aaabus.node.admin import bus_status
+    from aaabus.tools.buswide import bus_status
 
     config, ids, secret = _bus_and_ids(args)
     servers = bus_status(config, ids, secret, timeout=args.timeout)
@@ -288,7 +288,7 @@ def _size(n: int) -> str:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    from aaabus.node.admin import stop_servers
+    from aaabus.tools.buswide import stop_servers
 
     config, ids, secret = _bus_and_ids(args)
     outcome = stop_servers(config, ids, secret, timeout=args.timeout)

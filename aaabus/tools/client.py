@@ -34,14 +34,15 @@ from typing import Any
 
 import cloudpickle
 
+from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import load_secret, secret_path
 from aaabus.errors import AdminError, RequestRefused, ServerUnreachable, WireError
+from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
-from aaabus.node.admin import Link, admin_address
 from aaabus.wire.message import encode_note
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]

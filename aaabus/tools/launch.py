@@ -20,8 +20,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from types import TracebackType
 
+from aaabus.config.admin_port import ADMIN_PORT_OFFSET
 from aaabus.errors import LaunchError
-from aaabus.node.admin import ADMIN_PORT_OFFSET
 from aaabus.tools.readiness import READY_LINE
 
 
