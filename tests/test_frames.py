@@ -18,10 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aaabus.core.channel import decode_data, encode_data
 from aaabus.errors import BadBody, MalformedPickle
 from aaabus.model.ids import AgentId
 from aaabus.testing.torture import Start
+from aaabus.wire.linkframes import decode_data, encode_data
 from aaabus.wire.message import Message, encode_note, vet_body
 from aaabus.wire.pickles import pickle_end
 

@@ -31,7 +31,6 @@ from hypothesis import strategies as st
 
 from aaabus.config.domains import Topology
 from aaabus.config.reader import parse_config
-from aaabus.core.channel import ACK, DATA, encode_data
 from aaabus.core.clock import DomainClock
 from aaabus.errors import ConfigError
 from aaabus.model.ids import AgentId
@@ -44,6 +43,7 @@ from aaabus.testing.torture import (
     wait_progress,
 )
 from aaabus.wire.frames import MAGIC, VERSION, encode_frame
+from aaabus.wire.linkframes import ACK, DATA, encode_data
 from aaabus.wire.message import Message, encode_note
 
 FUZZ = settings(

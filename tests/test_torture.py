@@ -99,11 +99,11 @@ def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(
     make_config: Callable[..., Path],
 ) -> None:
     from aaabus.config.reader import load_config
-    from aaabus.core.channel import encode_data
     from aaabus.core.clock import DomainClock
     from aaabus.model.ids import AgentId
     from aaabus.node.inprocess import InProcessBus
     from aaabus.testing.torture import Start
+    from aaabus.wire.linkframes import encode_data
     from aaabus.wire.message import Message, encode_note
 
     config = load_config(make_config(servers=2, properties={"aaabus.store": "memory"}))

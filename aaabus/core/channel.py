@@ -1,7 +1,10 @@
 """The channel: what happens to messages between servers, on the engine thread.
 
-Everything here runs inside the engine's current group (one ZODB transaction), so that stamping,
-queueing, acknowledging and delivering are atomic with the reactions around them:
+The rules themselves (stamps, acks, resends, hold-back) are the sans-IO
+:class:`~aaabus.core.protocol.LinkProtocol`, and the frames are :mod:`aaabus.wire.linkframes`;
+this class carries their events out. Everything here runs inside the engine's current group (one
+ZODB transaction), so that stamping, queueing, acknowledging and delivering are atomic with the
+reactions around them:
 
 * **send**: a message for another server is stamped with the matrix clock of the domain of its
   first hop and appended to that hop's persistent outgoing queue (``qout``), in the transaction of
@@ -26,18 +29,17 @@ storage cost.
 from __future__ import annotations
 
 import logging
-import struct
-import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from BTrees.OOBTree import OOBTree
 
-from aaabus.core.clock import DomainClock, Verdict
+from aaabus.core.clock import DomainClock
+from aaabus.core.protocol import Deliver, LinkProtocol
 from aaabus.core.store import PersistentQueue
-from aaabus.errors import ClockError, StoreError
-from aaabus.model.ids import AgentId
-from aaabus.wire.message import Message, vet_body
+from aaabus.errors import StoreError
+from aaabus.wire.linkframes import decode_ack, encode_ack
+from aaabus.wire.message import Message
 
 if TYPE_CHECKING:
     from aaabus.config.domains import Hop, Topology
@@ -46,19 +48,6 @@ if TYPE_CHECKING:
     from aaabus.core.trace import Tracer
 
 log = logging.getLogger("aaabus.channel")
-
-# First byte of every frame. Neither kind is pickled: a frame is checked and taken apart with
-# fixed-size fields in time linear in its length, whatever its bytes, and only the notification
-# body inside a data frame is ever unpickled (after :func:`aaabus.wire.message.vet_body`).
-DATA = b"D"
-ACK = b"A"
-# An acknowledgement, parsed on the network thread and handed to the engine as lazy work:
-# kind, upto; followed by the domain name, UTF-8.
-_ACK = struct.Struct(">cQ")
-# A data frame: kind, link sequence number, sender id, target id (from, server, stamp each),
-# lengths of the domain name and of the stamp; followed by the domain name (UTF-8), the stamp
-# and the notification body, which runs to the end of the frame.
-_DATA = struct.Struct(">cQIIQIIQHI")
 
 
 class Transport(Protocol):
@@ -85,14 +74,8 @@ class Channel:
         self.me = engine.server_id
         self.topology = topology
         self.routes: dict[int, Hop] = topology.routes_from(self.me)
-        self.tracer = tracer
         self.transport: Transport | None = None
-        self._index: dict[str, dict[int, int]] = {}
-        self._members: dict[str, tuple[int, ...]] = {}
         self.clocks: dict[str, DomainClock] = {}
-        self._waiting: dict[str, OOBTree] = {}
-        self._qout: dict[tuple[int, str], PersistentQueue] = {}
-        self._links_of: dict[int, list[str]] = {}
         # Work for the end of the current group: frames to send per peer, acks to give per link.
         # Staged in memory, so every change is recorded in the engine's transaction effects,
         # which take it back if the group (or the reaction or input that staged it) rolls back.
@@ -100,30 +83,33 @@ class Channel:
         self._acks: dict[tuple[int, str], int] = {}
         self._effects = engine.effects
         self._failpoints = engine.failpoints
-        self._open(config)
+        self.protocol = self._open(config, tracer)
 
     # -- set-up ----------------------------------------------------------------------------------
 
-    def _open(self, config: BusConfig) -> None:
+    def _open(self, config: BusConfig, tracer: Tracer | None) -> LinkProtocol:
         """Find or create this server's clocks and queues (call inside a transaction)."""
         queues = self.store.queues
+        members_of: dict[str, tuple[int, ...]] = {}
+        waiting: dict[str, OOBTree] = {}
+        qout: dict[tuple[int, str], PersistentQueue] = {}
         for domain in self.topology.domains_of(self.me):
             members = self.topology.domains[domain]
-            self._members[domain] = members
-            self._index[domain] = {sid: i for i, sid in enumerate(members)}
+            members_of[domain] = members
+            me = members.index(self.me)
             spec = config.domains[domain]
             key = ("clock", domain)
             clock = queues.get(key)
             if clock is None:
                 clock = queues[key] = DomainClock(
                     len(members),
-                    self._index[domain][self.me],
+                    me,
                     stamps=spec.stamps,
                     order=spec.order,
                 )
             elif (clock.size, clock.me, clock.stamps, clock.order) != (
                 len(members),
-                self._index[domain][self.me],
+                me,
                 spec.stamps,
                 spec.order,
             ):
@@ -137,15 +123,24 @@ class Channel:
             wait_key = ("wait", domain)
             if wait_key not in queues:
                 queues[wait_key] = OOBTree()
-            self._waiting[domain] = queues[wait_key]
+            waiting[domain] = queues[wait_key]
             for peer in members:
                 if peer == self.me:
                     continue
                 out_key = ("out", peer, domain)
                 if out_key not in queues:
                     queues[out_key] = PersistentQueue()
-                self._qout[peer, domain] = queues[out_key]
-                self._links_of.setdefault(peer, []).append(domain)
+                qout[peer, domain] = queues[out_key]
+        return LinkProtocol(
+            self.me,
+            members_of,
+            self.clocks,
+            waiting,
+            qout,
+            max_frame=self.max_frame,
+            failpoints=self._failpoints,
+            tracer=tracer,
+        )
 
     def knows(self, server: int) -> bool:
         return server in self.routes
@@ -157,23 +152,7 @@ class Channel:
         self._enqueue(self.routes[message.target.server], message)
 
     def _enqueue(self, hop: Hop, message: Message) -> None:
-        clock = self.clocks[hop.domain]
-        dest = self._index[hop.domain][hop.server]
-        tracer = self.tracer
-        t0 = time.perf_counter_ns() if tracer is not None else 0
-        stamp = clock.prepare_send(dest)
-        if tracer is not None:
-            tracer.stamped(hop.domain, hop.server, len(stamp), time.perf_counter_ns() - t0)
-        seq = clock.sent_to(dest)
-        frame = encode_data(seq, hop.domain, stamp, message)
-        if len(frame) > self.max_frame - 64:  # room for the session's sequence number and MAC
-            # Raised inside the sending reaction, which is rolled back: the sender hears of it.
-            raise ValueError(
-                f"notification to {message.target} is {len(frame)} bytes on the wire, over the "
-                f"bus limit of {self.max_frame} (property aaabus.max_frame)"
-            )
-        self._qout[hop.server, hop.domain][seq] = (stamp, message)
-        self._stage(hop.server, frame)
+        self._stage(hop.server, self.protocol.stamp(hop.server, hop.domain, message))
         if self._failpoints.armed:
             self._failpoints.hit("channel.send")
 
@@ -198,7 +177,7 @@ class Channel:
         if transport is None:
             return
         for (peer, domain), upto in acks.items():
-            frames.setdefault(peer, []).insert(0, _ACK.pack(ACK, upto) + domain.encode())
+            frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
         failpoints = self._failpoints
         for peer, batch in frames.items():
             if not batch:
@@ -225,58 +204,24 @@ class Channel:
 
     def on_frame(self, peer: int, payload: bytes) -> None:
         """Network thread: hand an authenticated frame to the engine (acks as lazy work)."""
-        if payload[:1] == ACK and len(payload) > _ACK.size:
-            upto = _ACK.unpack_from(payload)[1]
-            domain = payload[_ACK.size :].decode("utf-8", "replace")
+        ack = decode_ack(payload)
+        if ack is not None:
+            domain, upto = ack
             self.engine.submit_lazy(lambda _engine: self.acknowledged(peer, domain, upto))
         else:
             self.engine.submit(lambda _engine: self.receive(peer, payload))
 
     def acknowledged(self, peer: int, domain: str, upto: int) -> None:
         """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""
-        queue = self._qout.get((peer, domain))
-        if queue is not None:
-            queue.pop_through(upto)
+        self.protocol.acknowledged(peer, domain, upto)
 
     def receive(self, peer: int, payload: bytes) -> None:
         """Handle one authenticated data frame from ``peer`` (engine thread, in the group)."""
-        try:
-            seq, domain, stamp, message = decode_data(payload)
-        except ValueError as exc:
-            raise ValueError(f"bad frame from server {peer}: {exc}") from None
-        clock = self.clocks.get(domain)
-        index = self._index.get(domain, {})
-        if clock is None or peer not in index:
-            raise ValueError(f"server {peer} sent a message in domain {domain!r} it does not share")
-        link = (peer, domain)
-        src = index[peer]
-        tracer = self.tracer
-        failpoints = self._failpoints
-        if failpoints.armed:
-            failpoints.hit("channel.clock_test")
-        t0 = time.perf_counter_ns() if tracer is not None else 0
-        try:
-            verdict = clock.receive(src, stamp)
-        except ClockError as exc:
-            raise ValueError(f"bad stamp from server {peer}: {exc}") from None
-        if tracer is not None:
-            tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
-        if verdict is Verdict.WAIT:
-            if failpoints.armed:
-                failpoints.hit("channel.hold_back")
-            waiting = self._waiting[domain]
-            key = (peer, seq)
-            if key not in waiting:
-                waiting[key] = (src, stamp, message)
-        elif verdict is Verdict.DELIVER:
-            self._arrived(message)
-            if self._waiting[domain]:
-                self._retry(domain)
-        # Acks are cumulative, so they may only cover an unbroken run: everything this link
-        # delivered, which is H[peer][me]. A held-back frame is stored too, but a frame ahead of
-        # a gap must not vouch for the gap (the sender would drop what we never got); it is
-        # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
-        self._ack(link, clock.received_from(src))
+        for event in self.protocol.receive(peer, payload):
+            if isinstance(event, Deliver):
+                self._arrived(event.message)
+            else:
+                self._ack((event.peer, event.domain), event.upto)
 
     def _ack(self, link: tuple[int, str], upto: int) -> None:
         acks = self._acks
@@ -285,23 +230,6 @@ class Channel:
             acks[link] = upto
             self._effects.undo(acks.__setitem__, link, old)
             self._effects.after_commit_once(self._flush)
-
-    def _retry(self, domain: str) -> None:
-        """Deliver every held-back message of ``domain`` that has become deliverable."""
-        clock = self.clocks[domain]
-        waiting = self._waiting[domain]
-        progress = True
-        while progress and waiting:
-            progress = False
-            for key, (src, stamp, message) in list(waiting.items()):
-                verdict = clock.receive(src, stamp)
-                if verdict is Verdict.WAIT:
-                    continue
-                del waiting[key]
-                if verdict is Verdict.DELIVER:
-                    self._arrived(message)
-                    self._ack((key[0], domain), clock.received_from(src))
-                    progress = True
 
     def _arrived(self, message: Message) -> None:
         """A message is causally deliverable here: to a local agent, or on to the next domain."""
@@ -331,11 +259,7 @@ class Channel:
         cumulative and idempotent, and one lost with a connection would otherwise keep the
         peer's queue full until the next message comes.
         """
-        frames = [
-            encode_data(seq, domain, stamp, message)
-            for domain in self._links_of.get(peer, ())
-            for seq, (stamp, message) in self._qout[peer, domain].items()
-        ]
+        frames, acks = self.protocol.resend(peer)
         # The queues include what this group staged for the peer: send it once, in order.
         old = self._frames.get(peer)
         self._frames[peer] = frames
@@ -344,45 +268,10 @@ class Channel:
         else:
             self._effects.undo(self._frames.__setitem__, peer, old)
         self._effects.after_commit_once(self._flush)
-        for domain in self._links_of.get(peer, ()):
-            delivered = self.clocks[domain].received_from(self._index[domain][peer])
-            if delivered:
-                self._ack((peer, domain), delivered)
+        for ack in acks:
+            self._ack((ack.peer, ack.domain), ack.upto)
 
     def depths(self) -> dict[str, Any]:
         """Queue depths for status views (engine thread)."""
-        outgoing: dict[int, int] = {}
-        for (peer, _domain), queue in self._qout.items():
-            outgoing[peer] = outgoing.get(peer, 0) + len(queue)
-        return {
-            "outgoing": outgoing,
-            "held_back": sum(len(w) for w in self._waiting.values()),
-        }
-
-
-def encode_data(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
-    """The data frame carrying ``message`` as number ``seq`` of its link in ``domain``."""
-    name = domain.encode()
-    sender, target = message.sender, message.target
-    head = _DATA.pack(DATA, seq, *sender, *target, len(name), len(stamp))
-    return b"".join((head, name, stamp, message.body))
-
-
-def decode_data(payload: bytes) -> tuple[int, str, bytes, Message]:
-    """Take a data frame apart: ``(seq, domain, stamp, message)``; ``ValueError`` if malformed.
-
-    The body is vetted here, on the server that received it, so that whatever later unpickles
-    it (this server's engine, or the next hop's) only ever sees bytes that passed the check.
-    """
-    if len(payload) < _DATA.size or payload[:1] != DATA:
-        raise ValueError(f"not a data frame ({len(payload)} bytes, kind {payload[:1]!r})")
-    _kind, seq, *ids, name_len, stamp_len = _DATA.unpack_from(payload)
-    start = _DATA.size
-    body_at = start + name_len + stamp_len
-    if body_at >= len(payload):
-        raise ValueError(f"data frame of {len(payload)} bytes is shorter than its fields")
-    domain = payload[start : start + name_len].decode("utf-8")  # UnicodeError is a ValueError
-    body = payload[body_at:]
-    vet_body(body)
-    message = Message(AgentId(*ids[:3]), AgentId(*ids[3:]), body)
-    return seq, domain, payload[start + name_len : body_at], message
+        outgoing, held_back = self.protocol.depths()
+        return {"outgoing": outgoing, "held_back": held_back}

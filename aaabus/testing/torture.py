@@ -615,8 +615,8 @@ def raw_poke(addr: tuple[str, int], data: bytes) -> None:
 
 def template_frames(domain: str, target: AgentId, sender: AgentId) -> list[bytes]:
     """Well-formed channel payloads to mutate: a data frame with a real stamp, and an ack."""
-    from aaabus.core.channel import ACK, encode_data
     from aaabus.core.clock import DomainClock
+    from aaabus.wire.linkframes import ACK, encode_data
     from aaabus.wire.message import Message, encode_note
 
     clock = DomainClock(2, 0)
@@ -776,7 +776,7 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
     """One garbage payload for an authenticated session (several shapes, chosen at random)."""
     import pickle
 
-    from aaabus.core.channel import ACK, DATA
+    from aaabus.wire.linkframes import ACK, DATA
     from aaabus.wire.message import encode_note
 
     data, ack = templates
