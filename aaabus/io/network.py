@@ -60,7 +60,6 @@ import errno
 import heapq
 import itertools
 import logging
-import random
 import selectors
 import socket
 import ssl
@@ -69,6 +68,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from aaabus.errors import AuthError, FrameTooLarge, NetworkError, WireError
+from aaabus.io.dialing import Dial
+from aaabus.io.logpolicy import close_level, close_message
+from aaabus.io.states import ConnState
 from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
     AcceptorHandshake,
@@ -83,14 +85,10 @@ _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
 
 # Connection states.
-_CONNECTING = 0  # non-blocking TCP connect in progress (dialling side only)
-_TLS = 1  # TLS handshake in progress
-_HANDSHAKE = 2  # aaabus handshake in progress
-_UP = 3  # authenticated; frames flow
-_CLOSED = 4
+# The connection states, as module globals: read on every event of the selector loop, where a
+# global lookup is cheaper than an attribute of the enum class.
+_CONNECTING, _TLS, _HANDSHAKE, _UP, _CLOSED = ConnState
 
-_BACKOFF_FIRST = 0.02
-_BACKOFF_MAX = 1.0
 _READ_SIZE = 256 * 1024
 #: Unauthenticated connections allowed at once: beyond this a flood of idle clients would only
 #: eat file descriptors, so new ones are refused until some finish or time out.
@@ -144,17 +142,6 @@ class _Conn:
         self.deadline = 0.0
 
 
-class _Dial:
-    """Dialling state for one higher peer."""
-
-    __slots__ = ("conn", "failures", "last_error")
-
-    def __init__(self) -> None:
-        self.conn: _Conn | None = None
-        self.failures = 0
-        self.last_error = ""
-
-
 class Network:
     """The I/O thread and the connections of one server in one network (see module docstring).
 
@@ -200,7 +187,7 @@ class Network:
         self._handshake_timeout = handshake_timeout
         # Lower ids dial us; we dial higher ids.
         self._acceptable = frozenset(p for p in self._peers if p < my_id)
-        self._dials = {p: _Dial() for p in self._peers if p > my_id}
+        self._dials: dict[int, Dial[_Conn]] = {p: Dial() for p in self._peers if p > my_id}
 
         # Read by sending threads without a lock: a dict lookup is atomic under the GIL, and the
         # connection's own lock then tells whether it is still up.
@@ -447,7 +434,7 @@ class Network:
                     self._dial(target, dial)
             else:
                 assert isinstance(target, _Conn)
-                if target.state in (_CONNECTING, _TLS, _HANDSHAKE) and target.deadline <= now:
+                if target.state.handshaking and target.deadline <= now:
                     what = "connect" if target.state == _CONNECTING else "handshake"
                     self._fail(target, f"{what} timed out after {self._handshake_timeout:g} s")
             now = time.monotonic()
@@ -457,13 +444,10 @@ class Network:
 
     # ---- dialling
 
-    def _schedule_redial(self, peer: int, dial: _Dial) -> None:
-        delay = min(_BACKOFF_MAX, _BACKOFF_FIRST * (2 ** min(dial.failures, 16)))
-        dial.failures += 1
-        # Jitter spreads the redials of many servers that lost the same peer at once.
-        self._add_timer(time.monotonic() + delay * random.uniform(0.5, 1.0), peer)
+    def _schedule_redial(self, peer: int, dial: Dial[_Conn]) -> None:
+        self._add_timer(time.monotonic() + dial.next_delay(), peer)
 
-    def _dial(self, peer: int, dial: _Dial) -> None:
+    def _dial(self, peer: int, dial: Dial[_Conn]) -> None:
         host, port = self._peers[peer]
         label = f"{host}:{port}"
         try:
@@ -596,9 +580,7 @@ class Network:
             conn.direct = not isinstance(conn.sock, ssl.SSLSocket)
         self._up[peer] = conn
         if conn.outgoing:
-            dial = self._dials[peer]
-            dial.failures = 0
-            dial.last_error = ""
+            self._dials[peer].succeeded()
         self._log.info(
             "%s: server %d %s %s is up",
             self._name,
@@ -757,19 +739,15 @@ class Network:
         """
         if conn.state == _CLOSED:
             return
-        if conn.state == _UP:
-            # A link that was up went down: worth a line, not an alarm, unless it was attacked.
-            level = logging.WARNING if violation else logging.INFO
-        elif not conn.outgoing:
-            level = logging.WARNING  # someone failed to get in: always say who and why
-        elif conn.state == _CONNECTING:
-            level = logging.DEBUG  # the peer is simply not there (yet)
-        else:
-            # Our own dial failed the handshake; say it once, not every second.
-            assert conn.peer is not None
-            dial = self._dials[conn.peer]
-            level = logging.WARNING if reason != dial.last_error else logging.DEBUG
-            dial.last_error = reason
+        peer = conn.peer
+
+        def first_time() -> bool:
+            assert peer is not None  # only asked for our own dials, which know their peer
+            return self._dials[peer].first_time(reason)
+
+        level = close_level(
+            conn.state, outgoing=conn.outgoing, violation=violation, first_time=first_time
+        )
         self._close(conn, reason, level)
 
     def _close(self, conn: _Conn, reason: str, level: int) -> None:
@@ -783,12 +761,7 @@ class Network:
             conn.direct = False
             conn.out.clear()
         peer = conn.peer
-        if was_up:
-            message = f"server {peer} at {conn.label} is down"
-        elif conn.outgoing:
-            message = f"dialling server {peer} at {conn.label} failed"
-        else:
-            message = f"refused connection from {conn.label}"
+        message = close_message(was_up=was_up, outgoing=conn.outgoing, peer=peer, label=conn.label)
         # Logged before the socket closes, so that whoever watches the peer's end sees the
         # record already written when they observe the close.
         self._log.log(level, "%s: %s: %s", self._name, message, reason)
