@@ -5,17 +5,19 @@ Four families, by who sees them and what may catch them::
     Exception
     ├── AaabusError            a user caused it (bad file, flag, port, request): one line
     │   ├── TransientError     ... and retrying the same operation later may succeed
-    │   ├── ConfigError, SecretError, StoreError, NetworkError, ServiceFailed, LaunchError,
-    │   │   MetricsError
+    │   ├── ConfigError, SecretError, NetworkError, ServiceFailed, LaunchError, MetricsError
+    │   ├── StoreError → StoreInUse, LogStoreDamaged
+    │   ├── UntrustedClass (also a pickle.UnpicklingError)
     │   └── AdminError
     │       ├── RequestRefused
-    │       └── ServerUnreachable (also a TransientError)
+    │       └── ServerUnreachable, ServerBusy (also TransientErrors)
     ├── AgentError             raised into or by agent code, handled like any agent exception
     │   ├── OutsideReactionError (also a RuntimeError)
     │   └── UnknownNotificationError
     └── InternalError          raised and handled inside the bus; never reaches a user as such
         ├── WireError → FrameTooLarge, AuthError
-        ├── MalformedPickle, BadBody, ClockError (also ValueErrors)
+        ├── MalformedPickle, BadBody, ClockError, FormatError (also ValueErrors)
+        ├── UnreadableRecord, PassStopped (the log store's garbage pass)
         ├── ReactionFailed
         └── FailpointError
     BaseException
@@ -30,11 +32,13 @@ that does not answer); they never show a traceback for these.
 Why the other families are not AaabusErrors: code catches ``AaabusError`` to turn it into that one
 line as it is (the CLI, the admin endpoint's answers, a boot service's failure), while any other
 exception is wrapped with its type name. Agent errors and internal errors keep that treatment.
-The classes that were ``ValueError``/``RuntimeError`` still are, so every ``except`` that caught
-them still does.
+The classes that were ``ValueError``/``RuntimeError``/``UnpicklingError`` still are, so every
+``except`` that caught them still does.
 """
 
 from __future__ import annotations
+
+import pickle
 
 __all__ = [
     "AaabusError",
@@ -47,22 +51,29 @@ __all__ = [
     "EngineStopped",
     "FailpointError",
     "FatalError",
+    "FormatError",
     "FrameTooLarge",
     "InternalError",
     "LaunchError",
+    "LogStoreDamaged",
     "MalformedPickle",
     "MetricsError",
     "NetworkError",
     "OutsideReactionError",
+    "PassStopped",
     "ReactionFailed",
     "RequestRefused",
     "SecretError",
+    "ServerBusy",
     "ServerUnreachable",
     "ServiceFailed",
     "StoreError",
+    "StoreInUse",
     "StoreWriteFailed",
     "TransientError",
     "UnknownNotificationError",
+    "UnreadableRecord",
+    "UntrustedClass",
     "WireError",
 ]
 
@@ -99,6 +110,20 @@ class StoreError(AaabusError):
     """The server's store cannot be opened, read or written."""
 
 
+class StoreInUse(StoreError):
+    """Another process has the store directory open."""
+
+
+class LogStoreDamaged(StoreError):
+    """Committed data or a segment header of a log store fails its checks."""
+
+
+class UntrustedClass(AaabusError, pickle.UnpicklingError):
+    """A pickle named a global this server does not trust; nothing was constructed from it.
+
+    Also an ``UnpicklingError``: every ``except`` that catches a bad pickle still catches it."""
+
+
 class SecretError(AaabusError):
     """The bus secret is missing or unreadable."""
 
@@ -125,6 +150,13 @@ class AdminError(AaabusError):
 
 class ServerUnreachable(AdminError, TransientError):
     """Nothing answers on the server's admin port (the server is down or unreachable)."""
+
+    exit_code = 1
+
+
+class ServerBusy(AdminError, TransientError):
+    """The server accepted the connection and dropped it before authenticating: it is up but
+    turning connections away (overloaded, or under a flood of unauthenticated connections)."""
 
     exit_code = 1
 
@@ -189,6 +221,23 @@ class ReactionFailed(InternalError):
 
 class FailpointError(InternalError):
     """Raised by a failpoint armed with the ``raise`` action."""
+
+
+class FormatError(InternalError, ValueError):
+    """Log-store bytes that are not what the format says; ``offset`` is where they fail."""
+
+    def __init__(self, offset: int, what: str) -> None:
+        super().__init__(what)
+        self.offset = offset
+        self.what = what
+
+
+class UnreadableRecord(InternalError):
+    """A current log-store record whose references cannot be read (not a ZODB pickle)."""
+
+
+class PassStopped(InternalError):
+    """The log store is closing: a garbage pass was given up before dropping anything."""
 
 
 # -- fatal to the engine thread ---------------------------------------------------------------

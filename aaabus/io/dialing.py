@@ -3,8 +3,10 @@
 A server dials only the peers with higher ids (lower ids dial it). After a failed attempt or a
 lost link, the next attempt waits :meth:`Dial.next_delay`: exponential from
 :data:`BACKOFF_FIRST` to :data:`BACKOFF_MAX`, with jitter so that the servers that lost the same
-peer at once do not all redial in step. A link that comes up resets it. Used by the network
-thread only (no lock).
+peer at once do not all redial in step. A link resets it once the first session frame from the
+peer passes its MAC (not merely when the handshake completes: a peer, or a relay, that completes
+handshakes and then breaks the session must not earn fast redials). Used by the network thread
+only (no lock).
 """
 
 from __future__ import annotations
@@ -39,7 +41,8 @@ class Dial(Generic[C]):
         return delay * random.uniform(0.5, 1.0)
 
     def succeeded(self) -> None:
-        """The link is up: the next loss redials at once, and its first error is worth a line."""
+        """The link works (a verified session frame): the next loss redials at once, and its first
+        error is worth a line."""
         self.failures = 0
         self.last_error = ""
 

@@ -1,7 +1,8 @@
 """A blocking, authenticated connection carrying JSON objects: both ends of the admin protocol.
 
 The handshake is exactly the one of the links between servers (:mod:`aaabus.wire.frames`): a
-mutual HMAC challenge-response on the bus secret, then every frame sequenced and MACed by a
+mutual HMAC challenge-response (a client proves the tool key derived from the bus key, see
+:mod:`aaabus.config.secret`), then every frame sequenced and MACed by a
 :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's 32-bit
 id field, so clients take their ids in a reserved range, :data:`CLIENT_ID_BASE` (2**31) and above;
 :meth:`Link.accept` refuses any other connector id. Runs on the caller's thread (a tool's, or one
@@ -15,10 +16,12 @@ import json
 import secrets
 import socket
 import ssl
+import time
 from collections import deque
 from typing import Any
 
-from aaabus.errors import AdminError, ServerUnreachable, WireError
+from aaabus.config.secret import Credential, as_tool_key
+from aaabus.errors import AdminError, ServerBusy, ServerUnreachable, WireError
 from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
@@ -40,8 +43,10 @@ class Link:
     Used by both ends; not thread-safe (one request at a time).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
         self.sock = sock
+        #: While set (the handshake), every read is bounded by this ``time.monotonic()`` value.
+        self._deadline = deadline
         self._cipher: SessionCipher | None = None
         # Until the peer has authenticated, frames are held to the handshake's tiny limit.
         self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
@@ -55,7 +60,7 @@ class Link:
     def connect(
         cls,
         address: tuple[str, int],
-        secret: bytes,
+        secret: bytes | Credential,
         server_id: int,
         *,
         timeout: float = 5.0,
@@ -66,6 +71,8 @@ class Link:
 
         With ``tls`` (the dialing context of :func:`aaabus.io.tls.tls_contexts`) the connection
         runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
+        ``secret``: the bus key (bytes) or a :class:`~aaabus.config.secret.Credential` (a bus key
+        or a tool key file's); either way the handshake proves the tool key, never the bus key.
         Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
         handshake fails (another bus's secret, another server on that port, a certificate the
         server does not accept).
@@ -86,14 +93,17 @@ class Link:
                 raise AdminError(f"{where}: TLS handshake failed ({exc.reason or exc})") from None
             except OSError as exc:
                 sock.close()
-                raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+                raise ServerBusy(
+                    f"{where} is busy: it accepted the connection and dropped it during TLS "
+                    f"({exc.strerror or exc}); try again later"
+                ) from None
         link = cls(sock)
         answered = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A fresh random client id per connection: ids only have to differ from server ids.
             client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
-            handshake = ConnectorHandshake(secret, client_id, server_id)
+            handshake = ConnectorHandshake(as_tool_key(secret), client_id, server_id)
             sock.sendall(handshake.receive(link._read_raw()))
             answered = True
             handshake.receive(link._read_raw())
@@ -109,14 +119,22 @@ class Link:
                 raise AdminError(
                     f"{where} refused the authentication: it does not use this bus secret"
                 ) from None
-            raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+            # Something listens and took the connection, but dropped it (or kept silent)
+            # before its challenge: the server is up and turning connections away.
+            raise ServerBusy(
+                f"{where} is busy or expects TLS: it accepted the connection and dropped it "
+                f"before the handshake ({exc.strerror or exc}); try again later, or check the "
+                "config's aaabus.tls.* properties"
+            ) from None
 
     @classmethod
     def accept(
-        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int
+        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int, deadline: float
     ) -> tuple[Link, int]:
-        """Authenticate an accepted connection; returns the link and the client's id."""
-        link = cls(sock)
+        """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
+        the link and the client's id. ``secret``: the tool key (what clients prove). Raises
+        ``TimeoutError`` past the deadline, however slowly the bytes trickle in."""
+        link = cls(sock, deadline)
         handshake = AcceptorHandshake(secret, server_id, None)
         sock.sendall(handshake.start())
         proof = handshake.receive(link._read_raw())
@@ -127,10 +145,16 @@ class Link:
             raise WireError(f"id {client_id} is a server id, not a client id")
         sock.sendall(proof)
         link._authenticated(handshake.cipher(), max_frame)
+        link._deadline = None
         return link, client_id
 
     def _read_raw(self) -> bytes:
         while not self._frames:
+            if self._deadline is not None:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("handshake deadline passed")
+                self.sock.settimeout(left)
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionResetError("connection closed by the other end")

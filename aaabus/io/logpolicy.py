@@ -4,6 +4,8 @@ The rule: a link that was up and went down is worth an INFO line (a WARNING if t
 the protocol); someone failing to get in is always a WARNING naming who and why; a peer that is
 simply not there yet is DEBUG; our own dial failing its handshake is a WARNING the first time
 and DEBUG while the same error repeats, so a peer down for an hour does not fill the log.
+The network writes the refusals of incoming connections through a
+:class:`~aaabus.io.gate.RefusalLog` (same words, rate-limited), so a flood cannot fill it either.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aaabus.config.reader import BusConfig
+from aaabus.config.secret import ServerKeys
+from aaabus.config.trust import TrustPolicy
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
@@ -25,7 +27,15 @@ class NodeControl(Protocol):
     @property
     def config(self) -> BusConfig: ...
     @property
-    def secret(self) -> bytes: ...
+    def keys(self) -> ServerKeys:
+        """Its keys: clients of the admin port prove ``keys.tool_key``."""
+        ...
+
+    @property
+    def trust(self) -> TrustPolicy:
+        """What pickles it loads (admin requests are loaded under it too)."""
+        ...
+
     @property
     def max_frame(self) -> int: ...
 

@@ -10,10 +10,9 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
-import pickle
 from typing import Any
 
-from aaabus.errors import AaabusError, RequestRefused
+from aaabus.errors import AaabusError, RequestRefused, UntrustedClass
 from aaabus.model.ids import AgentId
 from aaabus.node.control import NodeControl
 from aaabus.node.rates import RateMeter
@@ -43,12 +42,12 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
             return {"ok": True}
         if op == "send":
             to = _target(server, request.get("to"))
-            note = _unpickle(request.get("note"), "notification")
+            note = _unpickle(server, request.get("note"), "notification")
             key = _request_id(request)
             _, duplicate = server.accept_once(key, lambda: server.send_now(to, note))
             return {"ok": True, "duplicate": duplicate}
         if op == "deploy":
-            agent = _unpickle(request.get("agent"), "agent")
+            agent = _unpickle(server, request.get("agent"), "agent")
             where = request.get("server")
             if where is not None and (
                 not isinstance(where, int) or where not in server.config.servers
@@ -89,9 +88,9 @@ def _target(server: NodeControl, text: Any) -> AgentId:
     return to
 
 
-def _unpickle(text: Any, what: str) -> Any:
-    # Only ever reached on an authenticated session: the client holds the bus secret, which is
-    # the same trust as a peer server, and its pickles are vetted the same way.
+def _unpickle(server: NodeControl, text: Any, what: str) -> Any:
+    # Only ever reached on an authenticated session, and even then loaded under the server's
+    # trust policy: holding a tool credential must not mean running code inside the server.
     if not isinstance(text, str):
         raise RequestRefused(f"the {what} is missing")
     try:
@@ -100,7 +99,10 @@ def _unpickle(text: Any, what: str) -> Any:
         raise RequestRefused(f"the {what} is not base64") from None
     try:
         vet_body(data)
-        return pickle.loads(data)
+        return server.trust.loads(data)
+    except UntrustedClass as exc:
+        log.warning("server %s: admin %s refused: %s", server.server_id, what, exc)
+        raise RequestRefused(f"the {what} was refused: {exc}") from None
     except Exception as exc:
         raise RequestRefused(
             f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "

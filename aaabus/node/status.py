@@ -90,7 +90,7 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
             "boots": store.record.boots,
             "clocks": clocks,
             "clock_cells": sum(k * k for k in clocks.values()),
-            "storage_bytes": store.size_bytes(),
+            **_storage_figures(store.disk()),
         }
 
     snapshot = server.call(read, timeout)
@@ -107,4 +107,12 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
         "store": server.store_kind,
         "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
         **snapshot,
+    }
+
+
+def _storage_figures(disk: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "storage_bytes": disk["file_bytes"],
+        "storage_live_bytes": disk["live_bytes"],
+        "storage_compacted_at": disk["compacted_at"],
     }

@@ -12,7 +12,8 @@ from typing import Any
 
 from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig
-from aaabus.errors import RequestRefused, ServerUnreachable, WireError
+from aaabus.config.secret import Credential
+from aaabus.errors import RequestRefused, ServerBusy, ServerUnreachable, WireError
 from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
 
@@ -20,7 +21,11 @@ __all__ = ["bus_status", "stop_servers"]
 
 
 def _ask(
-    config: BusConfig, server_id: int, secret: bytes, request: dict[str, Any], timeout: float
+    config: BusConfig,
+    server_id: int,
+    secret: bytes | Credential,
+    request: dict[str, Any],
+    timeout: float,
 ) -> tuple[Link, dict[str, Any]]:
     address, _ = admin_address(config, server_id)
     if address is None:
@@ -41,13 +46,16 @@ def _ask(
 
 
 def bus_status(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 5.0
+    config: BusConfig, ids: Iterable[int], secret: bytes | Credential, timeout: float = 5.0
 ) -> list[dict[str, Any]]:
-    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``."""
+    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``,
+    busy ones (they accepted and dropped the connection) ``up: null`` with ``busy``: why."""
 
     def one(sid: int) -> dict[str, Any]:
         try:
             link, answer = _ask(config, sid, secret, {"op": "status"}, timeout)
+        except ServerBusy as exc:
+            return {"id": sid, "up": None, "busy": str(exc)}
         except ServerUnreachable:
             return {"id": sid, "up": False}
         link.close()
@@ -60,17 +68,19 @@ def bus_status(
 
 
 def stop_servers(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 30.0
+    config: BusConfig, ids: Iterable[int], secret: bytes | Credential, timeout: float = 30.0
 ) -> dict[int, str]:
     """Stop servers cleanly, in parallel; waits until each has closed its store.
 
-    Returns, per server, ``"stopped"``, ``"not running"`` or ``"still stopping"`` (the deadline
-    passed first).
+    Returns, per server, ``"stopped"``, ``"not running"``, ``"still stopping"`` (the deadline
+    passed first) or ``"busy"`` (it accepted and dropped the connection: running, not stopped).
     """
 
     def one(sid: int) -> str:
         try:
             link, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
+        except ServerBusy:
+            return "busy"
         except ServerUnreachable:
             return "not running"
         try:

@@ -36,8 +36,8 @@ import cloudpickle
 
 from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
-from aaabus.config.secret import load_secret, secret_path
-from aaabus.errors import AdminError, RequestRefused, ServerUnreachable, WireError
+from aaabus.config.secret import Credential, load_credential, secret_path
+from aaabus.errors import AdminError, RequestRefused, ServerBusy, ServerUnreachable, WireError
 from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
@@ -52,10 +52,13 @@ class Client:
     """A connection to one server of a bus: deploy agents, send notifications, ask its status.
 
     ``config``: the bus's ``a3.xml`` (path or loaded). ``server``: the server to go through
-    (default: the lowest id). ``secret``: the bus key (default: read from the file the config
-    names, ``bus.key`` beside it). ``timeout``: seconds a request may take, retries included.
-    When the server's config sets ``aaabus.tls.cert``, the connection runs inside TLS with the
-    certificate files the config names.
+    (default: the lowest id). ``secret``: the bus key, or a
+    :class:`~aaabus.config.secret.Credential` from
+    :func:`~aaabus.config.secret.load_credential` (a tool key file, ``aaabus secret --tool``);
+    default: the file the config names, ``bus.key`` beside it.
+    ``timeout``: seconds a request may take, retries included. When the server's config sets
+    ``aaabus.tls.cert``, the connection runs inside TLS with the certificate files the config
+    names.
     Not thread-safe: one request at a time.
     """
 
@@ -64,7 +67,7 @@ class Client:
         config: str | os.PathLike[str] | BusConfig,
         server: int | None = None,
         *,
-        secret: bytes | None = None,
+        secret: bytes | Credential | None = None,
         timeout: float = 30.0,
     ) -> None:
         self.config = config if isinstance(config, BusConfig) else load_config(config)
@@ -75,7 +78,7 @@ class Client:
             raise AdminError(f"server {self.server} has no admin port (aaabus.admin.port=off)")
         self.address = address
         self.secret = (
-            secret if secret is not None else load_secret(secret_path(self.config, self.server))
+            secret if secret is not None else load_credential(secret_path(self.config, self.server))
         )
         self.timeout = timeout
         # TLS when the server's properties ask for it (aaabus.tls.*): the client presents the
@@ -168,7 +171,7 @@ class Client:
                     )
                 self._link.sock.settimeout(max(0.1, deadline - time.monotonic()))
                 answer = self._link.request(request)
-            except (ServerUnreachable, WireError, OSError) as exc:
+            except (ServerUnreachable, ServerBusy, WireError, OSError) as exc:
                 # The request may or may not have been performed: send it again, same id.
                 self.close()
                 if time.monotonic() + delay >= deadline:

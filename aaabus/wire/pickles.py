@@ -3,7 +3,7 @@
 :func:`pickle_end` walks a pickle's opcodes, building nothing, and says where it ends. The walk
 is linear in the bytes and cannot allocate more than it reads, so it is safe on garbage; it is
 used to vet notification bodies before they are unpickled (:func:`aaabus.wire.message.vet_body`) and
-to check the records of a store at boot (:mod:`aaabus.store`).
+to check the records of a store at boot (:mod:`aaabus.core.store`).
 """
 
 from __future__ import annotations
