@@ -63,6 +63,9 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         payload=args.payload,
         workdir=args.workdir,
         properties=_properties(args.property),
+        timeout=args.timeout,
+        sample_every=args.sample_every,
+        samples=args.samples,
     )
     if not args.json:
         print(
@@ -128,6 +131,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.add_argument("--workdir")
     st.add_argument("--json", action="store_true")
     st.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    st.add_argument("--timeout", type=float, default=600.0, help="deadline of the stream (s)")
+    st.add_argument(
+        "--sample-every", type=float, default=0.0, help="seconds between store/RSS samples"
+    )
+    st.add_argument("--samples", help="JSON-lines file the samples are appended to")
     st.set_defaults(func=_cmd_stream)
     demo = sub.add_parser("demo", help="what `make demo` runs")
     demo.set_defaults(func=_cmd_demo)
