@@ -39,6 +39,7 @@ def _cmd_pingpong(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         workdir=args.workdir,
         properties=_properties(args.property),
+        breakdown=args.breakdown,
     )
     rtts = result.pop("rtts_ns")
     if not args.json:
@@ -121,6 +122,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="KIND,KIND...: the test once per store kind, interleaved; p50s and their ratios",
     )
     pp.add_argument("--repeat", type=int, default=3, help="with --stores: runs per kind")
+    pp.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="trace every hop; breakdown_us: where one hop's p50 time goes (see perf/README.md)",
+    )
     pp.set_defaults(func=_cmd_pingpong)
     st = sub.add_parser("stream", help="one-way persistent throughput, end to end")
     st.add_argument("--config", required=True, help="bus description; producer on server 0")
