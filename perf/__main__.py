@@ -62,6 +62,7 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         to=args.to,
         burst=args.burst,
         payload=args.payload,
+        window=args.window,
         workdir=args.workdir,
         properties=_properties(args.property),
         timeout=args.timeout,
@@ -138,6 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.add_argument("--json", action="store_true")
     st.add_argument("--property", action="append", help="NAME=VALUE added to the config")
     st.add_argument("--timeout", type=float, default=600.0, help="deadline of the stream (s)")
+    st.add_argument(
+        "--window", type=int, default=0, help="flow control: most items unconsumed (0: open loop)"
+    )
     st.add_argument(
         "--sample-every", type=float, default=0.0, help="seconds between store/RSS samples"
     )

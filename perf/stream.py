@@ -35,6 +35,7 @@ def run(
     to: int | None = None,
     burst: int = 200,
     payload: int = 0,
+    window: int = 0,
     workdir: str | None = None,
     timeout: float = 600.0,
     properties: dict[str, str] | None = None,
@@ -49,6 +50,8 @@ def run(
         out = work / "stream.json"
         args = {"server": target, "count": count, "out": str(out), "burst": burst}
         args["payload"] = payload
+        if window:
+            args["window"] = window
         run_config = with_services(
             config,
             work / "a3.xml",
