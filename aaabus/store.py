@@ -223,6 +223,7 @@ class Store:
             self.tm.abort()
             self.conn.close()
         finally:
+            storage = self._db.storage
             try:
                 self._db.close()
             except OSError as exc:
@@ -230,6 +231,9 @@ class Store:
                 # of the aborted transaction and fails again flushing them: nothing committed
                 # is at stake, and the reason was already reported by the failed commit.
                 log.warning("closing %s: %s", self.description, exc)
+            if isinstance(storage, ZODB.FileStorage.FileStorage):
+                # FileStorage writes its index file at close, under the process umask.
+                _private_files(Path(storage.getName()).parent)
 
 
 def open_store(

@@ -73,12 +73,15 @@ def parse_name(name: str) -> int | None:
 
 def lock_directory(directory: Path) -> zc.lockfile.LockFile:
     try:
-        return zc.lockfile.LockFile(str(directory / LOCK_NAME))
+        lock = zc.lockfile.LockFile(str(directory / LOCK_NAME))
     except zc.lockfile.LockError:
         raise StoreInUse(
             f"log store {directory} is in use by another process; stop that process or open "
             "another directory"
         ) from None
+    # zc.lockfile creates it under the process umask; every file of a store is private.
+    os.chmod(directory / LOCK_NAME, 0o600, follow_symlinks=False)
+    return lock
 
 
 def fsync_directory(directory: Path) -> None:
