@@ -80,6 +80,8 @@ _MODULE_SUITES = [
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
+    ("mqtt", "perf.mqtt", "MQTT brokers, same paho programs: latency and throughput at QoS 1, 2"),
+    ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
 ]
 
 

@@ -458,7 +458,7 @@ def _rabbit_consume_child(p: dict[str, Any]) -> dict[str, Any]:
 # Mosquitto -----------------------------------------------------------------------------------
 
 
-class _Mqtt:
+class PahoSession:
     """A paho client with a persistent session, its network loop in a thread, manual acks.
 
     Deliveries land in ``inbox`` (or go to ``on_message`` when given); ``connect`` returns once
@@ -529,7 +529,7 @@ def mqtt_pingpong(
     params = {"host": endpoint.host, "port": endpoint.port, "a": ta, "b": tb, "qos": qos}
     params["id"] = f"aaabus-pong-{tag}"
     with _child("mqtt-pong", params, timeout) as pong:
-        ping = _Mqtt(endpoint, f"aaabus-ping-{tag}", qos, subscribe=tb)
+        ping = PahoSession(endpoint, f"aaabus-ping-{tag}", qos, subscribe=tb)
         ping.connect()
         rtts: list[int] = []
         lost = 0
@@ -586,7 +586,7 @@ def mqtt_stream(
         # Our own window rather than paho's queue: paho rescans every queued message on each
         # acknowledgement, which would measure paho rather than the broker.
         slots = threading.Semaphore(window)
-        producer = _Mqtt(endpoint, f"aaabus-produce-{tag}", qos, window=window)
+        producer = PahoSession(endpoint, f"aaabus-produce-{tag}", qos, window=window)
         producer.client.on_publish = lambda *_a: slots.release()
         producer.connect()
         state: dict[str, Any] = {}
@@ -608,7 +608,7 @@ def mqtt_stream(
 
 
 def _mqtt_pong_child(p: dict[str, Any]) -> dict[str, Any]:
-    client = _Mqtt(Endpoint(p["host"], p["port"]), p["id"], p["qos"], subscribe=p["a"])
+    client = PahoSession(Endpoint(p["host"], p["port"]), p["id"], p["qos"], subscribe=p["a"])
     client.connect()
     print("ready", flush=True)
     served = 0
@@ -630,7 +630,7 @@ def _mqtt_pong_child(p: dict[str, Any]) -> dict[str, Any]:
 def _mqtt_consume_child(p: dict[str, Any]) -> dict[str, Any]:
     state = {"received": 0, "out_of_order": 0, "expected": 0, "t_last": 0.0}
     done = threading.Event()
-    client_box: list[_Mqtt] = []
+    client_box: list[PahoSession] = []
 
     def on_message(msg: Any) -> None:
         client_box[0].client.ack(msg.mid, msg.qos)
@@ -642,7 +642,7 @@ def _mqtt_consume_child(p: dict[str, Any]) -> dict[str, Any]:
         if state["received"] >= p["count"]:
             done.set()
 
-    client = _Mqtt(
+    client = PahoSession(
         Endpoint(p["host"], p["port"]),
         p["id"],
         p["qos"],
