@@ -126,10 +126,13 @@ def latency(
     tag = uuid.uuid4().hex[:8]
     topic = f"aaabus-mqtt/{tag}/lat"
     arrived: queue.Queue[tuple[int, bytes]] = queue.Queue()
+    # The QoS the broker actually delivered at: a broker may grant less than asked.
+    delivered_qos: set[int] = set()
     subscriber_box: list[PahoSession] = []
 
     def on_message(msg: Any) -> None:
         arrived.put((time.perf_counter_ns(), msg.payload))
+        delivered_qos.add(msg.qos)
         subscriber_box[0].client.ack(msg.mid, msg.qos)
 
     subscriber = PahoSession(
@@ -157,7 +160,11 @@ def latency(
     finally:
         publisher.close()
         subscriber.close()
-    return {"rounds": len(samples), "latency_ms": summarise(samples)}
+    return {
+        "rounds": len(samples),
+        "latency_ms": summarise(samples),
+        "delivered_qos": sorted(delivered_qos),
+    }
 
 
 def _chosen(text: str) -> list[str]:
