@@ -200,8 +200,9 @@ class _Site:
                 self.cond.wait(max(0.0, deadline - time.monotonic()))
             t1 = time.monotonic()
             verdict = classify(self.arrivals, trial)
-            # Keep the question if it is still on its way, to classify it with its answer.
-            self.arrivals = [(tp, t) for tp, t in self.arrivals if t == trial and tp == QUESTION]
+            # Late arrivals of this trial (a question after its answer) land in the next
+            # trial's list, where classify() ignores them: they carry another trial's id.
+            self.arrivals.clear()
         return verdict, (t1 - t0) * 1000.0
 
     def warm_up(self, deadline: float) -> None:
