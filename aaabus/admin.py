@@ -40,7 +40,6 @@ import contextlib
 import json
 import logging
 import os
-import pickle
 import secrets
 import socket
 import socketserver
@@ -53,9 +52,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from aaabus.errors import AaabusError
+from aaabus.gate import PendingTable, RefusalLog
 from aaabus.ids import AgentId
 from aaabus.message import vet_body
+from aaabus.secret import Credential, as_tool_key
 from aaabus.tls import tls_contexts
+from aaabus.trust import UntrustedClass
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
@@ -77,6 +79,7 @@ __all__ = [
     "AdminError",
     "Link",
     "RequestRefused",
+    "ServerBusy",
     "ServerUnreachable",
     "admin_address",
     "bus_status",
@@ -90,9 +93,12 @@ log = logging.getLogger("aaabus.admin")
 ADMIN_PORT_OFFSET = 1000
 #: Handshake ids from here up are clients (tools, programs), never servers.
 CLIENT_ID_BASE = 0x8000_0000
-#: Concurrent admin connections per server; more are refused at once.
+#: Concurrent authenticated admin sessions per server; more are told the server is busy.
 MAX_CONNECTIONS = 32
-#: Seconds a connection has to complete the handshake.
+#: Connections waiting to authenticate, in all and per address; beyond, the oldest is evicted.
+MAX_PENDING = 32
+MAX_PENDING_PER_ADDRESS = 16
+#: Seconds a connection has to complete the handshake, from accept (an absolute deadline).
 HANDSHAKE_TIMEOUT = 5.0
 #: Seconds an authenticated connection may stay idle between requests.
 IDLE_TIMEOUT = 300.0
@@ -108,6 +114,13 @@ class AdminError(AaabusError):
 
 class ServerUnreachable(AdminError):
     """Nothing answers on the server's admin port (the server is down or unreachable)."""
+
+    exit_code = 1
+
+
+class ServerBusy(AdminError):
+    """The server accepted the connection and dropped it before authenticating: it is up but
+    turning connections away (overloaded, or under a flood of unauthenticated connections)."""
 
     exit_code = 1
 
@@ -144,8 +157,10 @@ class Link:
     Used by both ends; not thread-safe (one request at a time).
     """
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
         self.sock = sock
+        #: While set (the handshake), every read is bounded by this ``time.monotonic()`` value.
+        self._deadline = deadline
         self._cipher: SessionCipher | None = None
         # Until the peer has authenticated, frames are held to the handshake's tiny limit.
         self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
@@ -159,7 +174,7 @@ class Link:
     def connect(
         cls,
         address: tuple[str, int],
-        secret: bytes,
+        secret: bytes | Credential,
         server_id: int,
         *,
         timeout: float = 5.0,
@@ -170,6 +185,8 @@ class Link:
 
         With ``tls`` (the dialing context of :func:`aaabus.tls.tls_contexts`) the connection
         runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
+        ``secret``: the bus key (bytes) or a :class:`~aaabus.secret.Credential` (a bus key or a
+        tool key file's); either way the handshake proves the tool key, never the bus key.
         Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
         handshake fails (another bus's secret, another server on that port, a certificate the
         server does not accept).
@@ -190,14 +207,17 @@ class Link:
                 raise AdminError(f"{where}: TLS handshake failed ({exc.reason or exc})") from None
             except OSError as exc:
                 sock.close()
-                raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+                raise ServerBusy(
+                    f"{where} is busy: it accepted the connection and dropped it during TLS "
+                    f"({exc.strerror or exc}); try again later"
+                ) from None
         link = cls(sock)
         answered = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A fresh random client id per connection: ids only have to differ from server ids.
             client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
-            handshake = ConnectorHandshake(secret, client_id, server_id)
+            handshake = ConnectorHandshake(as_tool_key(secret), client_id, server_id)
             sock.sendall(handshake.receive(link._read_raw()))
             answered = True
             handshake.receive(link._read_raw())
@@ -213,14 +233,22 @@ class Link:
                 raise AdminError(
                     f"{where} refused the authentication: it does not use this bus secret"
                 ) from None
-            raise ServerUnreachable(f"{where} hung up ({exc.strerror or exc})") from None
+            # Something listens and took the connection, but dropped it (or kept silent)
+            # before its challenge: the server is up and turning connections away.
+            raise ServerBusy(
+                f"{where} is busy or expects TLS: it accepted the connection and dropped it "
+                f"before the handshake ({exc.strerror or exc}); try again later, or check the "
+                "config's aaabus.tls.* properties"
+            ) from None
 
     @classmethod
     def accept(
-        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int
+        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int, deadline: float
     ) -> tuple[Link, int]:
-        """Authenticate an accepted connection; returns the link and the client's id."""
-        link = cls(sock)
+        """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
+        the link and the client's id. ``secret``: the tool key (what clients prove). Raises
+        ``TimeoutError`` past the deadline, however slowly the bytes trickle in."""
+        link = cls(sock, deadline)
         handshake = AcceptorHandshake(secret, server_id, None)
         sock.sendall(handshake.start())
         proof = handshake.receive(link._read_raw())
@@ -231,10 +259,16 @@ class Link:
             raise WireError(f"id {client_id} is a server id, not a client id")
         sock.sendall(proof)
         link._authenticated(handshake.cipher(), max_frame)
+        link._deadline = None
         return link, client_id
 
     def _read_raw(self) -> bytes:
         while not self._frames:
+            if self._deadline is not None:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("handshake deadline passed")
+                self.sock.settimeout(left)
             data = self.sock.recv(65536)
             if not data:
                 raise ConnectionResetError("connection closed by the other end")
@@ -325,7 +359,7 @@ def server_status(server: AgentServer, timeout: float = 10.0) -> dict[str, Any]:
             "boots": store.record.boots,
             "clocks": clocks,
             "clock_cells": sum(k * k for k in clocks.values()),
-            "storage_bytes": store.size_bytes(),
+            **_storage_figures(store.disk()),
         }
 
     snapshot = server.call(read, timeout)
@@ -342,6 +376,14 @@ def server_status(server: AgentServer, timeout: float = 10.0) -> dict[str, Any]:
         "store": server.store_kind,
         "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
         **snapshot,
+    }
+
+
+def _storage_figures(disk: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "storage_bytes": disk["file_bytes"],
+        "storage_live_bytes": disk["live_bytes"],
+        "storage_compacted_at": disk["compacted_at"],
     }
 
 
@@ -381,12 +423,13 @@ class _TCPServer(socketserver.ThreadingTCPServer):
     endpoint: AdminEndpoint
 
     def verify_request(self, request: Any, client_address: Any) -> bool:
-        return self.endpoint._admit(request)
+        return self.endpoint._admit(request, client_address)
 
     def service_actions(self) -> None:
         # Called by serve_forever between polls: samples for the reactions-per-second figure
-        # without a thread of its own.
+        # and enforces the handshake deadline, without a thread of their own.
         self.endpoint.rates.sample()
+        self.endpoint._expire()
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -402,9 +445,18 @@ class AdminEndpoint:
     def __init__(self, server: AgentServer, address: tuple[str, int]) -> None:
         self.server = server
         self.rates = RateMeter(lambda: server.engine.stats.reactions if server.engine else 0)
+        # ``_lock`` guards the connection sets: the listener thread admits and expires, the
+        # connection threads authenticate and leave.
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
+        self._pending: PendingTable[socket.socket] = PendingTable(
+            MAX_PENDING, MAX_PENDING_PER_ADDRESS
+        )
+        self._sessions = 0
+        self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
+        # Clients prove the tool key, which opens no link between servers (aaabus.secret).
+        self._tool_key = server.keys.tool_key
         self._tls = tls_contexts(server.config, server.server_id)[0]
         try:
             self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)
@@ -443,35 +495,58 @@ class AdminEndpoint:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
 
-    def _admit(self, sock: socket.socket) -> bool:
+    def _admit(self, sock: socket.socket, peer: Any) -> bool:
+        """Listener thread: take ``sock`` into the waiting room, evicting the oldest if full."""
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
         with self._lock:
-            if self._closing or len(self._conns) >= MAX_CONNECTIONS:
+            if self._closing:
                 return False
             self._conns.add(sock)
+            evicted = self._pending.add(sock, address, time.monotonic())
+        for old in evicted:
+            _hang_up(old)
+            self._refusals.refused(address, "evicted: too many unauthenticated connections")
+        return True
+
+    def _expire(self) -> None:
+        """Listener thread: hang up on connections past their handshake deadline."""
+        with self._lock:
+            late = self._pending.added_before(time.monotonic() - HANDSHAKE_TIMEOUT)
+        for sock in late:
+            _hang_up(sock)
+
+    def _authenticated(self, sock: socket.socket) -> bool:
+        """Leave the waiting room for a session slot; False when every slot is taken."""
+        with self._lock:
+            self._pending.remove(sock)
+            if self._sessions >= MAX_CONNECTIONS:
+                return False
+            self._sessions += 1
             return True
 
     def _serve(self, sock: socket.socket, peer: Any) -> None:
         server = self.server
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        in_session = False
         try:
+            deadline = time.monotonic() + HANDSHAKE_TIMEOUT
             sock.settimeout(HANDSHAKE_TIMEOUT)
             if self._tls is not None:
                 try:
                     sock = self._wrap(sock)
                 except (ssl.SSLError, OSError) as exc:
-                    log.warning(
-                        "server %s: admin connection from %s refused: TLS handshake failed (%s)",
-                        server.server_id,
-                        where,
-                        exc,
-                    )
+                    self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client = Link.accept(sock, server.secret, server.server_id, server.max_frame)
-            except (WireError, OSError) as exc:
-                log.warning(
-                    "server %s: admin connection from %s refused: %s", server.server_id, where, exc
+                link, client = Link.accept(
+                    sock, self._tool_key, server.server_id, server.max_frame, deadline
                 )
+            except (WireError, OSError) as exc:
+                self._refusals.refused(where, str(exc) or type(exc).__name__)
+                return
+            in_session = self._authenticated(sock)
+            if not in_session:
+                link.send({"ok": False, "error": "busy: every admin session is taken"})
                 return
             log.debug(
                 "server %s: admin client %s connected from %s", server.server_id, client, where
@@ -488,17 +563,21 @@ class AdminEndpoint:
         finally:
             with self._lock:
                 self._conns.discard(sock)
+                self._pending.remove(sock)
+                if in_session:
+                    self._sessions -= 1
             if isinstance(sock, ssl.SSLSocket):
                 sock.close()  # socketserver closes only the plain socket it accepted
 
     def _wrap(self, sock: socket.socket) -> ssl.SSLSocket:
         """Run the server side of TLS on an accepted connection (a socket :meth:`stop` sees)."""
         assert self._tls is not None
-        with self._lock:
-            self._conns.discard(sock)
         wrapped = self._tls.wrap_socket(sock, server_side=True)
         with self._lock:
+            # The waiting room and stop() now hold the wrapper: it is what must be shut down.
+            self._conns.discard(sock)
             self._conns.add(wrapped)
+            self._pending.replace(sock, wrapped)
         return wrapped
 
     def _answer(self, request: Any) -> dict[str, Any]:
@@ -517,12 +596,12 @@ class AdminEndpoint:
                 return {"ok": True}
             if op == "send":
                 to = _target(server, request.get("to"))
-                note = _unpickle(request.get("note"), "notification")
+                note = _unpickle(server, request.get("note"), "notification")
                 key = _request_id(request)
                 _, duplicate = server.accept_once(key, lambda: server.send_now(to, note))
                 return {"ok": True, "duplicate": duplicate}
             if op == "deploy":
-                agent = _unpickle(request.get("agent"), "agent")
+                agent = _unpickle(server, request.get("agent"), "agent")
                 where = request.get("server")
                 if where is not None and (
                     not isinstance(where, int) or where not in server.config.servers
@@ -565,9 +644,9 @@ def _target(server: AgentServer, text: Any) -> AgentId:
     return to
 
 
-def _unpickle(text: Any, what: str) -> Any:
-    # Only ever reached on an authenticated session: the client holds the bus secret, which is
-    # the same trust as a peer server, and its pickles are vetted the same way.
+def _unpickle(server: AgentServer, text: Any, what: str) -> Any:
+    # Only ever reached on an authenticated session, and even then loaded under the server's
+    # trust policy: holding a tool credential must not mean running code inside the server.
     if not isinstance(text, str):
         raise RequestRefused(f"the {what} is missing")
     try:
@@ -576,7 +655,10 @@ def _unpickle(text: Any, what: str) -> Any:
         raise RequestRefused(f"the {what} is not base64") from None
     try:
         vet_body(data)
-        return pickle.loads(data)
+        return server.trust.loads(data)
+    except UntrustedClass as exc:
+        log.warning("server %s: admin %s refused: %s", server.server_id, what, exc)
+        raise RequestRefused(f"the {what} was refused: {exc}") from None
     except Exception as exc:
         raise RequestRefused(
             f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "
@@ -584,11 +666,21 @@ def _unpickle(text: Any, what: str) -> Any:
         ) from None
 
 
+def _hang_up(sock: socket.socket) -> None:
+    """Make the thread serving ``sock`` see the end of the stream (it closes the socket)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+
+
 # -- bus-wide tools -----------------------------------------------------------------------------
 
 
 def _ask(
-    config: BusConfig, server_id: int, secret: bytes, request: dict[str, Any], timeout: float
+    config: BusConfig,
+    server_id: int,
+    secret: bytes | Credential,
+    request: dict[str, Any],
+    timeout: float,
 ) -> tuple[Link, dict[str, Any]]:
     address, _ = admin_address(config, server_id)
     if address is None:
@@ -609,13 +701,16 @@ def _ask(
 
 
 def bus_status(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 5.0
+    config: BusConfig, ids: Iterable[int], secret: bytes | Credential, timeout: float = 5.0
 ) -> list[dict[str, Any]]:
-    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``."""
+    """The status of each server in ``ids``, asked in parallel; down ones are ``up: false``,
+    busy ones (they accepted and dropped the connection) ``up: null`` with ``busy``: why."""
 
     def one(sid: int) -> dict[str, Any]:
         try:
             link, answer = _ask(config, sid, secret, {"op": "status"}, timeout)
+        except ServerBusy as exc:
+            return {"id": sid, "up": None, "busy": str(exc)}
         except ServerUnreachable:
             return {"id": sid, "up": False}
         link.close()
@@ -628,17 +723,19 @@ def bus_status(
 
 
 def stop_servers(
-    config: BusConfig, ids: Iterable[int], secret: bytes, timeout: float = 30.0
+    config: BusConfig, ids: Iterable[int], secret: bytes | Credential, timeout: float = 30.0
 ) -> dict[int, str]:
     """Stop servers cleanly, in parallel; waits until each has closed its store.
 
-    Returns, per server, ``"stopped"``, ``"not running"`` or ``"still stopping"`` (the deadline
-    passed first).
+    Returns, per server, ``"stopped"``, ``"not running"``, ``"still stopping"`` (the deadline
+    passed first) or ``"busy"`` (it accepted and dropped the connection: running, not stopped).
     """
 
     def one(sid: int) -> str:
         try:
             link, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
+        except ServerBusy:
+            return "busy"
         except ServerUnreachable:
             return "not running"
         try:

@@ -139,15 +139,33 @@ def _cmd_topology(args: argparse.Namespace) -> int:
             domain_size=args.domain_size,
             base_port=args.base_port,
             host=args.host,
+            properties=None if args.trust is None else {"aaabus.trust": args.trust},
         )
     )
     return 0
 
 
 def _cmd_secret(args: argparse.Namespace) -> int:
-    from aaabus.secret import make_secret
+    from aaabus.config import load_config
+    from aaabus.errors import ConfigError
+    from aaabus.secret import make_secret, write_secret, write_server_keys, write_tool_key
 
-    sys.stdout.write(make_secret())
+    if (args.tool or args.server is not None) and args.out is None:
+        raise ConfigError("--tool and --server need --out FILE (derived keys are never printed)")
+    if args.tool and args.server is not None:
+        raise ConfigError("--tool and --server make different files: give one of them")
+    if args.tool:
+        write_tool_key(args.out, args.bus_key)
+    elif args.server is not None:
+        if args.config is None:
+            raise ConfigError("--server needs --config a3.xml (the servers it links to)")
+        config = load_config(args.config)
+        config.server(args.server)  # unknown id: one line
+        write_server_keys(args.out, args.bus_key, args.server, config.servers)
+    elif args.out is None:
+        sys.stdout.write(make_secret())
+    else:
+        write_secret(args.out)
     return 0
 
 
@@ -218,16 +236,23 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 # -- status, stop, send ------------------------------------------------------------------------
 
 
-def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], bytes]:
-    from aaabus.config import load_config
-    from aaabus.secret import load_secret
+def _tool_credential(args: argparse.Namespace, config: Any) -> Any:
+    """The key file a tool proves itself with: ``--key`` (a tool key or the bus key), else the
+    bus key the config names."""
+    from aaabus.secret import load_credential
     from aaabus.server import secret_path
+
+    return load_credential(args.key if args.key is not None else secret_path(config))
+
+
+def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], Any]:
+    from aaabus.config import load_config
 
     config = load_config(args.config)
     ids = sorted(config.servers) if args.id is None else [args.id]
     for sid in ids:
         config.server(sid)  # unknown id: one line, exit 2
-    return config, ids, load_secret(secret_path(config))
+    return config, ids, _tool_credential(args, config)
 
 
 def _cmd_status(args: argparse.Namespace) -> int:
@@ -246,7 +271,11 @@ def _cmd_status(args: argparse.Namespace) -> int:
         print(json.dumps({"servers": servers}, indent=2))
     else:
         print(_status_table(servers))
-    return 1 if args.wait and not all(st["up"] for st in servers) else 0
+    busy = [st for st in servers if st.get("busy")]
+    for st in busy:
+        print(st["busy"], file=sys.stderr)
+    # A busy server is running but not answering: a monitoring script must not read "fine".
+    return 1 if busy or (args.wait and not all(st["up"] for st in servers)) else 0
 
 
 def _status_table(servers: list[dict[str, Any]]) -> str:
@@ -257,7 +286,8 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
     rows: list[tuple[str, ...]] = [head]
     for st in servers:
         if not st["up"]:
-            rows.append((str(st["id"]), "", "down") + ("",) * (len(head) - 3))
+            state = "busy" if st.get("busy") else "down"
+            rows.append((str(st["id"]), "", state) + ("",) * (len(head) - 3))
             continue
         queues, msgs = st["queues"], st["messages"]
         outgoing = ",".join(f"{p}:{n}" for p, n in queues["outgoing"].items()) or "-"
@@ -265,12 +295,19 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
             str(st["id"]), st["name"], "up", _duration(st["uptime_s"]), ",".join(st["domains"]),
             "yes" if st["router"] else "no", str(queues["input"]), str(queues["held_back"]),
             outgoing, str(msgs["sent"]), str(msgs["delivered"]), f"{st['reactions_per_s']:g}",
-            "+".join(f"{k}x{k}" for k in st["clocks"].values()), _size(st["storage_bytes"]),
+            "+".join(f"{k}x{k}" for k in st["clocks"].values()), _storage(st),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     return "\n".join(
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     )
+
+
+def _storage(st: dict[str, Any]) -> str:
+    """``live/file`` bytes (``file`` alone when the store cannot tell its live bytes)."""
+    live = st.get("storage_live_bytes")
+    size = _size(st["storage_bytes"])
+    return size if live is None else f"{_size(live)}/{size}"
 
 
 def _duration(seconds: float) -> str:
@@ -296,7 +333,7 @@ def _cmd_stop(args: argparse.Namespace) -> int:
     outcome = stop_servers(config, ids, secret, timeout=args.timeout)
     for sid, what in outcome.items():
         print(f"server {sid}: {what}")
-    return 0 if all(what != "still stopping" for what in outcome.values()) else 1
+    return 0 if all(what not in ("still stopping", "busy") for what in outcome.values()) else 1
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
@@ -334,7 +371,8 @@ def _cmd_send(args: argparse.Namespace) -> int:
             f"--args do not make a {cls.__name__} ({type(exc).__name__}: {exc})"
         ) from None
     via = to.server if args.via is None else args.via
-    with Client(config, via, timeout=args.timeout) as client:
+    credential = _tool_credential(args, config)
+    with Client(config, via, secret=credential, timeout=args.timeout) as client:
         performed = client.send(to, note, request_id=args.request_id)
     if performed:
         print(f"sent {cls.__name__} to {to} through server {via}")
@@ -368,6 +406,12 @@ def _cmd_server(args: argparse.Namespace) -> int:
     return run_server(args, "aaabus server")
 
 
+KEY_HELP = (
+    "key file to authenticate with: a tool key (aaabus secret --tool) or the bus key "
+    "(default: the config's aaabus.secret, bus.key)"
+)
+
+
 def _main_parser() -> _Parser:
     parser = _Parser(prog="aaabus", description="Tools of the aaabus agent bus.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -383,9 +427,39 @@ def _main_parser() -> _Parser:
     topo.add_argument("--domain-size", type=int, default=10)
     topo.add_argument("--base-port", type=int, default=16300)
     topo.add_argument("--host", default="127.0.0.1")
+    topo.add_argument(
+        "--trust",
+        metavar="MODULES",
+        help="comma-separated modules whose agents and notifications the servers may load "
+        "(property aaabus.trust, docs/security.md)",
+    )
     topo.set_defaults(func=_cmd_topology)
 
-    secret = sub.add_parser("secret", help="print a new bus secret (aaabus secret > bus.key)")
+    secret = sub.add_parser("secret", help="make a new bus secret (aaabus secret --out bus.key)")
+    secret.add_argument(
+        "--out",
+        help="create this file (mode 0600, never overwritten); without it the key is printed",
+    )
+    secret.add_argument(
+        "--tool",
+        action="store_true",
+        help="write the tool key derived from the bus key instead: it lets its holder run "
+        "status, stop, send and Client requests, and cannot open a link as a server",
+    )
+    secret.add_argument(
+        "--server",
+        type=int,
+        metavar="ID",
+        help="write the key file of server ID instead: the keys of its links (to every server "
+        "of --config) and the tool key, not the bus key; set it as that server's aaabus.secret",
+    )
+    secret.add_argument("--config", help="with --server: the bus's a3.xml")
+    secret.add_argument(
+        "--from",
+        dest="bus_key",
+        default="bus.key",
+        help="with --tool or --server: the bus key file to derive from (default bus.key)",
+    )
     secret.set_defaults(func=_cmd_secret)
 
     launch = sub.add_parser(
@@ -401,6 +475,7 @@ def _main_parser() -> _Parser:
 
     status = sub.add_parser("status", help="show each server's figures, live")
     status.add_argument("config")
+    status.add_argument("--key", help=KEY_HELP)
     status.add_argument("--id", type=int, help="only this server (default: all)")
     status.add_argument("--json", action="store_true", help='print {"servers": [...]}')
     status.add_argument("--timeout", type=float, default=5.0, help="seconds per server")
@@ -411,12 +486,14 @@ def _main_parser() -> _Parser:
 
     stop = sub.add_parser("stop", help="stop servers cleanly (as SIGTERM does)")
     stop.add_argument("config")
+    stop.add_argument("--key", help=KEY_HELP)
     stop.add_argument("--id", type=int, help="only this server (default: all)")
     stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
     stop.set_defaults(func=_cmd_stop)
 
     send = sub.add_parser("send", help="send a notification to an agent from outside the bus")
     send.add_argument("config")
+    send.add_argument("--key", help=KEY_HELP)
     send.add_argument("--to", required=True, help="the target agent, e.g. '#0.1.16' (quoted)")
     send.add_argument(
         "--notification", required=True, help="its class, module:Class (importable here)"

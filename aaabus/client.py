@@ -38,6 +38,7 @@ from aaabus.admin import (
     AdminError,
     Link,
     RequestRefused,
+    ServerBusy,
     ServerUnreachable,
     admin_address,
 )
@@ -46,7 +47,7 @@ from aaabus.config import BusConfig, load_config
 from aaabus.ids import AgentId
 from aaabus.message import encode_note
 from aaabus.notifications import Notification
-from aaabus.secret import load_secret
+from aaabus.secret import Credential, load_credential
 from aaabus.tls import tls_contexts
 from aaabus.wire import WireError
 
@@ -57,10 +58,12 @@ class Client:
     """A connection to one server of a bus: deploy agents, send notifications, ask its status.
 
     ``config``: the bus's ``a3.xml`` (path or loaded). ``server``: the server to go through
-    (default: the lowest id). ``secret``: the bus key (default: read from the file the config
-    names, ``bus.key`` beside it). ``timeout``: seconds a request may take, retries included.
-    When the server's config sets ``aaabus.tls.cert``, the connection runs inside TLS with the
-    certificate files the config names.
+    (default: the lowest id). ``secret``: the bus key, or a
+    :class:`~aaabus.secret.Credential` from :func:`~aaabus.secret.load_credential` (a tool key
+    file, ``aaabus secret --tool``); default: the file the config names, ``bus.key`` beside it.
+    ``timeout``: seconds a request may take, retries included. When the server's config sets
+    ``aaabus.tls.cert``, the connection runs inside TLS with the certificate files the config
+    names.
     Not thread-safe: one request at a time.
     """
 
@@ -69,7 +72,7 @@ class Client:
         config: str | os.PathLike[str] | BusConfig,
         server: int | None = None,
         *,
-        secret: bytes | None = None,
+        secret: bytes | Credential | None = None,
         timeout: float = 30.0,
     ) -> None:
         from aaabus.server import secret_path
@@ -82,7 +85,7 @@ class Client:
             raise AdminError(f"server {self.server} has no admin port (aaabus.admin.port=off)")
         self.address = address
         self.secret = (
-            secret if secret is not None else load_secret(secret_path(self.config, self.server))
+            secret if secret is not None else load_credential(secret_path(self.config, self.server))
         )
         self.timeout = timeout
         # TLS when the server's properties ask for it (aaabus.tls.*): the client presents the
@@ -175,7 +178,7 @@ class Client:
                     )
                 self._link.sock.settimeout(max(0.1, deadline - time.monotonic()))
                 answer = self._link.request(request)
-            except (ServerUnreachable, WireError, OSError) as exc:
+            except (ServerUnreachable, ServerBusy, WireError, OSError) as exc:
                 # The request may or may not have been performed: send it again, same id.
                 self.close()
                 if time.monotonic() + delay >= deadline:

@@ -254,6 +254,15 @@ def _parse_xml(data: str | bytes, path: str) -> _Element:
             "entity-expansion and external-entity attacks); remove the <!DOCTYPE ...> part",
             f"{path}:{builder.line()}",
         ) from None
+    except (LookupError, ValueError) as exc:  # after DefusedXmlException, a ValueError
+        # Expat itself refuses an encoding it does not know (LookupError) or cannot decode one
+        # byte at a time (ValueError: UTF-7, multi-byte codecs) before any element is read;
+        # the handlers raise ConfigError only, so nothing else lands here.
+        raise ConfigError(
+            f"unsupported encoding in the XML declaration ({exc}); save the file as UTF-8 and "
+            'declare encoding="UTF-8" (or leave the encoding out)',
+            f"{path}:{builder.line() or 1}",
+        ) from None
     if builder.root is None:  # pragma: no cover - expat reports "no element found" first
         raise ConfigError("empty document; write a <config> element", path)
     return builder.root

@@ -40,7 +40,7 @@ from aaabus.context import running
 from aaabus.effects import TransactionEffects
 from aaabus.failpoints import Failpoints
 from aaabus.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
-from aaabus.message import Message, decode_note, encode_note
+from aaabus.message import Message, encode_note
 from aaabus.notifications import (
     AgentCreateReply,
     AgentCreateRequest,
@@ -49,6 +49,7 @@ from aaabus.notifications import (
     UnknownAgent,
 )
 from aaabus.store import StoreWriteFailed
+from aaabus.trust import TrustPolicy
 
 if TYPE_CHECKING:
     from aaabus.store import Store
@@ -166,8 +167,12 @@ class Engine:
         max_group_s: float = 0.005,
         name: str | None = None,
         on_exit: Callable[[], None] | None = None,
+        trust: TrustPolicy | None = None,
     ) -> None:
         self.store = store
+        #: What bodies and deployed agents may construct (aaabus.trust); the default trusts
+        #: everything, which suits only an engine fed by its own process (tests, simulation).
+        self.trust = trust or TrustPolicy(by_value=True)
         self.server_id = server_id
         self.channel = channel
         self.max_batch = max_batch
@@ -506,7 +511,7 @@ class Engine:
         try:
             # Decoded inside the try: a body this server cannot unpickle (a class it cannot
             # import, or garbage from a peer) fails this reaction alone, like a raising react.
-            note = decode_note(msg.body)
+            note = self.trust.loads(msg.body)
             with running(self._context):
                 if target.stamp == FACTORY_STAMP:
                     self._factory_react(msg.sender, note, careful)
@@ -568,7 +573,7 @@ class Engine:
         if isinstance(entry, AgentBox):
             agent = self._boxed.get(agent_id)
             if agent is None:
-                agent = self._boxed[agent_id] = cloudpickle.loads(entry.blob)
+                agent = self._boxed[agent_id] = self.trust.loads(entry.blob)
             # The reaction may change the unpickled agent in memory: if it is rolled back, the
             # next reaction must start again from the box, which the rollback left as it was.
             self.effects.undo(self._boxed.pop, agent_id, None)
@@ -644,7 +649,7 @@ class Engine:
     def _create(self, agent_id: AgentId, payload: bytes) -> None:
         failpoints = self.failpoints
         key = (agent_id.origin, agent_id.stamp)
-        agent = cloudpickle.loads(payload)
+        agent = self.trust.loads(payload)
         if not isinstance(agent, Agent):
             raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
         agent._aaabus_id = agent_id
@@ -688,7 +693,7 @@ class Engine:
         elif self.channel is not None and self.channel.knows(to.server):
             self.channel.send(msg)
         else:
-            self._unknown_agent(msg.sender, to, decode_note(msg.body))
+            self._unknown_agent(msg.sender, to, self.trust.loads(msg.body))
             return
         self._count("sent")
         if self.failpoints.armed:

@@ -28,8 +28,8 @@ class InProcessBus:
         store_kind: str = "memory",
         storage_root: str | os.PathLike[str] | None = None,
     ) -> None:
-        if store_kind == "file" and storage_root is None:
-            raise ValueError("a file store needs storage_root")
+        if store_kind != "memory" and storage_root is None:
+            raise ValueError(f"a {store_kind} store needs storage_root")
         root = Path(storage_root) if storage_root is not None else None
         ids = sorted(config.servers) if server_ids is None else list(server_ids)
         # One validated topology for all (each server would otherwise build the same graph).

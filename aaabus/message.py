@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pickle
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import cloudpickle
 
@@ -36,14 +36,6 @@ def encode_note(note: Notification) -> bytes:
         except (pickle.PicklingError, AttributeError, TypeError):
             pass
     return cloudpickle.dumps(note, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-def decode_note(body: bytes) -> Any:
-    """Unpickle a notification body: only ever bytes from this server or an authenticated peer.
-
-    Bodies that came over the wire have been through :func:`vet_body` first.
-    """
-    return pickle.loads(body)
 
 
 class BadBody(ValueError):

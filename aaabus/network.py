@@ -44,9 +44,16 @@ Latency
 
 TLS
     Optional: with ``ssl_client``/``ssl_server`` the TCP connection is wrapped in TLS before the
-    aaabus handshake, and the TLS handshake itself runs non-blocking on the I/O thread (same
-    deadline). ``ssl_client`` gets the peer's host as ``server_hostname``. The aaabus handshake
-    still runs inside TLS: TLS authenticates machines, the bus secret authenticates membership.
+    aaabus handshake (same deadline). ``ssl_client`` gets the peer's host as ``server_hostname``.
+    A TLS handshake costs milliseconds of CPU (key exchange, signatures) that anyone who can
+    connect can make a server spend, so its steps never run on the I/O thread: each step (a
+    non-blocking ``do_handshake``, which never waits for the network) runs on one
+    ``{name}-tls`` worker thread at a lower scheduling priority, OpenSSL releasing the GIL
+    meanwhile, while the I/O thread goes on serving established links. The connection leaves
+    the selector during a step and comes back with its result; a connection closed meanwhile
+    (deadline, eviction) has its socket closed when the step returns, never under the worker's
+    feet. The aaabus handshake still runs inside TLS: TLS authenticates machines, the link keys
+    authenticate servers.
 
 Host names in ``peers`` are resolved on the I/O thread at each dial (``getaddrinfo`` blocks, so
 prefer numeric addresses or names in ``/etc/hosts``).
@@ -59,15 +66,19 @@ import errno
 import heapq
 import itertools
 import logging
+import os
 import random
 import selectors
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from aaabus.errors import AaabusError
+from aaabus.gate import PendingTable, RefusalLog
+from aaabus.secret import link_key
 from aaabus.wire import (
     HANDSHAKE_MAX_FRAME,
     AcceptorHandshake,
@@ -94,9 +105,19 @@ _CLOSED = 4
 _BACKOFF_FIRST = 0.02
 _BACKOFF_MAX = 1.0
 _READ_SIZE = 256 * 1024
-#: Unauthenticated connections allowed at once: beyond this a flood of idle clients would only
-#: eat file descriptors, so new ones are refused until some finish or time out.
+#: Unauthenticated connections held at once from the configured peers' addresses, in all and per
+#: address; beyond either bound the oldest waiting one is evicted (see aaabus.gate).
 _MAX_PENDING = 256
+_MAX_PENDING_PER_ADDRESS = 64
+#: The same for addresses that are no peer's: they can never authenticate here, so a flood from
+#: them gets a small room of its own and cannot push a peer's connection out.
+_MAX_STRANGERS = 32
+_MAX_STRANGERS_PER_ADDRESS = 8
+#: Threads running TLS handshake steps (CPU-bound, off the I/O thread): one bounds what a flood
+#: of handshakes can take to one core, at a lower scheduling priority (see _lower_priority).
+_TLS_WORKERS = 1
+#: How much nicer than the rest of the process a TLS worker runs (Linux: per-thread nice).
+_TLS_NICE = 10
 #: Longest the I/O thread sleeps without a timer; it is woken by the socketpair anyway, so this
 #: only bounds the damage of a lost wake-up.
 _MAX_SELECT = 1.0
@@ -125,7 +146,10 @@ class _Conn:
         "sock",
         "state",
         "tls_want",
+        "verified",
     )
+    # A connection in ``Network._in_worker`` belongs to a TLS worker: the I/O thread does not
+    # touch its socket until the step's result comes back.
 
     def __init__(
         self, sock: socket.socket, label: str, *, outgoing: bool, peer: int | None, host: str
@@ -148,6 +172,7 @@ class _Conn:
         self.mask = 0  # events currently registered with the selector (0: not registered)
         self.tls_want = _READ
         self.deadline = 0.0
+        self.verified = False  # a session frame from the peer passed its MAC
 
 
 class _Dial:
@@ -167,7 +192,11 @@ class Network:
     ``my_id``: this server; ``listen``: addresses to accept on (port 0: let the OS choose, see
     :attr:`addresses`); ``peers``: every other server of the network and its address (only the
     addresses of higher ids are dialled; lower ids are the only ones accepted). ``secret``: the
-    bus key. ``max_frame``: largest payload sent or accepted. ``name`` names the thread
+    bus key, from which the key of each link is derived (:func:`aaabus.secret.link_key`), or a
+    function giving the key of the link with a peer (a server key file's). A connection claiming
+    a peer's id must prove it holds that pair's key, which neither another pair's key nor a tool
+    key gives.
+    ``max_frame``: largest payload sent or accepted. ``name`` names the thread
     (``f"{name}-io"``), prefixes log lines and appears in errors as the network's name.
     ``handshake_timeout``: seconds from connect/accept to an authenticated link.
     """
@@ -178,7 +207,7 @@ class Network:
         my_id: int,
         listen: Sequence[tuple[str, int]],
         peers: Mapping[int, tuple[str, int]],
-        secret: bytes,
+        secret: bytes | Callable[[int], bytes],
         on_frame: Callable[[int, bytes], None],
         on_up: Callable[[int], None],
         on_down: Callable[[int], None] | None = None,
@@ -191,10 +220,14 @@ class Network:
     ) -> None:
         if not secret:
             raise ValueError("the bus secret is empty")
+        bus_key = b"" if callable(secret) else bytes(secret)
+        #: The key of the link with each peer (see :mod:`aaabus.secret`).
+        self._pair_key: Callable[[int], bytes] = (
+            secret if callable(secret) else lambda peer: link_key(bus_key, my_id, peer)
+        )
         self._my_id = my_id
         self._listen_addrs = list(listen)
         self._peers = {p: addr for p, addr in peers.items() if p != my_id}
-        self._secret = bytes(secret)
         self._on_frame = on_frame
         self._on_up = on_up
         self._on_down = on_down
@@ -212,7 +245,13 @@ class Network:
         # connection's own lock then tells whether it is still up.
         self._up: dict[int, _Conn] = {}
         self._conns: set[_Conn] = set()
-        self._pending_count = 0  # incoming connections not yet authenticated
+        # Incoming connections not yet authenticated: from peers' addresses, and from others.
+        self._pending: PendingTable[_Conn] = PendingTable(_MAX_PENDING, _MAX_PENDING_PER_ADDRESS)
+        self._strangers: PendingTable[_Conn] = PendingTable(
+            _MAX_STRANGERS, _MAX_STRANGERS_PER_ADDRESS
+        )
+        self._peer_addresses: frozenset[str] = frozenset()
+        self._refusals = RefusalLog(self._log, name)
         self._listeners: list[socket.socket] = []
         self._sel: selectors.BaseSelector | None = None
         self._wake_r: socket.socket | None = None
@@ -221,6 +260,11 @@ class Network:
         self._lock = threading.Lock()
         self._flush_requests: list[_Conn] = []
         self._woken = False
+        # TLS handshake steps: the pool (only with TLS), the connections out in it (I/O thread
+        # only), and the results workers hand back (under ``_lock``): (conn, want or error).
+        self._tls_pool: ThreadPoolExecutor | None = None
+        self._in_worker: set[_Conn] = set()
+        self._tls_done: list[tuple[_Conn, int | Exception | None]] = []
         self._timers: list[tuple[float, int, int, _Conn | int]] = []
         self._timer_seq = itertools.count()
         self._stopping = False
@@ -248,6 +292,7 @@ class Network:
                 lsock.close()
             self._listeners.clear()
             raise
+        self._peer_addresses = _addresses_of(self._peers[p][0] for p in self._acceptable)
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -258,6 +303,10 @@ class Network:
         now = time.monotonic()
         for peer in self._dials:
             self._add_timer(now, peer)
+        if self._ssl_server is not None or self._ssl_client is not None:
+            self._tls_pool = ThreadPoolExecutor(
+                _TLS_WORKERS, thread_name_prefix=f"{self._name}-tls", initializer=_lower_priority
+            )
         self._thread = threading.Thread(target=self._run, name=f"{self._name}-io", daemon=True)
         self._thread.start()
 
@@ -392,12 +441,20 @@ class Network:
                     else:
                         self._accept(data)
                 self._process_flush_requests()
+                self._process_tls_results()
         except Exception:
             self._log.exception("%s: I/O thread crashed", self._name)
         finally:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        if self._tls_pool is not None:
+            # Steps are short (non-blocking); after this no worker holds a socket.
+            self._tls_pool.shutdown(wait=True, cancel_futures=True)
+        for conn in self._in_worker:
+            with contextlib.suppress(OSError):
+                conn.sock.close()
+        self._in_worker.clear()
         for conn in list(self._conns):
             with conn.lock:
                 conn.state = _CLOSED
@@ -512,19 +569,13 @@ class Network:
                 self._log.warning("%s: accept failed: %s", self._name, exc)
                 return
             label = f"{addr[0]}:{addr[1]}"
-            if self._pending_count >= _MAX_PENDING:
-                self._log.warning(
-                    "%s: refused connection from %s: too many unauthenticated connections",
-                    self._name,
-                    label,
-                )
-                sock.close()
-                continue
             sock.setblocking(False)
             _tune(sock)
             conn = _Conn(sock, label, outgoing=False, peer=None, host=addr[0])
             self._conns.add(conn)
-            self._pending_count += 1
+            table = self._pending if addr[0] in self._peer_addresses else self._strangers
+            for old in table.add(conn, addr[0]):
+                self._close(old, "evicted: too many unauthenticated connections", logging.DEBUG)
             conn.deadline = time.monotonic() + self._handshake_timeout
             self._add_timer(conn.deadline, conn)
             self._secure_or_handshake(conn)
@@ -552,33 +603,62 @@ class Network:
         self._tls_step(conn)
 
     def _tls_step(self, conn: _Conn) -> None:
+        """I/O thread: hand the next handshake step of ``conn`` to a TLS worker."""
+        assert self._tls_pool is not None
+        self._unregister(conn)
+        self._in_worker.add(conn)
+        self._tls_pool.submit(self._tls_work, conn)
+
+    def _tls_work(self, conn: _Conn) -> None:
+        """A TLS worker: one non-blocking handshake step; the result goes to the I/O thread."""
         sock = conn.sock
         assert isinstance(sock, ssl.SSLSocket)
+        outcome: int | Exception | None
         try:
             sock.do_handshake()
+            outcome = None
         except ssl.SSLWantReadError:
-            conn.tls_want = _READ
+            outcome = _READ
         except ssl.SSLWantWriteError:
-            conn.tls_want = _WRITE
+            outcome = _WRITE
         except (OSError, ValueError) as exc:
-            self._fail(conn, f"TLS handshake failed: {exc}")
-            return
-        else:
-            self._begin_handshake(conn)
-            # The peer's first aaabus message may already sit decrypted in the TLS buffer, where
-            # the selector cannot see it.
-            if conn.state == _HANDSHAKE and sock.pending():
-                self._readable(conn)
-            return
-        self._set_mask(conn)
+            outcome = exc
+        with self._lock:
+            self._tls_done.append((conn, outcome))
+        self._wake()
+
+    def _process_tls_results(self) -> None:
+        with self._lock:
+            if not self._tls_done:
+                return
+            done, self._tls_done = self._tls_done, []
+        for conn, outcome in done:
+            self._in_worker.discard(conn)
+            if conn.state != _TLS:  # closed while in the worker: its socket is ours to close
+                with contextlib.suppress(OSError):
+                    conn.sock.close()
+            elif isinstance(outcome, Exception):
+                self._fail(conn, f"TLS handshake failed: {outcome}")
+            elif outcome is not None:
+                conn.tls_want = outcome
+                self._set_mask(conn)
+            else:
+                self._begin_handshake(conn)
+                # The peer's first aaabus message may already sit decrypted in the TLS buffer,
+                # where the selector cannot see it.
+                sock = conn.sock
+                assert isinstance(sock, ssl.SSLSocket)
+                if conn.state == _HANDSHAKE and sock.pending():
+                    self._readable(conn)
 
     def _begin_handshake(self, conn: _Conn) -> None:
         conn.state = _HANDSHAKE
         if conn.outgoing:
             assert conn.peer is not None
-            conn.handshake = ConnectorHandshake(self._secret, self._my_id, conn.peer)
+            key = self._pair_key(conn.peer)
+            conn.handshake = ConnectorHandshake(key, self._my_id, conn.peer)
         else:
-            conn.handshake = AcceptorHandshake(self._secret, self._my_id, self._acceptable)
+            conn.handshake = AcceptorHandshake(self._pair_key, self._my_id, self._acceptable)
         first = conn.handshake.start()
         self._set_mask(conn)
         if first:
@@ -590,21 +670,22 @@ class Network:
         peer = handshake.peer_id
         conn.handshake = None
         conn.decoder.max_frame = self._max_frame + SessionCipher.OVERHEAD
-        if not conn.outgoing:
-            self._pending_count -= 1
+        self._forget_pending(conn)
         old = self._up.get(peer)
         if old is not None:
-            self._close(old, "replaced by a new connection from the same server", logging.INFO)
+            # Only a holder of this pair's key can do this: the peer restarted (fine) or its key
+            # leaked (not fine). Either way the operator should see both ends.
+            self._close(
+                old,
+                f"replaced by a new connection from {conn.label} claiming the same server id",
+                logging.WARNING,
+            )
         conn.peer = peer
         with conn.lock:
             conn.cipher = handshake.cipher()
             conn.state = _UP
             conn.direct = not isinstance(conn.sock, ssl.SSLSocket)
         self._up[peer] = conn
-        if conn.outgoing:
-            dial = self._dials[peer]
-            dial.failures = 0
-            dial.last_error = ""
         self._log.info(
             "%s: server %d %s %s is up",
             self._name,
@@ -672,12 +753,30 @@ class Network:
             except AuthError as exc:
                 self._fail(conn, str(exc), violation=True)
                 return
+            if not conn.verified:
+                self._verified(conn)
             try:
                 on_frame(peer, payload)
             except Exception:
                 self._log.exception("%s: on_frame(%d) failed", self._name, peer)
             if conn.state != _UP:  # closed meanwhile (replaced, stopped)
                 return
+
+    def _verified(self, conn: _Conn) -> None:
+        """The first session frame of ``conn`` passed its MAC: the link really works.
+
+        Only now does a dial count as a success (backoff reset): a peer, or a relay, that
+        completes handshakes and then breaks the session must not earn fast redials.
+        """
+        conn.verified = True
+        if conn.outgoing and conn.peer is not None:
+            dial = self._dials[conn.peer]
+            dial.failures = 0
+            dial.last_error = ""
+
+    def _forget_pending(self, conn: _Conn) -> None:
+        if not self._pending.remove(conn):
+            self._strangers.remove(conn)
 
     def _handshake_step(self, conn: _Conn) -> bool:
         """Run buffered handshake messages; True once the connection is up."""
@@ -783,24 +882,34 @@ class Network:
             return
         was_up = conn.state == _UP
         if not was_up and not conn.outgoing:
-            self._pending_count -= 1
+            self._forget_pending(conn)
         with conn.lock:
             conn.state = _CLOSED
             conn.direct = False
             conn.out.clear()
         peer = conn.peer
-        if was_up:
-            message = f"server {peer} at {conn.label} is down"
-        elif conn.outgoing:
-            message = f"dialling server {peer} at {conn.label} failed"
-        else:
-            message = f"refused connection from {conn.label}"
         # Logged before the socket closes, so that whoever watches the peer's end sees the
         # record already written when they observe the close.
-        self._log.log(level, "%s: %s: %s", self._name, message, reason)
+        if was_up:
+            self._log.log(
+                level, "%s: server %s at %s is down: %s", self._name, peer, conn.label, reason
+            )
+        elif conn.outgoing:
+            self._log.log(
+                level,
+                "%s: dialling server %s at %s failed: %s",
+                self._name,
+                peer,
+                conn.label,
+                reason,
+            )
+        else:
+            # A stranger or a flood: rate-limited, so that the log cannot amplify an attack.
+            self._refusals.refused(conn.label, reason)
         self._unregister(conn)
-        with contextlib.suppress(OSError):
-            conn.sock.close()
+        if conn not in self._in_worker:  # else closed when the worker's step returns
+            with contextlib.suppress(OSError):
+                conn.sock.close()
         self._conns.discard(conn)
         if was_up and peer is not None and self._up.get(peer) is conn:
             del self._up[peer]
@@ -835,6 +944,27 @@ class Network:
             raise NetworkError(f"cannot listen on {host}:{port} {where}: {detail}") from None
         lsock.setblocking(False)
         return lsock
+
+
+def _addresses_of(hosts: Iterable[str]) -> frozenset[str]:
+    """The numeric addresses ``hosts`` resolve to now (a host that does not resolve: none)."""
+    found: set[str] = set()
+    for host in hosts:
+        try:
+            infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        found.update(str(info[4][0]) for info in infos)
+    return frozenset(found)
+
+
+def _lower_priority() -> None:
+    """Run the calling thread (a TLS worker) at a lower priority: when strangers' handshakes and
+    established links compete for a core, the kernel serves the links first. Linux applies
+    ``setpriority`` to one thread given its native id; elsewhere this is a no-op."""
+    with contextlib.suppress(OSError, AttributeError):
+        tid = threading.get_native_id()
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + _TLS_NICE)
 
 
 def _tune(sock: socket.socket) -> None:

@@ -33,10 +33,11 @@ from aaabus.failpoints import ENV_VAR as FAILPOINTS_ENV
 from aaabus.ids import AgentId
 from aaabus.network import Network
 from aaabus.notifications import Notification
-from aaabus.secret import load_secret
+from aaabus.secret import load_server_keys
 from aaabus.store import STORE_KINDS, Store, open_store
 from aaabus.tls import tls_contexts
 from aaabus.trace import Tracer
+from aaabus.trust import policy_for
 
 if TYPE_CHECKING:
     from aaabus.admin import AdminEndpoint
@@ -121,6 +122,8 @@ class AgentServer:
         if kind not in STORE_KINDS:
             raise ConfigError(f"store kind {kind!r}: expected one of {', '.join(STORE_KINDS)}")
         self.store_kind = kind
+        self.segment_size = config.setting(server_id, "aaabus.store.segment_kb") << 10
+        self.pack_every = config.setting(server_id, "aaabus.store.pack_mb") << 20
         self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
         self.max_batch: int = config.setting(server_id, "aaabus.engine.max_batch")
         self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
@@ -132,7 +135,10 @@ class AgentServer:
             topology = Topology.from_config(config, allow_cycles=allow_cycles)
         self.topology = topology
         self.secret_path = secret_path(config, server_id)
-        self.secret = load_secret(self.secret_path)
+        #: This server's link keys, the tool key, its bus's identity (see aaabus.secret).
+        self.keys = load_server_keys(self.secret_path, server_id, config.servers)
+        #: What pickles from peers, tools and the store may construct (see aaabus.trust).
+        self.trust = policy_for(config, server_id)
         trace_dir: str | None = config.setting(server_id, "aaabus.trace")
         self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
         # Import every service before touching the store: a typo must not leave half a boot.
@@ -155,7 +161,15 @@ class AgentServer:
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
-        self.store = open_store(self.store_kind, self.storage, self.server_id)
+        self.store = open_store(
+            self.store_kind,
+            self.storage,
+            self.server_id,
+            self.trust,
+            self.keys.identity,
+            segment_size=self.segment_size,
+            pack_every=self.pack_every,
+        )
         try:
             self.engine = Engine(
                 self.store,
@@ -163,6 +177,7 @@ class AgentServer:
                 max_batch=self.max_batch,
                 max_group_s=self.max_group_ms / 1000.0,
                 on_exit=self.stopped.set,
+                trust=self.trust,
             )
             # The variable being set at all (even empty) is the operator's opt-in to arming
             # failpoints later through the admin port (see arm_failpoints).
@@ -383,7 +398,7 @@ class AgentServer:
             my_id=self.server_id,
             listen=[(me.hostname, net.port) for net in me.networks],
             peers=peers,
-            secret=self.secret,
+            secret=self.keys.link_key,
             on_frame=channel.on_frame,
             on_up=on_up,
             max_frame=self.max_frame,

@@ -77,6 +77,18 @@ def path(text: str) -> str | None:
     return text or None
 
 
+def names(text: str) -> tuple[str, ...]:
+    """Comma-separated dotted Python names (modules, or ``module.Class``)."""
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    for entry in entries:
+        if not all(part.isidentifier() for part in entry.split(".")):
+            raise ValueError(
+                f"{entry!r} is not a module or module.Class name; give comma-separated names "
+                "like myapp,otherapp.notes.Ping"
+            )
+    return entries
+
+
 def file_name(text: str) -> str:
     if not text.strip():
         raise ValueError("expected a file name (relative to the configuration file)")
@@ -111,18 +123,67 @@ def host_port(text: str) -> tuple[str, int]:
 SETTINGS: tuple[Setting, ...] = (
     Setting(
         "aaabus.store",
-        choice("file", "memory"),
-        "file",
-        "`file`: a ZODB `FileStorage` in the server's storage directory (`--storage`, default "
-        "`./s<id>`), fsync'd at every commit. `memory`: a non-durable `MappingStorage`, for tests "
-        "and simulation; everything is lost when the process ends.",
+        choice("log", "file", "memory"),
+        "log",
+        "`log`: the bus's own log store (preallocated segment files, one write and one "
+        "`fdatasync` per commit, background compaction) in the server's storage directory "
+        "(`--storage`, default `./s<id>`). `file`: a ZODB `FileStorage`, fsync'd at every commit "
+        "and packed in the background (`aaabus.store.pack_mb`). `memory`: a non-durable "
+        "`MappingStorage`, for tests and simulation; everything is lost when the process ends.",
+    ),
+    Setting(
+        "aaabus.store.segment_kb",
+        integer(4, 1 << 20),
+        4096,
+        "Size of one log store segment file, in KiB (log store only). Compaction recycles whole "
+        "segments, so disk use is about the live data plus a few segments.",
+    ),
+    Setting(
+        "aaabus.store.pack_mb",
+        integer(0, 1 << 20),
+        64,
+        "File store only: pack `data.fs` in the background each time it has grown by this many "
+        "MB since the last pack (0: never pack; the file then grows forever).",
     ),
     Setting(
         "aaabus.secret",
         file_name,
         "bus.key",
-        "The bus secret file. Every server must read the same one; make it with "
-        "`aaabus secret > bus.key`. A server without a readable secret refuses to start.",
+        "The key file: the bus key (`aaabus secret --out bus.key`), the same for every server, "
+        "or, set per server, that server's own key file (`aaabus secret --server ID --config "
+        "a3.xml --out sID.key`), which holds only its links' keys (see `docs/security.md`). "
+        "Tools read it too unless given `--key`. A server without a readable key file, or with "
+        "one that its group or others may read, refuses to start.",
+    ),
+    Setting(
+        "aaabus.trust",
+        names,
+        None,
+        "Comma-separated module prefixes (`myapp` covers `myapp` and `myapp.*`) or qualified "
+        "class names (`myapp.notes.Ping`) whose **classes** the server may construct when it "
+        "unpickles a notification from a peer or a tool, an agent to deploy, or a record of its "
+        "store. Also always allowed: plain data types of the standard library (containers, "
+        "numbers, strings, dates, `Decimal`, `UUID`, `array`), `persistent`/`BTrees`, and "
+        "aaabus's own data classes (notifications, agents, ids, store records). Anything else "
+        "named by a pickle (a function such as `os.system`, a class of another module) is refused "
+        "before anything is built: the reaction fails with `UntrustedClass` naming it (logged, "
+        "and reported to the sender), an admin request is refused with that line, a store whose "
+        "root names it does not boot. Functions are never resolved, even in trusted modules. Name "
+        "every module whose agents or notifications travel. Trusting a module trusts every class "
+        "in it to be constructed with attacker-chosen arguments by any holder of the key: name "
+        "modules of data classes, not of classes that act when built. See `docs/security.md`.",
+        shown_default="the modules of the config's `<service>` classes",
+    ),
+    Setting(
+        "aaabus.trust.by_value",
+        boolean,
+        False,
+        "`true` lets this server load agents and notifications that travel **by value** "
+        "(classes defined in `__main__`, a notebook or a function, which cloudpickle sends as "
+        "code). A pickle by value is a program: with `true` the checks of `aaabus.trust` are off "
+        "altogether on this server, and **anyone holding the bus key (or a tool key) can run "
+        "any code inside it**. Enable it only on a bus whose every key holder you would give a "
+        "shell on the server's machine.",
     ),
     Setting(
         "aaabus.max_frame",

@@ -1,10 +1,18 @@
 """The server's store: one ZODB database holding agents, queues and counters.
 
 Opening storages is this module's only job besides the root layout, so that another ZODB storage
-(ZEO, RelStorage, ...) can be added in one place. Two kinds exist today:
+(ZEO, RelStorage, ...) can be added in one place. Three kinds exist today (property
+``aaabus.store``):
 
-* ``file`` (the default): a ``FileStorage`` in ``<dir>/data.fs``, fsync'd at every commit;
+* ``log`` (the default): a :class:`~aaabus.logstorage.LogStorage` in ``<dir>/log/``, one
+  write and one ``fdatasync`` per commit into preallocated segments, compacted in the
+  background so that disk use follows the live data;
+* ``file``: a ``FileStorage`` in ``<dir>/data.fs``, fsync'd at every commit;
 * ``memory``: a ``MappingStorage``, non-durable, for tests and in-process simulation.
+
+A directory holding one durable kind is refused when opened as the other (one line naming
+both): switching the kind would otherwise boot an empty store beside the messages the old one
+still holds.
 
 A :class:`Store` and every persistent object reached through it belong to ONE thread, the
 engine's: ZODB gives each connection its own object copies, and a single writer means commits
@@ -13,9 +21,11 @@ never conflict (no ``ConflictError`` to retry, no lost update between threads).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
+import stat
 import struct
 from pathlib import Path
 from typing import Any
@@ -31,11 +41,23 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 
 from aaabus.errors import StoreError
+from aaabus.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
+from aaabus.logstorage.segments import LOCK_NAME
+from aaabus.packer import Packer
 from aaabus.pickles import MalformedPickle, pickle_end
+from aaabus.trust import TrustPolicy, UntrustedClass
 
 log = logging.getLogger("aaabus.store")
 
-STORE_KINDS = ("file", "memory")
+STORE_KINDS = ("log", "file", "memory")
+DEFAULT_STORE_KIND = "log"
+
+#: Where each durable kind keeps its files inside the server's storage directory.
+LOG_DIR = "log"
+FILE_NAME = "data.fs"
+
+#: A file store is packed each time it grew by this much (property ``aaabus.store.pack_mb``).
+DEFAULT_PACK_EVERY = 64 << 20
 
 #: Objects kept in each connection's cache: large enough that a server's agents and queue
 #: buckets stay in memory, so that a reaction never waits on the disk to load its agent.
@@ -88,10 +110,14 @@ class PersistentQueue(LOBTree):
 class ServerRecord(Persistent):
     """Counters of one server: which server owns the store, boots, and id allocation."""
 
+    bus_identity: bytes | None = None  # stores made before identities were recorded
+
     def __init__(self, server_id: int) -> None:
         self.server_id = server_id
         self.boots = 0
         self.next_stamp = 0
+        #: Which bus this store belongs to: an HMAC of the bus key (aaabus.secret.bus_identity).
+        self.bus_identity: bytes | None = None
         #: Boot services already started once (their class paths): ``first_time`` is per service,
         #: so that a service added to the config later still sees its first time.
         self.services_started: PersistentMapping = PersistentMapping()
@@ -100,9 +126,21 @@ class ServerRecord(Persistent):
 class Store:
     """One open database and the single connection the engine thread uses."""
 
-    def __init__(self, db: ZODB.DB, description: str, server_id: int) -> None:
+    def __init__(
+        self,
+        db: ZODB.DB,
+        description: str,
+        server_id: int,
+        identity: bytes | None = None,
+        *,
+        pack_every: int = 0,
+    ) -> None:
+        """``identity``: of the bus (refused if the store records another); ``pack_every``: pack
+        in the background each time the storage grew by this many bytes (a FileStorage; 0:
+        never)."""
         self.description = description
         self._db = db
+        self._packer: Packer | None = None
         self.tm = transaction.TransactionManager()
         self.conn = db.open(transaction_manager=self.tm)
         root = self.conn.root()
@@ -119,6 +157,18 @@ class Store:
                 f"{description} belongs to server {self.record.server_id}, not {server_id}; "
                 "pass the right --id or another --storage"
             )
+        if identity is not None:
+            if self.record.bus_identity is None:
+                self.record.bus_identity = identity  # a new store, or one older than identities
+                self.tm.commit()
+            elif self.record.bus_identity != identity:
+                self.close()
+                raise StoreError(
+                    f"{description} belongs to another bus (it was made under another bus key); "
+                    "start it with that bus's key, or pass another --storage"
+                )
+        if pack_every:
+            self._packer = Packer(db, pack_every)
         #: Agents by (origin, stamp): the hosting server is this one by definition.
         self.agents: OOBTree = root["agents"]
         #: Deliverable notifications for local agents, in delivery order.
@@ -129,6 +179,8 @@ class Store:
     def commit(self) -> None:
         try:
             self.tm.commit()
+            if self._packer is not None:
+                self._packer.committed()
         except OSError as exc:
             # The transaction is aborted (ZODB rolled it back): nothing it holds was stored.
             reason = os.strerror(exc.errno) if exc.errno else str(exc)
@@ -140,14 +192,38 @@ class Store:
     def abort(self) -> None:
         self.tm.abort()
 
-    def size_bytes(self) -> int:
-        return int(self._db.storage.getSize())
+    def disk(self) -> dict[str, Any]:
+        """What the store holds: ``file_bytes`` on disk, ``live_bytes`` (the current records;
+        None when the storage cannot tell) and ``compacted_at`` (epoch seconds of the last
+        compaction or pack since the process started; None if none). Engine thread."""
+        storage = self._db.storage
+        if isinstance(storage, LogStorage):
+            stats = storage.stats()
+            return {
+                "file_bytes": stats["file_bytes"],
+                "live_bytes": stats["live_bytes"],
+                "compacted_at": stats["last_compaction_at"],
+            }
+        size = int(storage.getSize())
+        if self._packer is None:
+            return {"file_bytes": size, "live_bytes": None, "compacted_at": None}
+        # A pack leaves about the live data: its size then is the best figure there is without
+        # reading the whole file.
+        packed = self._packer.figures()
+        return {
+            "file_bytes": size,
+            "live_bytes": packed["size_after_last_pack"],
+            "compacted_at": packed["last_pack_at"],
+        }
 
     def close(self) -> None:
+        if self._packer is not None:
+            self._packer.stop()
         try:
             self.tm.abort()
             self.conn.close()
         finally:
+            storage = self._db.storage
             try:
                 self._db.close()
             except OSError as exc:
@@ -155,39 +231,92 @@ class Store:
                 # of the aborted transaction and fails again flushing them: nothing committed
                 # is at stake, and the reason was already reported by the failed commit.
                 log.warning("closing %s: %s", self.description, exc)
+            if isinstance(storage, ZODB.FileStorage.FileStorage):
+                # FileStorage writes its index file at close, under the process umask.
+                _private_files(Path(storage.getName()).parent)
 
 
-def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: int) -> Store:
-    """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors."""
+def open_store(
+    kind: str,
+    directory: str | os.PathLike[str] | None,
+    server_id: int,
+    trust: TrustPolicy | None = None,
+    identity: bytes | None = None,
+    *,
+    segment_size: int = DEFAULT_SEGMENT_SIZE,
+    pack_every: int = DEFAULT_PACK_EVERY,
+) -> Store:
+    """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
+
+    With ``trust``, every record is unpickled under that policy (:mod:`aaabus.trust`): a store
+    planted with an object of a class the server does not trust is refused at boot when the
+    object hangs off the root, and otherwise fails whatever touches it, never constructed.
+    With ``identity`` (:func:`aaabus.secret.bus_identity`), a store recorded under another bus
+    is refused. ``segment_size``: of the log store's new segment files (existing ones keep
+    theirs). ``pack_every``: a file store is packed in the background each time it grew by this
+    many bytes (0: never).
+
+    A durable store's directory is created mode 0700 and its files 0600; a directory that
+    another user owns or that its group or others may write is refused (they could swap the
+    files).
+    """
+    factory = None if trust is None else trust.zodb_class_factory
     if kind == "memory":
         # The same object cache as a file store: ZODB's default (400 objects) is smaller than
         # what one group touches on a busy router, and an evicted agent loses its volatile
         # (_v_) attributes and is unpickled again at its next notification.
-        db = ZODB.DB(None, cache_size=CACHE_SIZE)
-        return Store(db, f"in-memory store of server {server_id}", server_id)
-    if kind != "file":
+        db = ZODB.DB(None, cache_size=CACHE_SIZE, class_factory=factory)
+        return _open_root(db, f"in-memory store of server {server_id}", server_id, trust, identity)
+    if kind not in STORE_KINDS:
         raise StoreError(
             f"unknown store kind {kind!r}; "
             f"property aaabus.store takes one of {', '.join(STORE_KINDS)}"
         )
     if directory is None:
-        raise StoreError("a file store needs a directory; pass --storage DIR")
+        raise StoreError(f"a {kind} store needs a directory; pass --storage DIR")
     path = Path(directory)
+    _prepare_directory(path)
+    _refuse_other_kind(path, kind)
+    if kind == "log":
+        db, description = _open_log(path / LOG_DIR, server_id, segment_size, factory)
+        return _open_root(db, description, server_id, trust, identity)
+    db = _open_file(path / FILE_NAME, server_id, factory)
+    return _open_root(db, f"storage {path / FILE_NAME}", server_id, trust, identity, pack_every)
+
+
+def _refuse_other_kind(path: Path, kind: str) -> None:
+    """A directory already holding the other durable kind is refused: opening it as ``kind``
+    would boot an empty store and leave the messages of the old one undelivered."""
+    holds_file = (path / FILE_NAME).exists()
+    holds_log = (path / LOG_DIR / LOCK_NAME).exists()
+    if kind == "log" and holds_file and not holds_log:
+        found, other = f"a file store ({path / FILE_NAME})", "file"
+    elif kind == "file" and holds_log and not holds_file:
+        found, other = f"a log store ({path / LOG_DIR})", "log"
+    else:
+        return
+    raise StoreError(
+        f"storage directory {path} holds {found}, not a {kind} store; set property "
+        f"aaabus.store={other} to keep using it, or pass another --storage"
+    )
+
+
+def _open_log(path: Path, server_id: int, segment_size: int, factory: Any) -> tuple[ZODB.DB, str]:
+    # LogStorage's own errors (damage, in use, disk) are already one-line StoreErrors.
+    storage = LogStorage(path, segment_size=segment_size)
     try:
-        path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".aaabus-write-probe"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as exc:
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise StoreError(
-            f"storage directory {path} is not writable ({reason}); "
-            "pass --storage DIR pointing to a writable directory"
-        ) from None
-    data = path / "data.fs"
+        db = ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=factory)
+    except Exception as exc:
+        storage.close()
+        raise StoreError(f"log store {path} is damaged ({type(exc).__name__}: {exc})") from None
+    return db, f"log store {path}"
+
+
+def _open_file(data: Path, server_id: int, factory: Any) -> ZODB.DB:
     _refuse_cut_commits(data)
     try:
-        storage = ZODB.FileStorage.FileStorage(str(data))
+        # pack_keep_old=False: a pack must shrink the disk use, not keep the old file beside.
+        storage = ZODB.FileStorage.FileStorage(str(data), pack_keep_old=False)
     except zc.lockfile.LockError:
         raise StoreError(
             f"storage {data} is in use by another process (is server {server_id} already "
@@ -204,14 +333,77 @@ def open_store(kind: str, directory: str | os.PathLike[str] | None, server_id: i
         ) from None
     try:
         _verify_current_records(storage, data)
-        db = ZODB.DB(storage, cache_size=CACHE_SIZE)
+        _private_files(data.parent)
+        db = ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=factory)
     except StoreError:
         storage.close()
         raise
     except Exception as exc:
         storage.close()
         raise StoreError(f"storage {data} is damaged ({type(exc).__name__}: {exc})") from None
-    return Store(db, f"storage {data}", server_id)
+    return db
+
+
+def _open_root(
+    db: ZODB.DB,
+    description: str,
+    server_id: int,
+    trust: TrustPolicy | None,
+    identity: bytes | None,
+    pack_every: int = 0,
+) -> Store:
+    try:
+        if trust is not None and len(db.storage):
+            trust.check_record(db.storage.load(ZODB.utils.z64)[0])
+        return Store(db, description, server_id, identity, pack_every=pack_every)
+    except UntrustedClass as exc:
+        db.close()
+        raise StoreError(
+            f"{description} holds an object this server does not trust ({exc}); if the store "
+            "is yours, trust its classes (property aaabus.trust), else move it away"
+        ) from None
+
+
+def _prepare_directory(path: Path) -> None:
+    """Create ``path`` (0700), refuse it if others could change it, and prove it writable.
+
+    The write probe is created exclusively and never follows a symlink: a link planted at its
+    name cannot make the server truncate or create the file it points to.
+    """
+    where = "pass --storage DIR pointing to a private, writable directory"
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.stat()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StoreError(f"storage directory {path} is not writable ({reason}); {where}") from None
+    if info.st_uid != os.geteuid():
+        raise StoreError(
+            f"storage directory {path} belongs to user {info.st_uid}, not to this server's user "
+            f"{os.geteuid()}: its owner could swap the store; {where}"
+        )
+    if info.st_mode & 0o022:
+        raise StoreError(
+            f"storage directory {path} is writable by group or others (mode "
+            f"{stat.S_IMODE(info.st_mode):o}): they could swap the store; run `chmod 700 {path}`"
+        )
+    probe = path / ".aaabus-write-probe"
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            probe.unlink()  # a leftover of a crash, or a planted link: unlink never follows
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+        probe.unlink()
+    except OSError as exc:
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise StoreError(f"storage directory {path} is not writable ({reason}); {where}") from None
+
+
+def _private_files(path: Path) -> None:
+    """Make the files FileStorage created (under the process umask) readable by us alone."""
+    for name in ("data.fs", "data.fs.index", "data.fs.lock", "data.fs.tmp"):
+        with contextlib.suppress(OSError):
+            os.chmod(path / name, 0o600, follow_symlinks=False)
 
 
 # -- fault detection at boot -----------------------------------------------------------------

@@ -9,10 +9,12 @@ Framing
     refuses an oversized frame as soon as its length prefix is seen, before a single byte of the
     body is buffered.
 
-Handshake (mutual challenge-response over the shared bus secret; never pickle)
+Handshake (mutual challenge-response over a shared key; never pickle)
     All integers are big-endian, ids are unsigned 32-bit, nonces are 32 random bytes, MACs are
-    HMAC-SHA256 keyed with the bus secret. Each message is the payload of one frame and starts
-    with ``MAGIC`` (``b"AAAB"``), ``VERSION`` (one byte, currently 1) and a type byte::
+    HMAC-SHA256 keyed with the connection's key (``secret`` below): between servers the key of
+    that pair of servers, on an admin port the tool key (see :mod:`aaabus.secret`). Each message
+    is the payload of one frame and starts with ``MAGIC`` (``b"AAAB"``), ``VERSION`` (one byte,
+    currently 1) and a type byte::
 
         CHALLENGE  acceptor -> connector  42 bytes
             magic(4) version(1) type=1(1) acceptor_id(4) nonce_a(32)
@@ -50,7 +52,7 @@ import hashlib
 import hmac
 import secrets
 import struct
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from typing import Any
 
 __all__ = [
@@ -381,14 +383,21 @@ class AcceptorHandshake(_Handshake):
     Protocol: ``start()`` returns the framed CHALLENGE, ``receive(answer)`` checks the connector
     and returns the framed PROOF; :attr:`done` is then set and :attr:`peer_id` is the connector's
     proven id. ``allowed_ids`` restricts which ids may connect (``None``: any id but our own).
+    ``secret``: the key, or a function giving the key for a connector id (pairwise link keys).
     """
 
     _connector = False
 
     def __init__(
-        self, secret: bytes, my_id: int, allowed_ids: Collection[int] | None = None
+        self,
+        secret: bytes | Callable[[int], bytes],
+        my_id: int,
+        allowed_ids: Collection[int] | None = None,
     ) -> None:
-        super().__init__(secret, my_id)
+        # ``secret`` may depend on who connects (pairwise link keys): it is then a function of
+        # the connector's claimed id, called once the ANSWER names it.
+        self._key_for = secret if callable(secret) else None
+        super().__init__(b"\0" if callable(secret) else secret, my_id)
         self._allowed = None if allowed_ids is None else frozenset(allowed_ids)
         self._nonce_a = b""
 
@@ -428,6 +437,8 @@ class AcceptorHandshake(_Handshake):
                 AuthError(f"unknown server id {connector_id}: not a peer allowed to connect here")
             )
         ids = _IDS.pack(connector_id, self.my_id)
+        if self._key_for is not None:
+            self._secret = self._key_for(connector_id)
         expected = _mac(self._secret, _LABEL_CONNECTOR, self._nonce_a, nonce_c, ids)
         if not hmac.compare_digest(mac, expected):
             raise self._fail(

@@ -13,8 +13,24 @@ from aaabus.errors import AaabusError
 
 
 def _cmd_pingpong(args: argparse.Namespace) -> int:
-    from perf.pingpong import run
+    from perf.pingpong import compare_stores, run
 
+    if args.stores:
+        compared = compare_stores(
+            args.config,
+            args.test,
+            args.rounds,
+            args.stores.split(","),
+            args.repeat,
+            payload=args.payload,
+            warmup=args.warmup,
+            properties=_properties(args.property),
+        )
+        if not args.json:
+            runs = ", ".join(f"{k} {v:.3f} ms" for k, v in compared["p50_ms"].items())
+            print(f"{args.test} ping-pong p50 (median of {args.repeat} interleaved runs): {runs}")
+        print(json.dumps(compared))
+        return 0
     result = run(
         args.config,
         args.test,
@@ -80,6 +96,8 @@ _MODULE_SUITES = [
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
+    ("loader", "perf.loader", "the restricted unpickler vs pickle.loads, per notification body"),
+    ("commit", "perf.commit", "one store commit: raw floor, FileStorage, LogStorage, interleaved"),
     ("mqtt", "perf.mqtt", "MQTT brokers, same paho programs: latency and throughput at QoS 1, 2"),
     ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
 ]
@@ -97,6 +115,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--workdir", help="keep stores and config here (default: a temporary dir)")
     pp.add_argument("--json", action="store_true", help="print only the JSON line")
     pp.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    pp.add_argument(
+        "--stores",
+        help="KIND,KIND...: the test once per store kind, interleaved; p50s and their ratios",
+    )
+    pp.add_argument("--repeat", type=int, default=3, help="with --stores: runs per kind")
     pp.set_defaults(func=_cmd_pingpong)
     st = sub.add_parser("stream", help="one-way persistent throughput, end to end")
     st.add_argument("--config", required=True, help="bus description; producer on server 0")

@@ -69,3 +69,14 @@ def scratch(keep: str | None = None) -> Iterator[Path]:
 
 def config_of(path: str | Path) -> BusConfig:
     return load_config(path)
+
+
+def store_bytes(root: Path, ids: Sequence[int]) -> dict[str, int]:
+    """Bytes each server's storage directory ``root/s<id>`` takes (every file in it: data.fs
+    and its index, or the log store's segments, spares and free ones alike)."""
+    sizes: dict[str, int] = {}
+    for sid in ids:
+        directory = root / f"s{sid}"
+        files = directory.rglob("*") if directory.exists() else iter(())
+        sizes[str(sid)] = sum(p.stat().st_size for p in files if p.is_file())
+    return sizes

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
 from aaabus.domains import Topology
+from aaabus.errors import ConfigError
 from aaabus.launch import Bus
+from aaabus.store import STORE_KINDS
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
 
 TESTS = ("local", "remote", "broadcast")
@@ -65,3 +68,44 @@ def run(
     result["servers"] = len(ids)
     result["config"] = str(config)
     return result
+
+
+def compare_stores(
+    config: str | Path,
+    test: str,
+    rounds: int,
+    stores: list[str],
+    repeat: int,
+    *,
+    properties: dict[str, str] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The same test once per store kind (property ``aaabus.store``), ``repeat`` times
+    interleaved (kind A, kind B, kind A, ...) so that a busy spell of the machine hits both;
+    per kind, the median of the repetitions' p50s; ``<first>_vs_<kind>``: ratios of p50s."""
+    unknown = [kind for kind in stores if kind not in STORE_KINDS]
+    if unknown or len(stores) < 2:
+        raise ConfigError(
+            f"--stores {','.join(stores)}: expected two or more of {', '.join(STORE_KINDS)}"
+        )
+    p50s: dict[str, list[float]] = {kind: [] for kind in stores}
+    for _ in range(repeat):
+        for kind in stores:
+            result = run(
+                config,
+                test,
+                rounds,
+                properties={**(properties or {}), "aaabus.store": kind},
+                **options,
+            )
+            p50s[kind].append(result["rtt_ms"]["p50"])
+    medians = {kind: statistics.median(values) for kind, values in p50s.items()}
+    first = stores[0]
+    return {
+        "test": test,
+        "rounds": rounds,
+        "repeat": repeat,
+        "p50_ms": {kind: round(value, 4) for kind, value in medians.items()},
+        "p50_ms_runs": p50s,
+        **{f"{first}_vs_{kind}": round(medians[first] / medians[kind], 3) for kind in stores[1:]},
+    }

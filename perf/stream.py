@@ -1,4 +1,7 @@
-"""``python -m perf stream``: one-way persistent throughput, end to end, on real processes."""
+"""``python -m perf stream``: one-way persistent throughput, end to end, on real processes.
+
+The result also holds ``store_bytes``: ``{"<server id>": bytes}``, each server's storage
+directory on disk when the stream has been consumed (servers still running)."""
 
 from __future__ import annotations
 
@@ -7,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from aaabus.launch import Bus
-from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
+from perf.harness import (
+    REPO_ROOT,
+    config_of,
+    scratch,
+    store_bytes,
+    wait_for_file,
+    with_services,
+)
 
 
 def run(
@@ -37,5 +47,8 @@ def run(
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
             result = wait_for_file(out, bus, timeout)
+            # At the end of the stream, servers still running: what a store holds in service.
+            sizes = store_bytes(work / "store", ids)
     result.update(servers=len(ids), to=target, config=str(config), payload=payload)
+    result["store_bytes"] = sizes
     return result

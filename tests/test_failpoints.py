@@ -32,7 +32,7 @@ from aaabus.inprocess import InProcessBus
 from aaabus.secret import ensure_secret
 from aaabus.testing.proxy import FaultProxy
 from aaabus.topology import render
-from tests.support.harness import contiguous_free_base
+from tests.support.harness import TEST_TRUST, contiguous_free_base
 from tests.support.walk import Run, Scenario, scenarios, wait_idle
 
 LAYOUT = [[0, 1, 2], [2, 3]]
@@ -50,7 +50,11 @@ class WalkBus:
 @pytest.fixture(scope="module")
 def walk_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WalkBus]:
     tmp = tmp_path_factory.mktemp("walk")
-    properties = {"aaabus.secret": "bus.key", "aaabus.engine.max_group_ms": "50"}
+    properties = {
+        "aaabus.secret": "bus.key",
+        "aaabus.engine.max_group_ms": "50",
+        "aaabus.trust": TEST_TRUST,
+    }
     text = render(LAYOUT, 4, base_port=contiguous_free_base(5), properties=properties)
     router_port = parse_config(text).servers[2].port_in("D0")
     slow = FaultProxy(("127.0.0.1", router_port), "walk-slow-link")

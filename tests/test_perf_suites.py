@@ -70,10 +70,33 @@ def test_pingpong_through_routers_reports_hops(tmp_path: Path) -> None:
     assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
 
 
+def test_pingpong_compares_store_kinds_interleaved(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 1)
+    args = ["--config", config, "--rounds", "20", "--warmup", "5", "--repeat", "1", "--json"]
+    out = perf("pingpong", "--stores", "log,file", *args)
+    assert set(out["p50_ms"]) == {"log", "file"} and out["repeat"] == 1
+    ratio = out["p50_ms"]["log"] / out["p50_ms"]["file"]  # of rounded p50s: close, not equal
+    assert abs(out["log_vs_file"] - ratio) < 0.01 * ratio
+    bad = subprocess.run(
+        [sys.executable, "-m", "perf", "pingpong", "--stores", "log,disk", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "perf pingpong: error: --stores log,disk: expected two or more of log, file, memory"
+    ]
+
+
 def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     config = shipped(tmp_path, "flat", 2)
     out = perf("stream", "--config", config, "--count", "3000", "--json")
     assert out["count"] == 3000 and out["out_of_order"] == 0 and out["msgs_per_s"] > 0
+    # Two log stores, each at least its head segment (4 MiB), neither anywhere near 1 GB.
+    assert set(out["store_bytes"]) == {"0", "1"}
+    assert all(4 << 20 <= size < 1 << 30 for size in out["store_bytes"].values())
 
 
 def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:
@@ -225,3 +248,12 @@ def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path: Path) -> 
     assert proc.returncode == 130, err
     assert "interrupted; every server started was stopped" in err and "Traceback" not in err
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+
+
+def test_loader_suite_reports_the_cost_per_body(capsys: pytest.CaptureFixture[str]) -> None:
+    from perf.__main__ import main
+
+    assert main(["loader", "--number", "200", "--repeat", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loader"]
+    assert [r["payload"] for r in rows] == [0, 1024]
+    assert all(r["restricted_us"] > 0 and r["pickle_loads_us"] > 0 for r in rows)

@@ -38,7 +38,7 @@ def config_with(prop: str, value: str, *, on_server: bool = False) -> str:
         ("aaabus.metrics.port", "-1", "expected an integer in 0..65535"),
         ("aaabus.metrics.host", "", "expected a host name"),
         ("aaabus.test.allow_cycles", "yes", "expected true or false"),
-        ("aaabus.store", "disk", "expected one of file, memory"),
+        ("aaabus.store", "disk", "expected one of log, file, memory"),
         ("aaabus.dial.3", "nowhere", "expected host:port"),
         ("aaabus.secret", " ", "expected a file name"),
     ],

@@ -43,6 +43,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from BTrees.OOBTree import OOBTree
+from persistent import Persistent
+
 from aaabus import Agent, AgentId, BootContext, Notification, PersistentList
 from aaabus.config import load_config
 from aaabus.inprocess import InProcessBus
@@ -450,7 +453,9 @@ def finish_in_process(
     were stopped. Stops at the deadline even if credits are missing: the judges then say what.
     """
     cfg = load_config(config)
-    bus = InProcessBus(cfg, store_kind="file", storage_root=storage_root)
+    # The store kind the server processes used (the config's, else the default).
+    kind = cfg.setting(min(cfg.servers), "aaabus.store")
+    bus = InProcessBus(cfg, store_kind=kind, storage_root=storage_root)
     with bus:
         deadline = time.monotonic() + timeout
         first: int | None = None
@@ -561,11 +566,13 @@ class FakePeer:
     """
 
     def __init__(self, addr: tuple[str, int], secret: bytes, me: int, peer: int) -> None:
+        from aaabus.secret import link_key
         from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 
         self.sock = socket.create_connection(addr, timeout=5)
         decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
-        handshake = ConnectorHandshake(secret, me, peer)
+        # The key of the pair (me, peer), derived from the bus key as a real server does.
+        handshake = ConnectorHandshake(link_key(secret, me, peer), me, peer)
 
         def next_message() -> bytes:
             while True:
@@ -886,16 +893,26 @@ class Ship(Notification):
     pass
 
 
-class Depot(Agent):
-    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``."""
+class Kept(Persistent):
+    """One hoarded parcel's padding: a record of its own."""
 
-    def __init__(self, n: int, done: str) -> None:
+    def __init__(self, pad: bytes) -> None:
+        self.pad = pad
+
+
+class Depot(Agent):
+    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``.
+    ``hoard``: keep every parcel (each its own record), so that the live data grows: a store
+    that reclaims superseded records (the log store) fills its disk only that way."""
+
+    def __init__(self, n: int, done: str, hoard: bool = False) -> None:
         super().__init__("depot")
         self.n = n
         self.done = done
         self.count = 0
         self.errors = 0
         self.kept = b""
+        self.hoard: OOBTree | None = OOBTree() if hoard else None
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Parcel):
@@ -906,6 +923,8 @@ class Depot(Agent):
             # Keeping the parcel's padding makes every commit on this server write its size
             # again (FileStorage appends a new revision of the agent): the disk fills.
             self.kept = note.pad
+            if self.hoard is not None:
+                self.hoard[note.i] = Kept(note.pad)
             if self.count == self.n:
                 target = Path(self.done)
                 tmp = target.with_suffix(".tmp")
@@ -942,7 +961,9 @@ def shipping_setup(ctx: BootContext, args: str, first_time: bool) -> None:
     """Boot service of the shipping server: a depot on ``depot_server`` and a shipper here."""
     if first_time:
         spec = json.loads(args)
-        depot = Depot(spec["n"], spec["done"]).deploy(spec["depot_server"])
+        depot = Depot(spec["n"], spec["done"], spec.get("hoard", False)).deploy(
+            spec["depot_server"]
+        )
         shipper = Shipper(depot, spec["n"], spec["size"]).deploy()
         ctx.send(shipper, Ship())
 

@@ -13,6 +13,8 @@ from aaabus.ids import AgentId
 from aaabus.launch import free_port_base
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+#: What the servers of test buses trust (aaabus.trust): the suite's, the agents' and examples'.
+TEST_TRUST = "tests,agents,examples,perf"
 
 
 def free_ports(count: int) -> list[int]:
