@@ -103,6 +103,8 @@ _MODULE_SUITES = [
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
     ("loader", "perf.loader", "the restricted unpickler vs pickle.loads, per notification body"),
     ("commit", "perf.commit", "one store commit: raw floor, FileStorage, LogStorage, interleaved"),
+    ("mqtt", "perf.mqtt", "MQTT brokers, same paho programs: latency and throughput at QoS 1, 2"),
+    ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
 ]
 
 
