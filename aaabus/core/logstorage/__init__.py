@@ -156,6 +156,16 @@ byte stays bounded, and it holds the index lock per record and for the last roun
 heads sealed, then every other segment compacted; ``t`` is ignored (there is no history to
 pack to a time). ``stats()`` reports live and file bytes and the last compaction and GC pass.
 
+Conformance
+===========
+ZODB's own storage suites (``ZODB.tests``) run against this storage in ``make test``:
+``BasicStorage``, ``MTStorage``, ``Synchronization``, ``PersistentStorage``, ``ReadOnlyStorage``,
+``ConflictResolution`` (conflicts detected, none resolved), ``PackableStorage`` and
+``RevisionStorage`` (old revisions while their segments exist), on default and on 4 KiB
+segments (compaction racing the suites' threads). Not the undo, iterator, recovery, history,
+blob and FileStorage-index suites: no undo and no transaction history are kept, by design.
+``tests/test_logstorage_zodb.py`` gives the reasons test by test.
+
 Threads: the engine commits and loads; the compactor works beside it; any thread may load.
 Locks: the commit lock (one transaction at a time), then the index lock (short sections, no
 I/O but single-record preads); the compactor's own mutex is taken outside both.
