@@ -54,9 +54,5 @@ def test_close_levels_follow_who_failed_and_how() -> None:
     )
     assert ConnState.TLS.handshaking and not ConnState.UP.handshaking
     assert not ConnState.CLOSED.handshaking
-    assert close_message(was_up=True, outgoing=True, peer=3, label="h:1") == (
-        "server 3 at h:1 is down"
-    )
-    assert close_message(was_up=False, outgoing=False, peer=None, label="h:2") == (
-        "refused connection from h:2"
-    )
+    assert close_message(was_up=True, peer=3, label="h:1") == "server 3 at h:1 is down"
+    assert close_message(was_up=False, peer=3, label="h:1") == ("dialling server 3 at h:1 failed")

@@ -35,10 +35,9 @@ def close_level(
     return logging.WARNING if first_time() else logging.DEBUG
 
 
-def close_message(*, was_up: bool, outgoing: bool, peer: int | None, label: str) -> str:
-    """What the log line of a close says happened (the reason follows it)."""
+def close_message(*, was_up: bool, peer: int | None, label: str) -> str:
+    """What the log line of closing a link that was up, or one of our own dials, says happened
+    (the reason follows it). Refusals of incoming connections are the gate's to word."""
     if was_up:
         return f"server {peer} at {label} is down"
-    if outgoing:
-        return f"dialling server {peer} at {label} failed"
-    return f"refused connection from {label}"
+    return f"dialling server {peer} at {label} failed"

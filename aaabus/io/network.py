@@ -863,9 +863,7 @@ class Network:
         # Logged before the socket closes, so that whoever watches the peer's end sees the
         # record already written when they observe the close.
         if was_up or conn.outgoing:
-            message = close_message(
-                was_up=was_up, outgoing=conn.outgoing, peer=peer, label=conn.label
-            )
+            message = close_message(was_up=was_up, peer=peer, label=conn.label)
             self._log.log(level, "%s: %s: %s", self._name, message, reason)
         else:
             # A stranger or a flood: rate-limited, so that the log cannot amplify an attack.
