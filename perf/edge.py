@@ -23,7 +23,6 @@ import contextlib
 import json
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -33,6 +32,7 @@ from typing import Any, Protocol
 
 from aaabus.testing.proxy import FaultProxy
 from perf.brokers import Endpoint, find_binary, start_mosquitto, stop_group
+from perf.harness import scratch
 from perf.peers import PahoSession
 
 QUESTION, ANSWER = "q", "a"
@@ -259,11 +259,7 @@ def run(args: argparse.Namespace) -> int:
     outcomes: dict[str, Outcome] = {}
     skipped: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            work = Path(args.workdir)
-            work.mkdir(parents=True, exist_ok=True)
-        else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aaabus-edge-")))
+        work = stack.enter_context(scratch(args.workdir))
         sites: dict[str, _Site] = {}
         for name in names:
             system = SYSTEMS[name]()

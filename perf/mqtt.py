@@ -27,7 +27,6 @@ import json
 import queue
 import statistics
 import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from typing import Any, Protocol
 
 from agents.pingpong import summarise
 from perf.brokers import Endpoint, find_binary, start_mosquitto, start_rabbitmq, stop_group
+from perf.harness import scratch
 from perf.peers import PahoSession, mqtt_stream
 
 QOS_LEVELS = (1, 2)
@@ -227,11 +227,7 @@ def run(args: argparse.Namespace) -> int:
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
-        if args.workdir:
-            work = Path(args.workdir)
-            work.mkdir(parents=True, exist_ok=True)
-        else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aaabus-mqtt-")))
+        work = stack.enter_context(scratch(args.workdir))
         endpoints: dict[str, Endpoint] = {}
         for name in names:
             system = SYSTEMS[name]()
