@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from aaabus.admin import ADMIN_PORT_OFFSET
-from aaabus.secret import ensure_secret
+from aaabus.config.admin_port import ADMIN_PORT_OFFSET
+from aaabus.config.secret import ensure_secret
 
 T = TypeVar("T")
 

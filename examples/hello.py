@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
+from aaabus.config.reader import load_config
+from aaabus.node.inprocess import InProcessBus
 from examples._bus import write_bus
 
 

@@ -39,6 +39,7 @@ def _cmd_pingpong(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         workdir=args.workdir,
         properties=_properties(args.property),
+        breakdown=args.breakdown,
     )
     rtts = result.pop("rtts_ns")
     if not args.json:
@@ -79,8 +80,12 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         to=args.to,
         burst=args.burst,
         payload=args.payload,
+        window=args.window,
         workdir=args.workdir,
         properties=_properties(args.property),
+        timeout=args.timeout,
+        sample_every=args.sample_every,
+        samples=args.samples,
     )
     if not args.json:
         print(
@@ -118,6 +123,8 @@ _MODULE_SUITES = [
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
     ("loader", "perf.loader", "the restricted unpickler vs pickle.loads, per notification body"),
     ("commit", "perf.commit", "one store commit: raw floor, FileStorage, LogStorage, interleaved"),
+    ("mqtt", "perf.mqtt", "MQTT brokers, same paho programs: latency and throughput at QoS 1, 2"),
+    ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
 ]
 
 
@@ -138,6 +145,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="KIND,KIND...: the test once per store kind, interleaved; p50s and their ratios",
     )
     pp.add_argument("--repeat", type=int, default=3, help="with --stores: runs per kind")
+    pp.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="trace every hop; breakdown_us: where one hop's p50 time goes (see perf/README.md)",
+    )
     pp.set_defaults(func=_cmd_pingpong)
     st = sub.add_parser("stream", help="one-way persistent throughput, end to end")
     st.add_argument("--config", required=True, help="bus description; producer on server 0")
@@ -154,6 +166,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="NAME=VALUE: runs without and with these properties, interleaved; their medians",
     )
     st.add_argument("--repeat", type=int, default=3, help="with --against: runs per side")
+    st.add_argument("--timeout", type=float, default=600.0, help="deadline of the stream (s)")
+    st.add_argument(
+        "--window", type=int, default=0, help="flow control: most items unconsumed (0: open loop)"
+    )
+    st.add_argument(
+        "--sample-every", type=float, default=0.0, help="seconds between store/RSS samples"
+    )
+    st.add_argument("--samples", help="JSON-lines file the samples are appended to")
     st.set_defaults(func=_cmd_stream)
     demo = sub.add_parser("demo", help="what `make demo` runs")
     demo.set_defaults(func=_cmd_demo)

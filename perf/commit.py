@@ -44,9 +44,9 @@ import ZODB
 import ZODB.FileStorage
 from persistent import Persistent
 
-from aaabus.logstorage import LogStorage
-from aaabus.logstorage.segments import zero_fill
-from aaabus.store import PersistentQueue
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.logstorage.segments import zero_fill
+from aaabus.core.store import PersistentQueue
 
 RECORD_BYTES = 600
 MESSAGE = b"m" * 300

@@ -127,7 +127,7 @@ def evaluate(
 
     ``notes[u, v]`` is the number of notifications from u to v. ``domains`` must form a tree
     with the servers (every server in one domain at least, no cycle), as
-    :meth:`aaabus.domains.Topology.from_config` demands.
+    :meth:`aaabus.config.domains.Topology.from_config` demands.
     """
     import numpy as np
 

@@ -1,8 +1,8 @@
 """``python -m perf loader``: what the restricted unpickler costs per notification body.
 
-Every body a server receives is unpickled by :class:`aaabus.trust.TrustPolicy` (each global the
-pickle names is checked before anything is built) instead of :func:`pickle.loads`. This suite
-times both on the bodies of the ping-pong's notification, in one process, alternating, and
+Every body a server receives is unpickled by :class:`aaabus.config.trust.TrustPolicy` (each
+global the pickle names is checked before anything is built) instead of :func:`pickle.loads`. This
+suite times both on the bodies of the ping-pong's notification, in one process, alternating, and
 prints the extra time per body; a remote round trip loads two bodies (the ball and its return).
 Compare it with ``python -m perf pingpong --test remote`` on the same machine.
 """
@@ -15,8 +15,8 @@ import pickle
 import timeit
 from functools import partial
 
-from aaabus.message import encode_note
-from aaabus.trust import TrustPolicy
+from aaabus.config.trust import TrustPolicy
+from aaabus.wire.message import encode_note
 
 #: Bodies measured: the ping-pong's ball, empty and with a payload.
 PAYLOADS = (0, 1024)

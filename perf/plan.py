@@ -7,9 +7,9 @@ observed traffic.
 2. :func:`perf.planner.plan_domains` cuts the servers into domains of at most K members joined
    by routers into a tree.
 3. :mod:`perf.costmodel` predicts the cost per notification of the plan and of the generated
-   layouts of the same servers with the same K (``aaabus.topology``: flat, star, tree, bus);
+   layouts of the same servers with the same K (``aaabus.config.topology``: flat, star, tree, bus);
    the table is printed and the plan written as ``a3.xml``, checked by
-   :meth:`aaabus.domains.Topology.from_config` before it is written.
+   :meth:`aaabus.config.domains.Topology.from_config` before it is written.
 
 Server ids are the ones in the traces, or every server of ``--servers-from CONFIG`` (whose names
 and hostnames are kept; ports are numbered afresh from ``--base-port``). The last line printed is
@@ -27,16 +27,16 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aaabus.config import load_config, parse_config
-from aaabus.domains import Topology
+from aaabus.config.domains import Topology
+from aaabus.config.reader import load_config, parse_config
+from aaabus.config.topology import layout
 from aaabus.errors import AaabusError, ConfigError
-from aaabus.topology import layout
 from perf.costmodel import STAMPS, CostModel, LayoutCost, evaluate
 from perf.planner import plan_domains
 from perf.sparkjob import TraceError, add_spark_arguments, local_path, spark_session
 from perf.traffic_matrix import aggregate, validate
 
-#: Generated layouts the plan is compared with (aaabus.topology's generators).
+#: Generated layouts the plan is compared with (aaabus.config.topology's generators).
 COMPARED = ("flat", "star", "tree", "bus")
 
 
@@ -212,8 +212,8 @@ def render_plan(
     """The ``a3.xml`` of a plan: ``domains[d]`` lists the server ids of ``Dd``; ``servers`` maps
     every id to its (name, hostname). Ports are numbered from ``base_port`` in document order.
 
-    Not :func:`aaabus.topology.render`: that one numbers servers 0..N-1 on one host, a plan keeps
-    the traced ids and, from ``--servers-from``, each server's name and host.
+    Not :func:`aaabus.config.topology.render`: that one numbers servers 0..N-1 on one host, a
+    plan keeps the traced ids and, from ``--servers-from``, each server's name and host.
     """
     memberships: dict[int, list[int]] = {sid: [] for sid in servers}
     for d, members in enumerate(domains):

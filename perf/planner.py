@@ -31,7 +31,7 @@ The algorithm (deterministic for a given seed):
 Why the result is a tree: every server has one edge to its core's domain, and each tree edge
 between domains adds exactly one more (the router's): N + (D - 1) edges joining N + D nodes,
 all connected, is a tree of the servers–domains graph, which is what
-:meth:`aaabus.domains.Topology.from_config` requires.
+:meth:`aaabus.config.domains.Topology.from_config` requires.
 
 Runs on the caller's thread; the matrix is small (servers x servers), Spark is not involved.
 """

@@ -11,16 +11,16 @@ changes meaning; readers refuse versions they do not know.
 
 A third dataset, ``traffic/``, says who talks to whom: one row per (time window, source server,
 destination server) with the notifications and bytes sent in that window. It is written by the
-live servers (:class:`aaabus.traffic.TrafficRecorder`) and by ``perf synth-traffic``, and read by
-``perf plan``. It is kept compact (it may hold billions of rows): no run keys, and its schema
-version lives in the file metadata only.
+live servers (:class:`aaabus.core.traffic.TrafficRecorder`) and by ``perf synth-traffic``, and
+read by ``perf plan``. It is kept compact (it may hold billions of rows): no run keys, and its
+schema version lives in the file metadata only.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-from aaabus.traffic import traffic_schema
+from aaabus.core.traffic import traffic_schema
 
 SCHEMA_VERSION = 1
 

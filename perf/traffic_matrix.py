@@ -3,7 +3,7 @@
 Two kinds of traces give traffic:
 
 * ``TRACES/traffic/``: rows of :data:`perf.schema.TRAFFIC_SCHEMA` (live servers'
-  :class:`aaabus.traffic.TrafficRecorder`, or ``perf synth-traffic``): end-to-end counts.
+  :class:`aaabus.core.traffic.TrafficRecorder`, or ``perf synth-traffic``): end-to-end counts.
 * ``TRACES/hops/``: the perf suites' hop traces (:data:`perf.schema.HOP_SCHEMA`); each ``send``
   row is one notification from ``server_id`` to ``peer`` and its ``bytes`` are the stamp's. A
   hop is one leg: through routers, these are counts per leg, not end to end (the same on a flat

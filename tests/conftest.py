@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from aaabus import AgentServer
-from aaabus.config import BusConfig, load_config
-from aaabus.secret import ensure_secret
-from aaabus.topology import generate, render
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import generate, render
 from tests.support.harness import TEST_TRUST, Inbox, contiguous_free_base
 
 

@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 
 from aaabus import AgentId, AgentServer
-from aaabus.admin import AdminError, Link, RequestRefused, admin_address, bus_status
-from aaabus.cli import main
-from aaabus.client import Client
-from aaabus.config import load_config
-from aaabus.launch import Bus
-from aaabus.secret import load_secret, tool_key
-from aaabus.wire import ConnectorHandshake, FrameDecoder
+from aaabus.config.admin_port import admin_address
+from aaabus.config.reader import load_config
+from aaabus.config.secret import load_secret, tool_key
+from aaabus.errors import AdminError, RequestRefused
+from aaabus.io.link import Link
+from aaabus.tools.buswide import bus_status
+from aaabus.tools.cli import main
+from aaabus.tools.client import Client
+from aaabus.tools.launch import Bus
+from aaabus.wire.frames import ConnectorHandshake, FrameDecoder
 from tests.support.agents import Counter, Inc, Marker, Probe, Seen
 from tests.support.bus import wait_json
 from tests.support.harness import REPO_ROOT, Inbox, free_ports

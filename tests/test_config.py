@@ -1,4 +1,4 @@
-"""Parsing and checking of a3.xml (aaabus.config)."""
+"""Parsing and checking of a3.xml (aaabus.config.reader)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import (
+from aaabus.config.reader import (
     BusConfig,
     DomainConfig,
     NetworkConfig,
@@ -282,7 +282,7 @@ def test_malformed_xml_reports_expat_line(tmp_path: Path) -> None:
 def test_an_encoding_declaration_expat_cannot_read_is_one_line_through_check(
     tmp_path: Path, encoding: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aaabus.cli import main
+    from aaabus.tools.cli import main
 
     path = tmp_path / "a3.xml"
     path.write_text(f'<?xml version="1.0" encoding="{encoding}"?>\n<config/>\n')

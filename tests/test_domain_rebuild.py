@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import load_config
+from aaabus.config.reader import load_config
 from aaabus.errors import StoreError
-from aaabus.ids import AgentId
-from aaabus.inprocess import InProcessBus
+from aaabus.model.ids import AgentId
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.workload import Bounce, Bouncer, Echo
 from tests.support.bus import add_to_server, wait_json
 

@@ -20,7 +20,7 @@ from aaabus import (
     OutsideReactionError,
     UnknownAgent,
 )
-from aaabus.store import DEFAULT_STORE_KIND, STORE_KINDS, open_store
+from aaabus.core.store import DEFAULT_STORE_KIND, STORE_KINDS, open_store
 from tests.support.agents import (
     Boom,
     Counter,
@@ -195,7 +195,7 @@ class _Note(Notification):
 def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
-    from aaabus.config import load_config
+    from aaabus.config.reader import load_config
 
     # A class by value is code: the server loads it only when told to (aaabus.trust.by_value).
     cfg = load_config(make_config(properties={"aaabus.trust.by_value": "true"}))
@@ -232,7 +232,7 @@ def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
 def test_on_init_first_time_then_at_each_boot(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
-    from aaabus.config import load_config
+    from aaabus.config.reader import load_config
 
     cfg = load_config(make_config())
     storage = tmp_path / "s0"

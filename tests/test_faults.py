@@ -30,11 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus, ServerProcess
+from aaabus.config.reader import load_config
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.proxy import FaultProxy
 from aaabus.testing.torture import read_progress, wait_progress
+from aaabus.tools.launch import Bus, ServerProcess
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
 from tests.support.harness import REPO_ROOT
@@ -265,7 +265,7 @@ def _boot(config: Path, storage: Path) -> subprocess.CompletedProcess[str] | Non
 
 
 def _counter_value(storage: Path, kind: str = "file") -> int:
-    from aaabus.store import open_store
+    from aaabus.core.store import open_store
     from tests.support.agents import Counter
 
     store = open_store(kind, storage, 0)
@@ -321,7 +321,7 @@ def test_torn_tail_of_a_crash_is_recovered(
 def _oid_of(storage: Path, which: str) -> bytes:
     from ZODB.utils import z64
 
-    from aaabus.store import open_store
+    from aaabus.core.store import open_store
     from tests.support.agents import Counter
 
     if which == "root":

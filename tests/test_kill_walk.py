@@ -29,13 +29,13 @@ from typing import Any
 import pytest
 
 from aaabus import AgentId, Client
-from aaabus.admin import ServerUnreachable
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus
-from aaabus.secret import ensure_secret
+from aaabus.config.reader import load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import render
+from aaabus.errors import ServerUnreachable
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.torture import stop_all
-from aaabus.topology import render
+from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, TEST_TRUST, contiguous_free_base
 from tests.support.walk import Actor, Directory, Run, Scenario, scenarios, start_step
 

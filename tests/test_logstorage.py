@@ -35,9 +35,8 @@ from ZODB.tests.MinPO import MinPO
 from ZODB.tests.StorageTestBase import zodb_pickle
 from ZODB.utils import p64, z64
 
-from aaabus.errors import StoreError
-from aaabus.logstorage import LogStorage, LogStoreDamaged, StoreInUse
-from aaabus.logstorage.format import (
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.logstorage.format import (
     BLOCK_HEAD,
     DATA_START,
     KIND_COMMIT,
@@ -45,8 +44,9 @@ from aaabus.logstorage.format import (
     decode_segment_header,
     scan_segment,
 )
-from aaabus.logstorage.segments import parse_name
-from aaabus.store import CACHE_SIZE, PersistentQueue, Store, _verify_current_records
+from aaabus.core.logstorage.segments import parse_name
+from aaabus.core.store import CACHE_SIZE, PersistentQueue, Store, _verify_current_records
+from aaabus.errors import LogStoreDamaged, StoreError, StoreInUse
 from tests.support.harness import REPO_ROOT
 from tests.support.logstore_child import DROP_EVERY, KEEP
 from tests.test_faults import _mount_tmpfs, _umount

@@ -57,7 +57,7 @@ from ZODB.tests import (
     Synchronization,
 )
 
-from aaabus.logstorage import LogStorage
+from aaabus.core.logstorage import LogStorage
 
 
 class LogStorageConformance(

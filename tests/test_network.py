@@ -15,9 +15,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from aaabus.network import Network, NetworkError
-from aaabus.secret import link_key
-from aaabus.wire import ConnectorHandshake, FrameDecoder, FrameTooLarge, encode_frame
+from aaabus.config.secret import link_key
+from aaabus.errors import FrameTooLarge, NetworkError
+from aaabus.io.network import Network
+from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, encode_frame
 from tests.support.tls import make_certificate
 
 SECRET = b"s" * 32

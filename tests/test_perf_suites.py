@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from aaabus.launch import free_port_base
-from aaabus.topology import generate
+from aaabus.config.topology import generate
+from aaabus.tools.launch import free_port_base
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from tests.support.harness import REPO_ROOT
 
@@ -97,6 +97,32 @@ def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     # Two log stores, each at least its head segment (4 MiB), neither anywhere near 1 GB.
     assert set(out["store_bytes"]) == {"0", "1"}
     assert all(4 << 20 <= size < 1 << 30 for size in out["store_bytes"].values())
+
+
+def test_windowed_stream_is_complete_and_sampled(tmp_path: Path) -> None:
+    # A window smaller than a burst: the producer stalls and restarts on credits many times.
+    config = shipped(tmp_path, "flat", 2)
+    samples = tmp_path / "samples.jsonl"
+    args = ["--count", "3000", "--window", "100", "--burst", "200"]
+    sampling = ["--sample-every", "0.2", "--samples", str(samples), "--json"]
+    out = perf("stream", "--config", config, *args, *sampling)
+    assert out["count"] == 3000 and out["out_of_order"] == 0
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(lines) == out["samples"]["count"] >= 1
+    assert all(line["rss_bytes"]["0"] > 0 and line["rss_bytes"]["1"] > 0 for line in lines)
+    assert out["samples"]["store_bytes_max"]["0"] >= lines[-1]["store_bytes"]["0"] > 0
+
+
+def test_pingpong_breakdown_splits_one_hop(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 2)
+    args = ["--test", "remote", "--rounds", "30", "--warmup", "5", "--breakdown", "--json"]
+    out = perf("pingpong", "--config", config, *args)
+    parts = out["breakdown_us"]
+    assert parts["hop"] == round(out["rtt_ms"]["p50"] * 500, 1)
+    assert parts["commit"] > 0 and parts["clock_stamp"] > 0 and parts["clock_test"] > 0
+    assert parts["group_hops"] >= 1
+    total = parts["clock_stamp"] + parts["clock_test"] + parts["commit"] + parts["rest"]
+    assert abs(total - parts["hop"]) < 0.5
 
 
 def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:

@@ -21,10 +21,10 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from aaabus.config import load_config
-from aaabus.domains import Topology
-from aaabus.topology import generate
-from aaabus.traffic import TrafficRecorder
+from aaabus.config.domains import Topology
+from aaabus.config.reader import load_config
+from aaabus.config.topology import generate
+from aaabus.core.traffic import TrafficRecorder
 from perf.schema import TRAFFIC_SCHEMA
 from perf.sparkjob import TraceError, spark_session
 from perf.synth import Law, write_traces

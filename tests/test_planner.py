@@ -16,9 +16,9 @@ import numpy.typing as npt
 import pyarrow.dataset as ds
 import pytest
 
-from aaabus.config import parse_config
-from aaabus.domains import Topology
-from aaabus.topology import layout
+from aaabus.config.domains import Topology
+from aaabus.config.reader import parse_config
+from aaabus.config.topology import layout
 from perf.costmodel import CostModel, evaluate
 from perf.plan import render_plan
 from perf.planner import Plan, plan_domains

@@ -19,11 +19,12 @@ from typing import Any
 import pytest
 
 from aaabus import AgentId, AgentServer
-from aaabus.admin import admin_address, bus_status
-from aaabus.config import BusConfig, load_config
-from aaabus.launch import Bus
-from aaabus.secret import load_secret
+from aaabus.config.admin_port import admin_address
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import load_secret
 from aaabus.testing.workload import Bounce, Echo
+from aaabus.tools.buswide import bus_status
+from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, Inbox
 
 pytestmark = pytest.mark.slow  # real server processes and tool subprocesses

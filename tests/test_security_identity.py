@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from aaabus.admin import bus_status
-from aaabus.config import BusConfig, load_config
-from aaabus.launch import Bus
-from aaabus.secret import link_key, load_credential, load_secret, load_server_keys, tool_key
-from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import link_key, load_credential, load_secret, load_server_keys, tool_key
+from aaabus.tools.buswide import bus_status
+from aaabus.tools.launch import Bus
+from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 from tests.support.harness import REPO_ROOT
 
 pytestmark = pytest.mark.slow  # real server processes

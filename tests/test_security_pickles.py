@@ -21,12 +21,16 @@ import ZODB
 import ZODB.FileStorage
 
 from aaabus import AgentId, AgentServer
-from aaabus.admin import Link, admin_address
-from aaabus.config import load_config
-from aaabus.launch import Bus
-from aaabus.notifications import AgentCreateReply, ExceptionNotification
-from aaabus.secret import load_secret
-from aaabus.trust import TrustPolicy, UntrustedClass
+from aaabus.config.admin_port import admin_address
+from aaabus.config.reader import load_config
+from aaabus.config.secret import load_secret
+from aaabus.config.trust import TrustPolicy
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.store import FILE_NAME, LOG_DIR
+from aaabus.errors import UntrustedClass
+from aaabus.io.link import Link
+from aaabus.model.notifications import AgentCreateReply, ExceptionNotification
+from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, Inbox
 from tests.support.hostile import Inject, Injector, Planted, planted_pickle
 
@@ -87,12 +91,20 @@ def test_admin_send_and_deploy_of_untrusted_globals_are_refused(
 
 
 @pytest.mark.slow
-def test_a_planted_store_is_refused_at_boot_with_one_line(tmp_path: Path, make_config: Any) -> None:
-    config = make_config(servers=1)
+@pytest.mark.parametrize("kind", ["log", "file"])
+def test_a_planted_store_is_refused_at_boot_with_one_line(
+    tmp_path: Path, make_config: Any, kind: str
+) -> None:
+    config = make_config(servers=1, properties={"aaabus.store": kind})
     marker = tmp_path / "pwned-by-store"
     storage = tmp_path / "s0"
     storage.mkdir(mode=0o700)
-    db = ZODB.DB(ZODB.FileStorage.FileStorage(str(storage / "data.fs")))
+    planted = (
+        LogStorage(storage / LOG_DIR)
+        if kind == "log"
+        else ZODB.FileStorage.FileStorage(str(storage / FILE_NAME))
+    )
+    db = ZODB.DB(planted)
     with db.transaction() as conn:
         conn.root()["planted"] = Planted(marker)
     db.close()

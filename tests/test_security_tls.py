@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 
 from aaabus import AgentServer
-from aaabus.config import load_config
-from aaabus.launch import Bus
+from aaabus.config.reader import load_config
 from aaabus.testing.workload import Bounce, Echo
+from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, Inbox
 from tests.support.tls import make_certificate
 

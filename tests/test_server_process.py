@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.launch import ServerProcess
-from aaabus.secret import ensure_secret
+from aaabus.config.secret import ensure_secret
+from aaabus.tools.launch import ServerProcess
 from tests.support.harness import REPO_ROOT
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
@@ -56,7 +56,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def read_counter(storage: Path) -> tuple[int, int]:
-    from aaabus.store import DEFAULT_STORE_KIND, open_store
+    from aaabus.core.store import DEFAULT_STORE_KIND, open_store
     from tests.support.agents import Counter
 
     store = open_store(DEFAULT_STORE_KIND, storage, 0)

@@ -12,10 +12,12 @@ from typing import Any
 import pytest
 
 from aaabus import AgentServer
-from aaabus.admin import AdminError, Link, ServerBusy, admin_address
-from aaabus.client import Client
-from aaabus.config import BusConfig, load_config
-from aaabus.secret import load_secret
+from aaabus.config.admin_port import admin_address
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import load_secret
+from aaabus.errors import AdminError, ServerBusy
+from aaabus.io.link import Link
+from aaabus.tools.client import Client
 from tests.support.agents import Marker, Probe, Seen
 from tests.support.harness import Inbox, free_ports
 from tests.support.tls import make_certificate

@@ -15,9 +15,9 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.traffic import TrafficError, TrafficRecorder
+from aaabus.config.reader import load_config
+from aaabus.core.traffic import TrafficError, TrafficRecorder
+from aaabus.node.inprocess import InProcessBus
 from perf.schema import TRAFFIC_SCHEMA
 from tests.support.bus import add_to_server, wait_json
 

@@ -12,15 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aaabus import wire
-from aaabus.errors import SecretError
-from aaabus.secret import ensure_secret, load_secret, make_secret, write_secret
-from aaabus.wire import (
+from aaabus.config.secret import ensure_secret, load_secret, make_secret, write_secret
+from aaabus.errors import AuthError, FrameTooLarge, SecretError
+from aaabus.wire import frames as wire
+from aaabus.wire.frames import (
     AcceptorHandshake,
-    AuthError,
     ConnectorHandshake,
     FrameDecoder,
-    FrameTooLarge,
     SessionCipher,
     encode_frame,
 )
@@ -375,7 +373,7 @@ def test_ensure_secret_creates_once_with_private_mode(tmp_path: Path) -> None:
 def test_secret_command_creates_a_private_key_once_and_never_follows_a_link(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from aaabus.cli import main
+    from aaabus.tools.cli import main
 
     old = os.umask(0o022)  # the usual umask, under which `aaabus secret > bus.key` made 0644
     try:
@@ -405,7 +403,7 @@ def test_a_key_readable_by_others_is_refused_with_the_chmod_to_run(tmp_path: Pat
 
 
 def test_a_server_key_file_holds_its_own_links_only(tmp_path: Path) -> None:
-    from aaabus.secret import (
+    from aaabus.config.secret import (
         ServerKeys,
         link_key,
         load_server_keys,

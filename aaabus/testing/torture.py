@@ -21,7 +21,7 @@ The workload
 
 The end of a run
     After the last fault the real processes are stopped with SIGTERM (each must exit 0) and the
-    stores are opened again by in-process servers (:class:`~aaabus.inprocess.InProcessBus`) on
+    stores are opened again by in-process servers (:class:`~aaabus.node.inprocess.InProcessBus`) on
     the same files and ports. Their engines answer :meth:`~aaabus.AgentServer.call` only with
     committed state, so "every credit delivered" is observed exactly, without guessing from
     side effects a killed reaction may have written before its commit was lost. Whatever was
@@ -47,13 +47,13 @@ from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 
 from aaabus import Agent, AgentId, BootContext, Notification, PersistentList
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus, free_port_base
-from aaabus.secret import ensure_secret
+from aaabus.config.reader import load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import render
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.checker import Send, check
 from aaabus.testing.workload import Gossiper, merge_and_tick
-from aaabus.topology import render
+from aaabus.tools.launch import Bus, free_port_base
 
 # -- the workload agents -----------------------------------------------------------------------
 
@@ -566,8 +566,8 @@ class FakePeer:
     """
 
     def __init__(self, addr: tuple[str, int], secret: bytes, me: int, peer: int) -> None:
-        from aaabus.secret import link_key
-        from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
+        from aaabus.config.secret import link_key
+        from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 
         self.sock = socket.create_connection(addr, timeout=5)
         decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
@@ -622,9 +622,9 @@ def raw_poke(addr: tuple[str, int], data: bytes) -> None:
 
 def template_frames(domain: str, target: AgentId, sender: AgentId) -> list[bytes]:
     """Well-formed channel payloads to mutate: a data frame with a real stamp, and an ack."""
-    from aaabus.channel import ACK, encode_data
-    from aaabus.clock import DomainClock
-    from aaabus.message import Message, encode_note
+    from aaabus.core.clock import DomainClock
+    from aaabus.wire.linkframes import ACK, encode_data
+    from aaabus.wire.message import Message, encode_note
 
     clock = DomainClock(2, 0)
     stamp = clock.prepare_send(1)
@@ -677,7 +677,7 @@ class FuzzTarget:
         self.config = workdir / "a3.xml"
         self.config.write_text(text)
         ensure_secret(workdir / "bus.key")
-        from aaabus.secret import load_secret
+        from aaabus.config.secret import load_secret
 
         self.secret = load_secret(workdir / "bus.key")
         cfg = load_config(self.config)
@@ -783,8 +783,8 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
     """One garbage payload for an authenticated session (several shapes, chosen at random)."""
     import pickle
 
-    from aaabus.channel import ACK, DATA
-    from aaabus.message import encode_note
+    from aaabus.wire.linkframes import ACK, DATA
+    from aaabus.wire.message import encode_note
 
     data, ack = templates
     body = encode_note(Start(0, 0))
@@ -807,7 +807,7 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
 
 def random_raw_bytes(rng: random.Random, secret: bytes) -> bytes:
     """Bytes for an unauthenticated connection: noise, bad frames, forged handshakes."""
-    from aaabus.wire import MAGIC, VERSION, encode_frame
+    from aaabus.wire.frames import MAGIC, VERSION, encode_frame
 
     kind = rng.randrange(5)
     if kind == 0:

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.ids import FIRST_USER_STAMP
-from aaabus.notifications import AgentCreateRequest
+from aaabus.model.ids import FIRST_USER_STAMP
+from aaabus.model.notifications import AgentCreateRequest
 
 
 class Planted(Notification):

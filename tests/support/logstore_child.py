@@ -17,8 +17,8 @@ import ZODB
 from BTrees.OOBTree import OOBTree
 from persistent import Persistent
 
-from aaabus.logstorage import LogStorage
-from aaabus.store import PersistentQueue
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.store import PersistentQueue
 
 KEEP = 5
 DROP_EVERY = 7
