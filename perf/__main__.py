@@ -70,7 +70,8 @@ def _cmd_stream(args: argparse.Namespace) -> int:
             med = compared["median_msgs_per_s"]
             print(
                 f"stream, median of {args.repeat} interleaved runs: off {med['off']:.0f} msgs/s, "
-                f"on {med['on']:.0f} msgs/s; overhead {compared['overhead_pct']:.1f} %"
+                f"on {med['on']:.0f} msgs/s; overhead {compared['overhead_pct']:.1f} % of "
+                f"throughput, {compared['cpu_overhead_pct']:.1f} % of CPU per message"
             )
         print(json.dumps(compared))
         return 0
@@ -119,6 +120,7 @@ _MODULE_SUITES = [
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
     ("synth-traffic", "perf.synth_traffic", "write synthetic traffic traces with known groups"),
     ("plan", "perf.plan", "Spark job: traffic traces to causality domains (a3.xml) and their cost"),
+    ("groups", "perf.groups", "a workload in groups on flat, star, tree and planned domains"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
     ("loader", "perf.loader", "the restricted unpickler vs pickle.loads, per notification body"),

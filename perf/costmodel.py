@@ -61,34 +61,58 @@ BYTE_NS = 23.0
 FULL_BYTES_PER_K2 = 10.0
 #: (domain members, clock bytes per message) measured with delta stamps, spread traffic.
 DELTA_CLOCK_BYTES = ((10, 923.0), (50, 12_204.0), (100, 24_505.0))
+#: The busy bus (every server sending; ``python -m perf groups --groups 1 --layouts flat
+#: --observe 0``, delta stamps, RESULTS.md): (domain members, CPU µs per notification, all
+#: servers summed) and (domain members, clock bytes per notification).
+BUSY_LEG_US = ((10, 789.0), (20, 1_311.0), (40, 2_592.0), (60, 4_465.0))
+BUSY_CLOCK_BYTES = ((10, 2_733.0), (20, 10_808.0), (40, 34_179.0), (60, 62_040.0))
 STAMPS = ("delta", "full")
+LOADS = ("idle", "busy")
+
+
+def _interpolate(points: Sequence[tuple[int, float]], k: int) -> float:
+    """The straight lines between ``points`` (sorted by k), continued past both ends."""
+    segments = list(pairwise(points))
+    (k0, y0), (k1, y1) = next((s for s in segments if k <= s[1][0]), segments[-1])
+    return y0 + (y1 - y0) * (k - k0) / (k1 - k0)
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """The constants of the model (defaults: the calibration above) and the clock mode."""
+    """The constants of the model (defaults: the calibration above), the clock mode and the
+    load: ``idle`` predicts the latency of a notification on a quiet bus, ``busy`` the CPU time
+    a notification costs a bus on which every server sends (what its latency is proportional to
+    once the machines are saturated)."""
 
     stamps: str = "delta"
+    load: str = "idle"
     hop_ms: float = HOP_MS
     byte_ns: float = BYTE_NS
     full_bytes_per_k2: float = FULL_BYTES_PER_K2
     delta_clock_bytes: tuple[tuple[int, float], ...] = DELTA_CLOCK_BYTES
+    busy_leg_us: tuple[tuple[int, float], ...] = BUSY_LEG_US
+    busy_clock_bytes: tuple[tuple[int, float], ...] = BUSY_CLOCK_BYTES
 
     def __post_init__(self) -> None:
         if self.stamps not in STAMPS:
             raise ValueError(f"unknown stamps {self.stamps!r}: expected one of {STAMPS}")
+        if self.load not in LOADS:
+            raise ValueError(f"unknown load {self.load!r}: expected one of {LOADS}")
+        if self.load == "busy" and self.stamps != "delta":
+            raise ValueError("the busy model is calibrated for delta stamps only")
 
     def clock_bytes(self, k: int) -> float:
         """Clock bytes one message handles on a leg inside a domain of ``k`` members."""
         if self.stamps == "full":
             return self.full_bytes_per_k2 * k * k
-        points = ((0, 0.0), *self.delta_clock_bytes)
-        segments = list(pairwise(points))
-        (k0, b0), (k1, b1) = next((s for s in segments if k <= s[1][0]), segments[-1])
-        return b0 + (b1 - b0) * (k - k0) / (k1 - k0)
+        if self.load == "busy":
+            return max(0.0, _interpolate(((0, 0.0), *self.busy_clock_bytes), k))
+        return _interpolate(((0, 0.0), *self.delta_clock_bytes), k)
 
     def leg_ms(self, k: int) -> float:
-        """Predicted time of one leg inside a domain of ``k`` members, in ms."""
+        """Predicted cost of one leg inside a domain of ``k`` members, in ms."""
+        if self.load == "busy":
+            return _interpolate(self.busy_leg_us, k) / 1e3
         return self.hop_ms + self.byte_ns * self.clock_bytes(k) / 1e6
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -86,6 +87,21 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     return 0
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process ``pid`` has used so far (Linux /proc), 0 if it is gone.
+
+    A cost measured in CPU time is far less sensitive to other work on the machine than a rate
+    measured in wall time: the process is charged only for what it ran."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    # Fields after the command name (which may hold spaces, inside parentheses): utime is the
+    # 14th field of the line, stime the 15th; in clock ticks.
+    fields = stat.rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def store_bytes(root: Path, ids: Sequence[int]) -> dict[str, int]:

@@ -21,6 +21,7 @@ from aaabus.tools.launch import Bus
 from perf.harness import (
     REPO_ROOT,
     config_of,
+    cpu_seconds,
     rss_bytes,
     scratch,
     store_bytes,
@@ -60,6 +61,9 @@ def run(
             properties,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
+            # CPU from here on: the servers are up (their imports and boot are behind them) and
+            # the stream has just begun.
+            cpu_start = {i: cpu_seconds(bus[i].pid) for i in ids}
             sampler = None
             if sample_every > 0 and samples is not None:
                 sampler = _Sampler(bus, work / "store", ids, sample_every, Path(samples))
@@ -68,10 +72,14 @@ def run(
             finally:
                 if sampler is not None:
                     sampler.close()
-            # At the end of the stream, servers still running: what a store holds in service.
+            # At the end of the stream, servers still running: what a store holds in service,
+            # and the CPU each server used during the stream.
             sizes = store_bytes(work / "store", ids)
+            cpu = {str(i): round(cpu_seconds(bus[i].pid) - cpu_start[i], 3) for i in ids}
     result.update(servers=len(ids), to=target, config=str(config), payload=payload)
     result["store_bytes"] = sizes
+    result["cpu_s"] = cpu
+    result["cpu_us_per_msg"] = round(1e6 * sum(cpu.values()) / max(1, count), 2)
     if sampler is not None:
         result["samples"] = sampler.summary()
     return result
@@ -96,12 +104,16 @@ def compare(
     base = dict(properties or {})
     sides = {"off": base, "on": {**base, **extra}}
     rates: dict[str, list[float]] = {"off": [], "on": []}
+    cpus: dict[str, list[float]] = {"off": [], "on": []}
     for _ in range(repeat):
         for label, props in sides.items():
             result = run(config, count, burst=burst, payload=payload, properties=props)
             rates[label].append(result["msgs_per_s"])
+            cpus[label].append(result["cpu_us_per_msg"])
     medians = {label: statistics.median(values) for label, values in rates.items()}
+    cpu_medians = {label: statistics.median(values) for label, values in cpus.items()}
     overhead = 100.0 * (medians["off"] - medians["on"]) / medians["off"]
+    cpu_overhead = 100.0 * (cpu_medians["on"] - cpu_medians["off"]) / cpu_medians["off"]
     return {
         "extra": extra,
         "count": count,
@@ -109,6 +121,9 @@ def compare(
         "msgs_per_s": rates,
         "median_msgs_per_s": medians,
         "overhead_pct": overhead,
+        "cpu_us_per_msg": cpus,
+        "median_cpu_us_per_msg": cpu_medians,
+        "cpu_overhead_pct": cpu_overhead,
     }
 
 

@@ -184,3 +184,19 @@ def test_generated_layouts_cost_what_their_shape_says() -> None:
     )
     assert legs["flat"] == 1.0
     assert 1.0 < legs["star"] <= 2.0 < legs["tree"] < legs["bus"]
+
+
+def test_busy_model_costs_a_leg_its_measured_cpu_and_refuses_full_stamps() -> None:
+    busy = CostModel("delta", "busy")
+    assert busy.leg_ms(10) == pytest.approx(0.789)
+    assert busy.leg_ms(30) == pytest.approx((1.311 + 2.592) / 2)  # between measured points
+    assert busy.leg_ms(5) < busy.leg_ms(10)  # the first slope continued below the first point
+    assert busy.clock_bytes(60) == 62_040.0
+    # Busy, a big flat domain costs more than two legs in small ones; idle, the reverse holds.
+    idle = CostModel("delta", "idle")
+    assert busy.leg_ms(60) > 2 * busy.leg_ms(12)
+    assert idle.leg_ms(60) < 2 * idle.leg_ms(12)
+    with pytest.raises(ValueError, match="delta stamps only"):
+        CostModel("full", "busy")
+    with pytest.raises(ValueError, match="unknown load"):
+        CostModel("delta", "weekend")

@@ -49,6 +49,14 @@ class Bounce(Notification):
     i: int
 
 
+@dataclass
+class More(Notification):
+    """Asks a :class:`Bouncer` for ``n`` more bounces: a test goes on after some event (a
+    restart, a move to new domains) with the state the bouncer kept through it."""
+
+    n: int
+
+
 class Echo(Agent):
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Bounce):
@@ -90,6 +98,9 @@ class Bouncer(Agent):
                 self.send_to(self.echo, Bounce(self.count + 1))
             if self.count >= self.n or (self.every and self.count % self.every == 0):
                 write_json(self.done, {"count": self.count, "errors": self.errors})
+        elif isinstance(note, More):
+            self.n += note.n
+            self.send_to(self.echo, Bounce(self.count + 1))
         else:
             super().react(sender, note)
 
