@@ -84,6 +84,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="busy",
         help="cost model the plan minimises (default busy: every talker keeps an exchange going)",
     )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="rounds over every layout, interleaved (1)"
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per bus run")
     parser.add_argument("--workdir", help="keep configs, traces and results here")
@@ -127,6 +130,8 @@ def _check(args: argparse.Namespace) -> None:
             f"perf groups: error: {args.servers} servers in {args.groups} groups: use groups "
             "of at least 2 servers"
         )
+    if args.repeat < 1 or args.count < 1:
+        raise SystemExit("perf groups: error: --repeat and --count must be 1 or more")
     if not 0.0 <= args.inside <= 1.0:
         raise SystemExit(f"perf groups: error: --inside {args.inside} must be between 0 and 1")
 
@@ -197,8 +202,10 @@ def _clock_bytes_per_note(traces: Path, window: list[int], notes: int) -> float:
     return total / max(1, notes)
 
 
-def _summary(result: dict[str, Any], traces: Path) -> dict[str, Any]:
-    legs = [(h, a, inside) for h, a, inside in result["legs_ns"]]
+def _summary(runs: list[tuple[dict[str, Any], Path]]) -> dict[str, Any]:
+    """One layout's figures over its runs (``--repeat``): latencies pooled, bytes and CPU per
+    notification over all notifications, rate over the summed measured windows."""
+    legs = [(h, a, inside) for result, _ in runs for h, a, inside in result["legs_ns"]]
     every = sorted(v / 1e6 for h, a, _ in legs for v in (h, a))
     inside = sorted(v / 1e6 for h, a, i in legs if i for v in (h, a))
     across = sorted(v / 1e6 for h, a, i in legs if not i for v in (h, a))
@@ -216,14 +223,21 @@ def _summary(result: dict[str, Any], traces: Path) -> dict[str, Any]:
         }
 
     notes = len(every)
-    window_s = (result["window_ns"][1] - result["window_ns"][0]) / 1e9
+    window_s = sum((r["window_ns"][1] - r["window_ns"][0]) / 1e9 for r, _ in runs)
+    clock_bytes = sum(
+        _clock_bytes_per_note(traces, r["window_ns"], 2 * len(r["legs_ns"])) * 2 * len(r["legs_ns"])
+        for r, traces in runs
+    )
+    cpu_s = sum(r["cpu_s"] for r, _ in runs)
+    all_notes = sum(r["all_notes"] for r, _ in runs)
     return {
+        "runs": len(runs),
         "latency_ms": stats(every),
         "inside_ms": stats(inside),
         "across_ms": stats(across),
-        "clock_bytes_per_note": round(_clock_bytes_per_note(traces, result["window_ns"], notes), 1),
+        "clock_bytes_per_note": round(clock_bytes / max(1, notes), 1),
         "notes": notes,
-        "cpu_us_per_note": round(1e6 * result["cpu_s"] / max(1, result["all_notes"]), 1),
+        "cpu_us_per_note": round(1e6 * cpu_s / max(1, all_notes), 1),
         "notes_per_s": round(notes / window_s, 1) if window_s > 0 else None,
     }
 
@@ -247,7 +261,6 @@ def _rank(costs: dict[str, float]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     _check(args)
     groups = groups_of(args.servers, args.groups, args.seed)
-    layouts: dict[str, dict[str, Any]] = {}
     t0 = time.monotonic()
     with scratch(args.workdir) as work:
         # 1. Observe: a flat bus with the traffic recorder on, short windows, every talker
@@ -263,15 +276,19 @@ def run(args: argparse.Namespace) -> int:
             # 2. Plan from what was observed (ports picked now: the planned bus runs next).
             base = free_port_base(_ports(args.servers))
             plan = _plan(observe / "traffic", planned_xml, args, base)
-        # 3. Measure every layout, hop tracing on.
-        for name in args.layouts:
-            run_dir = work / name
-            traces = run_dir / "traces"
-            trace_props = {"aaabus.trace": str(traces.resolve())}
-            text = planned_xml.read_text() if name == "planned" else _generated(name, args)
-            print(f"perf groups: {name} ...", file=sys.stderr, flush=True)
-            result = _run_bus(text, run_dir, args, groups, args.count, trace_props, args.active)
-            layouts[name] = _summary(result, traces)
+        # 3. Measure every layout, hop tracing on; with --repeat, rounds of every layout in
+        #    turn, so that a change of the machine's load falls on all of them alike.
+        runs: dict[str, list[tuple[dict[str, Any], Path]]] = {name: [] for name in args.layouts}
+        for round_ in range(args.repeat):
+            for name in args.layouts:
+                run_dir = work / f"{name}-{round_}"
+                traces = run_dir / "traces"
+                trace_props = {"aaabus.trace": str(traces.resolve())}
+                text = planned_xml.read_text() if name == "planned" else _generated(name, args)
+                print(f"perf groups: {name} (round {round_ + 1}) ...", file=sys.stderr, flush=True)
+                result = _run_bus(text, run_dir, args, groups, args.count, trace_props, args.active)
+                runs[name].append((result, traces))
+        layouts = {name: _summary(results) for name, results in runs.items()}
     predicted = {
         name: plan["predicted"][name] for name in args.layouts if name in plan["predicted"]
     }
@@ -287,6 +304,7 @@ def run(args: argparse.Namespace) -> int:
         "groups": args.groups,
         "inside": args.inside,
         "count": args.count,
+        "repeat": args.repeat,
         "active": len(active_of(groups, args.active)),
         "max_domain_size": args.max_domain_size,
         "stamps": args.stamps,
