@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import statistics
 import sys
 import time
@@ -254,6 +255,13 @@ def _plan(traces: Path, out: Path, args: argparse.Namespace, base_port: int) -> 
     return result
 
 
+def _renumber_ports(config_text: str, needed: int) -> str:
+    """The plan's ``a3.xml`` with its ports numbered afresh, in document order, from a base free
+    now (as ``perf plan`` numbers them): ports free at planning time may not be at every run."""
+    ports = iter(range(free_port_base(needed), 65536))
+    return re.sub(r'\bport="\d+"', lambda _: f'port="{next(ports)}"', config_text)
+
+
 def _rank(costs: dict[str, float]) -> list[str]:
     return [name for name, _ in sorted(costs.items(), key=lambda kv: kv[1])]
 
@@ -284,7 +292,10 @@ def run(args: argparse.Namespace) -> int:
                 run_dir = work / f"{name}-{round_}"
                 traces = run_dir / "traces"
                 trace_props = {"aaabus.trace": str(traces.resolve())}
-                text = planned_xml.read_text() if name == "planned" else _generated(name, args)
+                if name == "planned":
+                    text = _renumber_ports(planned_xml.read_text(), _ports(args.servers))
+                else:
+                    text = _generated(name, args)
                 print(f"perf groups: {name} (round {round_ + 1}) ...", file=sys.stderr, flush=True)
                 result = _run_bus(text, run_dir, args, groups, args.count, trace_props, args.active)
                 runs[name].append((result, traces))
