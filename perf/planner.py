@@ -23,9 +23,8 @@ The algorithm (deterministic for a given seed):
    from the root: better when the traffic between cores is spread evenly). Each tree edge
    (parent P, child C) gets a router, in breadth-first order: the member of P with the most
    traffic to C joins C, or the member of C with the most traffic to P joins P if that is
-   heavier and P still has room; servers that already route an edge are passed over while
-   others remain (one router per edge: see :func:`_heaviest`). A child's core has at most
-   K - 1 servers, so the first choice always fits: every domain stays within K.
+   heavier and P still has room. A child's core has at most K - 1 servers, so the first choice
+   always fits: every domain stays within K.
 5. **Choice.** Both candidates are costed with the model (:func:`perf.costmodel.evaluate`) and
    the cheaper one is the plan (the spanning tree on a tie).
 
@@ -196,32 +195,18 @@ def _domains(
                     order.append(child)
                     todo.append(child)
     domains = [list(core) for core in cores]
-    routers: set[int] = set()
     for child in order:
         up = parent[child]
-        down_server = _heaviest(domains[up], to_core[:, child], routers)
-        up_server = _heaviest(cores[child], to_core[:, up], routers)
+        down_server = _heaviest(domains[up], to_core[:, child])
+        up_server = _heaviest(cores[child], to_core[:, up])
         if to_core[up_server, up] > to_core[down_server, child] and len(domains[up]) < limit:
             domains[up].append(up_server)
-            routers.add(up_server)
         else:
             domains[child].append(down_server)
-            routers.add(down_server)
     ranked = [root, *order]
     return [sorted(domains[i]) for i in ranked]
 
 
-def _heaviest(
-    candidates: Sequence[int], traffic: npt.NDArray[np.float64], routers: set[int]
-) -> int:
-    """The candidate with the most ``traffic`` (the lowest index on a tie), among those that
-    route no other edge yet if there are any.
-
-    A router forwards every message of its edges on its one engine thread and keeps a clock per
-    domain it joins: edges stacked on one server funnel the traffic between several domains
-    through one process (on ``perf groups`` a single router for six domains, a server that also
-    talked to every group, held the traffic across groups at a p50 of 162 ms, against 58 ms in
-    every other layout). Any member of the parent domain gives the same routes, so one router
-    per edge costs only the legs of the chosen server's own traffic."""
-    free = [s for s in candidates if s not in routers] or list(candidates)
-    return max(sorted(free), key=lambda s: (traffic[s], -s))
+def _heaviest(candidates: Sequence[int], traffic: npt.NDArray[np.float64]) -> int:
+    """The candidate with the most ``traffic`` (the lowest index on a tie)."""
+    return max(sorted(candidates), key=lambda s: (traffic[s], -s))
