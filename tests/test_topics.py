@@ -1,0 +1,149 @@
+"""Topics over an in-process bus of real servers (TCP on 127.0.0.1, in-memory stores)."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import ClassVar
+
+from aaabus import Agent, AgentId, ExceptionNotification, Notification
+from aaabus.testing.topicload import Do, TopicProbe
+from tests.support.topics import (
+    agent_attr,
+    inprocess,
+    remote_filters,
+    retained_topics,
+    wait_interest,
+    wait_until,
+)
+
+# Two domains joined by router 1: D0 = {0, 1}, D1 = {1, 2}.
+LINE = [[0, 1], [1, 2]]
+
+
+def received(bus: object, agent: AgentId) -> list[tuple[str, object, tuple[str, ...], bool]]:
+    return agent_attr(bus[agent.server], agent, "received")  # type: ignore[index]
+
+
+def test_each_subscription_gets_each_matching_publication_once_across_a_router(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        # Overlapping filters on one agent: one delivery naming both filters.
+        both = bus[2].deploy(TopicProbe("both", ["site/+/temp", "site/#"]))
+        temps = bus[1].deploy(TopicProbe("temps", ["site/+/temp"]))
+        local = bus[0].deploy(TopicProbe("local", ["site/3/#"]))
+        wait_interest(bus, {"site/+/temp": {1, 2}, "site/#": {2}, "site/3/#": {0}})
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        for topic, payload in [("site/3/temp", 1), ("site/4/temp", 2), ("site/3/wind", 3)]:
+            bus[0].send(publisher, Do("publish", topic, payload))
+        wait_until("both got 3", lambda: len(received(bus, both)) >= 3)
+        wait_until("local got 2", lambda: len(received(bus, local)) >= 2)
+        assert received(bus, both) == [
+            ("site/3/temp", 1, ("site/#", "site/+/temp"), False),
+            ("site/4/temp", 2, ("site/#", "site/+/temp"), False),
+            ("site/3/wind", 3, ("site/#",), False),
+        ]
+        assert received(bus, temps) == [
+            ("site/3/temp", 1, ("site/+/temp",), False),
+            ("site/4/temp", 2, ("site/+/temp",), False),
+        ]
+        assert received(bus, local) == [
+            ("site/3/temp", 1, ("site/3/#",), False),
+            ("site/3/wind", 3, ("site/3/#",), False),
+        ]
+
+
+def sent_remote(bus: object, sid: int) -> int:
+    return int(bus[sid].status()["messages"]["sent_remote"])  # type: ignore[index]
+
+
+def test_a_publication_crosses_each_link_once_whatever_the_number_of_subscribers(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        subscribers = [bus[2].deploy(TopicProbe(f"s{i}", ["news/#"])) for i in range(5)]
+        wait_interest(bus, {"news/#": {2}})
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        before = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
+        bus[0].send(publisher, Do("publish", "news/today", "x"))
+        for sub in subscribers:
+            wait_until("delivered", functools.partial(received, bus, sub))
+        after = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
+        # s0 -> s1 once, s1 -> s2 once: five subscribers, one message per link.
+        assert {sid: after[sid] - before[sid] for sid in after} == {0: 1, 1: 1, 2: 0}
+
+
+def test_retained_publications_go_to_later_subscriptions_and_none_clears_them(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        bus[0].send(publisher, Do("publish", "cfg/mode", "eco", retain=True))
+        bus[0].send(publisher, Do("publish", "cfg/level", 3, retain=True))
+        bus[0].send(publisher, Do("publish", "cfg/level", None, retain=True))  # cleared
+        bus[0].send(publisher, Do("publish", "cfg/fan", "on"))  # not retained
+        bus[0].send(publisher, Do("publish", "end", "mark", retain=True))  # the last one
+        wait_until(
+            "retained copies reached s2",
+            lambda: retained_topics(bus[2]) == ["cfg/mode", "end"],
+        )
+        late = bus[2].deploy(TopicProbe("late", ["cfg/+"]))
+        wait_until("late got the retained one", lambda: received(bus, late))
+        assert received(bus, late) == [("cfg/mode", "eco", ("cfg/+",), True)]
+
+
+class Declared(TopicProbe):
+    """Subscribed by its class: the subscription is sent with the creation request."""
+
+    subscriptions: ClassVar[tuple[str, ...]] = ("alarm/#",)
+
+
+def test_subscriptions_declared_by_the_class_start_with_the_deploy(tmp_path: Path) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        publisher = bus[2].deploy(TopicProbe("pub"))
+        declared = bus[2].deploy(Declared("declared"))
+        # Published through the same server right after the deploy: already subscribed.
+        bus[2].send(publisher, Do("publish", "alarm/fire", "!"))
+        wait_until("declared got it", lambda: received(bus, declared))
+        assert received(bus, declared) == [("alarm/fire", "!", ("alarm/#",), False)]
+
+
+def test_unsubscribing_the_last_subscriber_withdraws_the_interest_everywhere(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        sub = bus[2].deploy(TopicProbe("sub", ["x/#"]))
+        wait_interest(bus, {"x/#": {2}})
+        bus[2].send(sub, Do("unsubscribe", "x/#"))
+        wait_interest(bus, {})
+        assert bus[2].status()["topics"]["filters"] == 0
+        assert remote_filters(bus[0]) == {}
+
+
+class Catcher(Agent):
+    """Deploys a probe told to subscribe with a bad filter; keeps the error report."""
+
+    def __init__(self) -> None:
+        super().__init__("catcher")
+        self.errors: list[str] = []
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, ExceptionNotification):
+            self.errors = [*self.errors, f"{note.error_type}: {note.error_message}"]
+        elif isinstance(note, Do):
+            self.send_to(AgentId.parse(str(note.payload)), Do("subscribe", note.topic))
+        else:
+            super().react(sender, note)
+
+
+def test_a_bad_filter_fails_the_reaction_with_a_one_line_topic_error(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        probe = bus[0].deploy(TopicProbe("probe"))
+        catcher = bus[0].deploy(Catcher())
+        bus[0].send(catcher, Do("forward", "a/#/b", str(probe)))
+        errors = wait_until("error reported", lambda: agent_attr(bus[0], catcher, "errors"))
+        assert errors == [
+            "TopicError: topic filter 'a/#/b': # must be the last level (e.g. site/#)"
+        ]
+        assert bus[0].status()["topics"]["filters"] == 0
