@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import threading
+import time
 from pathlib import Path
 from typing import ClassVar
 
@@ -147,3 +149,40 @@ def test_a_bad_filter_fails_the_reaction_with_a_one_line_topic_error(tmp_path: P
             "TopicError: topic filter 'a/#/b': # must be the last level (e.g. site/#)"
         ]
         assert bus[0].status()["topics"]["filters"] == 0
+
+
+def test_a_mailbox_keeps_the_newest_items_at_its_limit_and_counts_the_dropped(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, [[0]], {"aaabus.topics.backlog": "3"}) as bus:
+        desk = bus[0].mailboxes
+        assert desk.open("slow", "m/#", None) is False
+        assert desk.open("slow", "m/#", None) is True  # the same name and filter: resumed
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        for i in range(5):
+            bus[0].send(publisher, Do("publish", "m/x", i))
+        answer = wait_until(
+            "five went through the mailbox",
+            lambda: (a := desk.fetch("slow", 0, 10, 0.0))["dropped"] == 2 and a,
+        )
+        assert [seq for seq, _body in answer["items"]] == [3, 4, 5]
+        # Acknowledging 4 leaves 5; nothing above 5 yet.
+        assert [seq for seq, _ in desk.fetch("slow", 4, 10, 0.0)["items"]] == [5]
+        assert desk.fetch("slow", 5, 10, 0.0)["items"] == []
+
+
+def test_a_waiting_fetch_is_woken_by_the_next_publication(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        desk = bus[0].mailboxes
+        desk.open("waiter", "w", None)
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        answers: list[dict[str, object]] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(desk.fetch("waiter", 0, 10, 10.0)), name="test-fetch"
+        )
+        started = time.monotonic()
+        waiter.start()
+        bus[0].send(publisher, Do("publish", "w", "wake up"))
+        waiter.join(15)
+        assert answers and len(answers[0]["items"]) == 1  # type: ignore[arg-type]
+        assert time.monotonic() - started < 9, "the fetch waited for its deadline: no wake-up"

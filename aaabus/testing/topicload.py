@@ -28,14 +28,22 @@ from aaabus.testing.workload import merge_and_tick
 class Do(Notification):
     """Ask a :class:`TopicProbe` to publish (``payload`` on ``topic``), or to (un)subscribe."""
 
-    action: str  # "publish", "subscribe" or "unsubscribe"
+    action: str  # "publish", "subscribe", "unsubscribe" or "report"
     topic: str
     payload: Any = None
     retain: bool = False
 
 
+@dataclass
+class Received(Notification):
+    """A :class:`TopicProbe`'s answer to ``Do("report", "")``: what it received so far."""
+
+    items: list[tuple[str, Any, tuple[str, ...], bool]]
+
+
 class TopicProbe(Agent):
-    """Subscribes to ``filters`` at creation; records ``(topic, payload, filters, retained)``."""
+    """Subscribes to ``filters`` at creation; records ``(topic, payload, filters, retained)``
+    and sends the records back on ``Do("report", "")`` (a request/reply)."""
 
     def __init__(self, label: str, filters: Sequence[str] = ()) -> None:
         super().__init__(label)
@@ -55,6 +63,8 @@ class TopicProbe(Agent):
                 self.publish(note.topic, note.payload, retain=note.retain)
             elif note.action == "subscribe":
                 self.subscribe(note.topic)
+            elif note.action == "report":
+                self.send_to(sender, Received(list(self.received)))
             else:
                 self.unsubscribe(note.topic)
         else:

@@ -20,14 +20,22 @@ from tests.support.harness import TEST_TRUST, contiguous_free_base
 T = TypeVar("T")
 
 
-def layout_config(tmp_path: Path, layout: list[list[int]], store: str = "memory") -> BusConfig:
-    """A config of ``layout`` (a list of domains, each a list of server ids) with free ports."""
+def layout_config(
+    tmp_path: Path, layout: list[list[int]], properties: dict[str, str] | None = None
+) -> BusConfig:
+    """A config of ``layout`` (a list of domains, each a list of server ids) with free ports,
+    in-memory stores and ``properties``."""
     servers = 1 + max(max(m) for m in layout)
     text = render(
         layout,
         servers,
         base_port=contiguous_free_base(sum(len(m) for m in layout)),
-        properties={"aaabus.store": store, "aaabus.secret": "bus.key", "aaabus.trust": TEST_TRUST},
+        properties={
+            "aaabus.store": "memory",
+            "aaabus.secret": "bus.key",
+            "aaabus.trust": TEST_TRUST,
+            **(properties or {}),
+        },
     )
     path = tmp_path / "a3.xml"
     path.write_text(text)
@@ -36,8 +44,10 @@ def layout_config(tmp_path: Path, layout: list[list[int]], store: str = "memory"
 
 
 @contextlib.contextmanager
-def inprocess(tmp_path: Path, layout: list[list[int]]) -> Iterator[InProcessBus]:
-    with InProcessBus(layout_config(tmp_path, layout)) as bus:
+def inprocess(
+    tmp_path: Path, layout: list[list[int]], properties: dict[str, str] | None = None
+) -> Iterator[InProcessBus]:
+    with InProcessBus(layout_config(tmp_path, layout, properties)) as bus:
         yield bus
 
 
