@@ -96,7 +96,7 @@ def run(order: str, root: Path) -> list[str]:
     proxy.target = ("127.0.0.1", config.servers[1].networks[0].port)
     try:
         with InProcessBus(config) as bus:
-            audited: queue.Queue[Publication] = queue.Queue()
+            audited: queue.Queue[Notification] = queue.Queue()
             bus[3].add_listener(lambda sender, note: audited.put(note))
             bus[3].deploy(Auditor("auditor"))
             bus[2].deploy(Warehouse("warehouse"))
@@ -118,6 +118,7 @@ def run(order: str, root: Path) -> list[str]:
             lines: list[str] = []
             while len(lines) < 2:
                 publication = audited.get(timeout=15)
+                assert isinstance(publication, Publication)
                 lines.append(f"{publication.topic} {publication.payload}")
                 print(f"  [{order}] auditor reads: {lines[-1]}")
             return lines
