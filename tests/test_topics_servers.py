@@ -158,6 +158,9 @@ def test_boot_declaration_and_shell_commands_with_a_named_subscription_that_resu
         assert other.returncode == 2
         assert other.stderr.strip().count("\n") == 0
         assert "exists with filter 'cfg/#'" in other.stderr
+        with Client(config, 2) as client:
+            client.unsubscribe("audit")
+            wait_until("deleted", lambda: client.status()["topics"]["mailboxes"] == 0)
         bad = aaabus("subscribe", str(config), "cfg/#/x", "--via", "2")
         assert bad.returncode == 2
         assert bad.stderr.strip() == (

@@ -172,6 +172,10 @@ class Client:
         self._request({"op": "subscribe", "name": mailbox, "filter": topic_filter})
         return Subscription[Publication](self._request, mailbox, topic_filter, durable=durable)
 
+    def unsubscribe(self, name: str) -> None:
+        """Delete the named subscription ``name`` and its backlog (nothing if there is none)."""
+        self._request({"op": "unsubscribe", "name": name})
+
     def request(
         self, agent: AgentId | str, note: Notification, timeout: float = 30.0
     ) -> Notification:
