@@ -109,6 +109,7 @@ class TopicRepresentative(Agent):
             "filters": len(self.local),
             "subscribers": len(self.of_subscriber),
             "remote_filters": len(self.remote),
+            "remote_servers": len({s for where in self.remote.values() for s in where}),
             "retained": len(self.retained),
             "mailboxes": len(self.mailboxes),
         }
