@@ -50,7 +50,7 @@ from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication
 from aaabus.model.topicnames import check_filter, check_topic
-from aaabus.tools.subscription import Subscription
+from aaabus.tools.subscription import FETCH_WAIT, Subscription
 from aaabus.wire.message import encode_note
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]
@@ -170,7 +170,9 @@ class Client:
         durable = name is not None
         mailbox = name if name is not None else f"client-{_new_id()}"
         self._request({"op": "subscribe", "name": mailbox, "filter": topic_filter})
-        return Subscription[Publication](self._request, mailbox, topic_filter, durable=durable)
+        return Subscription[Publication](
+            self._request, mailbox, topic_filter, durable=durable, wait=self._fetch_wait()
+        )
 
     def unsubscribe(self, name: str) -> None:
         """Delete the named subscription ``name`` and its backlog (nothing if there is none)."""
@@ -193,7 +195,7 @@ class Client:
         body = base64.b64encode(encode_note(note)).decode("ascii")
         self._request({"op": "request", "id": key, "to": str(target), "note": body})
         replies = Subscription[Notification](
-            self._request, f"request-{key}", "", durable=False, batch=1
+            self._request, f"request-{key}", "", durable=False, batch=1, wait=self._fetch_wait()
         )
         try:
             reply = replies.get(timeout)
@@ -202,6 +204,10 @@ class Client:
         if reply is None:
             raise TimeoutError(f"no reply from {target} within {timeout:g}s")
         return reply
+
+    def _fetch_wait(self) -> float:
+        # A fetch that waits on the server must be answered well within this client's timeout.
+        return min(FETCH_WAIT, self.timeout / 3)
 
     def arm_failpoints(self, spec: str) -> None:
         """Arm failpoints on the server (``name:action[:skip[:times]],...``, see

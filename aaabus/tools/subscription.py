@@ -33,7 +33,7 @@ __all__ = ["Subscription"]
 
 T = TypeVar("T")
 
-#: Longest wait of one fetch (seconds); below the server's limit and the client's timeout.
+#: Longest wait of one fetch (seconds) by default; below the server's limit (10 s).
 FETCH_WAIT = 5.0
 
 
@@ -42,7 +42,8 @@ class Subscription(Generic[T]):
     :class:`~aaabus.Publication` (a request's reply mailbox holds any notification).
 
     ``request`` is the client's request function (retries included); ``durable``: keep the
-    server's mailbox at :meth:`close`.
+    server's mailbox at :meth:`close`; ``wait``: the longest one fetch waits on the server (it
+    must stay below the client's answer timeout).
     """
 
     def __init__(
@@ -53,12 +54,14 @@ class Subscription(Generic[T]):
         *,
         durable: bool,
         batch: int = 100,
+        wait: float = FETCH_WAIT,
     ) -> None:
         self._request = request
         self.name = name
         self.topic_filter = topic_filter
         self.durable = durable
         self.batch = batch
+        self.wait = wait
         #: Items the server dropped at its backlog limit (``aaabus.topics.backlog``) so far.
         self.dropped = 0
         self._after = 0  # number of the last item handed out
@@ -84,10 +87,10 @@ class Subscription(Generic[T]):
             raise RuntimeError(f"subscription {self.name!r} is closed")
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._buffer:
-            left = FETCH_WAIT if deadline is None else deadline - time.monotonic()
+            left = self.wait if deadline is None else deadline - time.monotonic()
             if left <= 0:
                 return None
-            self._fetch(self.batch, min(FETCH_WAIT, left))
+            self._fetch(self.batch, min(self.wait, left))
         seq, publication = self._buffer.popleft()
         self._after = seq
         return publication
