@@ -10,10 +10,13 @@ machine's load is comparable):
   the floor that ``one_remote`` pays topics on top of (the representative's reactions on both
   sides).
 
-``msgs_per_s`` is deliveries per second: every subscriber's last delivery minus the first
-publication's time; ``latency_ms`` is from the publishing reaction to the subscriber's reaction
-(p50, p99 over every delivery). The last line is JSON: the ``one_remote`` figures at the top
-level (``msgs_per_s``, ``latency_ms``), each run under its name, and ``ratio_to_stream``.
+Each topic run is done twice: open loop (``--burst`` publications per reaction, as fast as the
+publisher's server commits) for ``msgs_per_s`` — deliveries per second, from the first
+publication's reaction to the last delivery — and ``latency_ms_loaded``; then paced (one
+publication at a time, the next once every subscriber has answered, ``--rounds`` of them) for
+``latency_ms``, from the publishing reaction to each subscriber's reaction on an idle bus
+(p50, p99, mean over every delivery). The last line is JSON: the ``one_remote`` figures at the
+top level (``msgs_per_s``, ``latency_ms``), each run under its name, and ``ratio_to_stream``.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--subscribers", type=int, default=100, help="subscribers of fan-out")
     parser.add_argument("--servers", type=int, default=10, help="servers of the fan-out run")
     parser.add_argument("--burst", type=int, default=50, help="publications per reaction")
+    parser.add_argument("--rounds", type=int, default=200, help="publications of paced runs")
     parser.add_argument("--payload", type=int, default=0, help="padding bytes per publication")
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline of each run (s)")
     parser.add_argument("--workdir", help="keep stores and configs here (default: temporary)")
@@ -61,9 +65,32 @@ def _config(path: Path, servers: int) -> Path:
 
 
 def measure(
-    work: Path, servers: int, subscribers: int, count: int, burst: int, payload: int, timeout: float
+    work: Path,
+    servers: int,
+    subscribers: int,
+    count: int,
+    rounds: int,
+    burst: int,
+    payload: int,
+    timeout: float,
 ) -> dict[str, Any]:
-    """One publisher on s0, ``subscribers`` sinks spread over ``servers`` servers."""
+    """One publisher on s0, ``subscribers`` sinks spread over ``servers`` servers: an open-loop
+    run of ``count`` publications, then a paced one of ``rounds``."""
+    loaded = _run(work / "open", servers, subscribers, count, burst, payload, 0, timeout)
+    paced = _run(work / "paced", servers, subscribers, rounds, 1, payload, subscribers, timeout)
+    return {**loaded, "latency_ms_loaded": loaded["latency_ms"], "latency_ms": paced["latency_ms"]}
+
+
+def _run(
+    work: Path,
+    servers: int,
+    subscribers: int,
+    count: int,
+    burst: int,
+    payload: int,
+    acks: int,
+    timeout: float,
+) -> dict[str, Any]:
     work.mkdir(parents=True, exist_ok=True)
     config = _config(work / "a3.xml", servers)
     ids = list(range(servers))
@@ -72,11 +99,11 @@ def measure(
     outs = [work / f"sink-{k}.json" for k in range(subscribers)]
     with Bus(config, ids, work / "store", cwd=REPO_ROOT) as bus, Client(config, 0) as client:
         for place, out in zip(places, outs, strict=True):
-            client.deploy(Sink(count, str(out)), server=place)
+            client.deploy(Sink(count, str(out), ack=acks > 0), server=place)
         blaster = client.deploy(Blaster(), server=0)
         remote = len(set(places) - {0})
         _wait_interest(client, remote, timeout)
-        client.send(blaster, Go(count, burst, payload))
+        client.send(blaster, Go(count, burst, payload, acks))
         results = [wait_for_file(out, bus, timeout) for out in outs]
     start = min(r["first_ns"] for r in results)
     end = max(r["last_ns"] for r in results)
@@ -115,12 +142,22 @@ def _quantile(values: list[int], q: float) -> float:
 
 def run(args: argparse.Namespace) -> int:
     with scratch(args.workdir) as work:
-        one = measure(work / "one_remote", 2, 1, args.count, args.burst, args.payload, args.timeout)
+        one = measure(
+            work / "one_remote",
+            2,
+            1,
+            args.count,
+            args.rounds,
+            args.burst,
+            args.payload,
+            args.timeout,
+        )
         fan = measure(
             work / "fanout",
             args.servers,
             args.subscribers,
             args.fanout_count,
+            max(1, args.rounds // 4),
             args.burst,
             args.payload,
             args.timeout,
@@ -142,11 +179,11 @@ def run(args: argparse.Namespace) -> int:
     }
     if not args.json:
         for name, figures in (("one remote subscriber", one), ("fan-out", fan)):
-            lat = figures["latency_ms"]
+            lat, loaded = figures["latency_ms"], figures["latency_ms_loaded"]
             print(
                 f"{name}: {figures['subscribers']} subscriber(s) on {figures['servers']} servers, "
-                f"{figures['msgs_per_s']:.0f} deliveries/s, latency p50 {lat['p50']:.2f} ms, "
-                f"p99 {lat['p99']:.2f} ms"
+                f"{figures['msgs_per_s']:.0f} deliveries/s (latency p50 {loaded['p50']:.1f} ms "
+                f"in that flood); paced latency p50 {lat['p50']:.2f} ms, p99 {lat['p99']:.2f} ms"
             )
         print(
             f"stream s0 -> s1: {streamed['msgs_per_s']:.0f} msgs/s; topics/stream "
