@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,18 @@ import pytest
 
 from aaabus import Client, Publication, ServerUnreachable, UnknownAgent
 from aaabus.model.ids import AgentId
-from aaabus.testing.topicload import Do, Received, TopicProbe
+from aaabus.testing.topicload import (
+    CausalPeer,
+    Do,
+    History,
+    Received,
+    Start,
+    Tell,
+    Told,
+    TopicProbe,
+    check_topics,
+    expected_deliveries,
+)
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT
 from tests.support.topics import wait_until
@@ -30,6 +42,12 @@ def knows_filters(config: Path, server: int, count: int) -> bool:
     """Whether ``server``'s representative knows ``count`` filters of other servers."""
     with Client(config, server) as client:
         return int(client.status()["topics"]["remote_filters"]) >= count
+
+
+def knows(config: Path, server: int, subscriptions: int) -> bool:
+    """Whether ``server`` knows ``subscriptions`` (filter, other server) pairs."""
+    with Client(config, server) as client:
+        return int(client.status()["topics"]["remote_subscriptions"]) == subscriptions
 
 
 def aaabus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -183,3 +201,42 @@ def test_an_unnamed_subscription_is_deleted_when_closed_and_payloads_are_publica
             assert (publication.topic, publication.payload) == ("a/b", b"bytes too")
             assert publication.publisher == AgentId.server_of(0)
         wait_until("mailbox deleted", lambda: client.status()["topics"]["mailboxes"] == 0)
+
+
+# A tree of two-server domains (see tests/test_topics_causal.py for why two).
+TREE_OF_PAIRS = [[0, 1], [1, 2], [1, 3]]
+
+
+def test_causal_contract_between_server_processes_over_a_tree_of_domains(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config = make_config(layout=TREE_OF_PAIRS)
+    rng = random.Random(42)
+    topics = ["t/a", "t/b", "u/c", "v"]
+    choices = ["t/#", "t/+", "+/c", "u/#", "#", "v"]
+    filters: dict[int, set[str]] = {}
+    with Bus(config, range(4), tmp_path / "store", cwd=REPO_ROOT), Client(config, 0) as client:
+        peers = []
+        for sid in range(4):
+            for k in range(2):
+                mine = rng.sample(choices, 2)
+                filters.setdefault(sid, set()).update(mine)
+                peer = CausalPeer(f"p{sid}.{k}", 42, mine, topics, 0.5)
+                peers.append(client.deploy(peer, server=sid))
+        for sid in range(4):
+            owed = sum(len(fs) for other, fs in filters.items() if other != sid)
+            wait_until(f"s{sid} knows every subscription", partial(knows, config, sid, owed))
+        for peer_id in peers:
+            client.send(peer_id, Start(3, 2))
+
+        def histories() -> list[History] | None:
+            told = [client.request(p, Tell(), timeout=20) for p in peers]
+            hs = [t.history for t in told if isinstance(t, Told)]
+            started = all(len(h[2]) >= 3 for h in hs)
+            done = sum(len(h[3]) for h in hs) == expected_deliveries(hs)
+            return hs if started and done else None
+
+        hs = wait_until("every owed delivery made", histories, timeout=60)
+    assert sum(len(h[3]) for h in hs) > 30, "the workload is too small to mean anything"
+    bad = check_topics(hs)
+    assert not bad, "\n".join(f"{who}: {report.summary()}" for who, report in bad.items())

@@ -71,6 +71,21 @@ class TopicProbe(Agent):
             super().react(sender, note)
 
 
+#: One peer's record: label, filters, publications ``(mid, topic, vc)``, deliveries (mids).
+History = tuple[str, tuple[str, ...], list[tuple[str, str, dict[str, int]]], list[str]]
+
+
+@dataclass
+class Tell(Notification):
+    """Ask a :class:`CausalPeer` for its history (it answers :class:`Told`): how a test reads
+    the peers of server processes, with :meth:`aaabus.Client.request`."""
+
+
+@dataclass
+class Told(Notification):
+    history: History
+
+
 @dataclass
 class Start(Notification):
     """Ask a :class:`CausalPeer` to publish ``count`` publications carrying ``ttl``."""
@@ -133,11 +148,10 @@ class CausalPeer(Agent):
             rng = self._rng()
             if body["ttl"] > 0 and rng.random() < self.echo:
                 self._publish(body["ttl"] - 1, rng)
+        elif isinstance(note, Tell):
+            self.send_to(sender, Told(history_of(self)))
         else:
             super().react(sender, note)
-
-
-History = tuple[str, tuple[str, ...], list[tuple[str, str, dict[str, int]]], list[str]]
 
 
 def history_of(peer: CausalPeer) -> History:

@@ -110,6 +110,7 @@ class TopicRepresentative(Agent):
             "subscribers": len(self.of_subscriber),
             "remote_filters": len(self.remote),
             "remote_servers": len({s for where in self.remote.values() for s in where}),
+            "remote_subscriptions": sum(len(where) for where in self.remote.values()),
             "retained": len(self.retained),
             "mailboxes": len(self.mailboxes),
         }
