@@ -9,10 +9,12 @@ from pathlib import Path
 from typing import ClassVar
 
 from aaabus import Agent, AgentId, ExceptionNotification, Notification
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.topicload import Do, TopicProbe
 from tests.support.topics import (
     agent_attr,
     inprocess,
+    layout_config,
     remote_filters,
     retained_topics,
     wait_interest,
@@ -186,3 +188,22 @@ def test_a_waiting_fetch_is_woken_by_the_next_publication(tmp_path: Path) -> Non
         waiter.join(15)
         assert answers and len(answers[0]["items"]) == 1  # type: ignore[arg-type]
         assert time.monotonic() - started < 9, "the fetch waited for its deadline: no wake-up"
+
+
+def test_subscriptions_survive_restarts_and_reach_a_server_added_later(tmp_path: Path) -> None:
+    stores = tmp_path / "stores"
+    with InProcessBus(
+        layout_config(tmp_path, [[0, 1]]), store_kind="file", storage_root=stores
+    ) as bus:
+        sub = bus[1].deploy(TopicProbe("sub", ["a/#"]))
+        wait_interest(bus, {"a/#": {1}})
+    # A new domain {1, 2}: server 2 is new, server 1 becomes its router; same stores.
+    config = layout_config(tmp_path, [[0, 1], [1, 2]])
+    with InProcessBus(config, store_kind="file", storage_root=stores) as bus:
+        assert bus[0].status()["topics"]["remote_subscriptions"] == 1  # kept in s0's store
+        # s1's representative got the new routes at boot and told the newcomer its filter.
+        wait_interest(bus, {"a/#": {1}})
+        publisher = bus[2].deploy(TopicProbe("pub"))
+        bus[2].send(publisher, Do("publish", "a/b", "from the new server"))
+        wait_until("delivered", functools.partial(received, bus, sub))
+        assert received(bus, sub) == [("a/b", "from the new server", ("a/#",), False)]
