@@ -207,3 +207,19 @@ def test_subscriptions_survive_restarts_and_reach_a_server_added_later(tmp_path:
         bus[2].send(publisher, Do("publish", "a/b", "from the new server"))
         wait_until("delivered", functools.partial(received, bus, sub))
         assert received(bus, sub) == [("a/b", "from the new server", ("a/#",), False)]
+
+
+def test_a_stopping_server_releases_the_fetches_waiting_on_its_mailboxes(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        desk = bus[0].mailboxes
+        desk.open("idle", "nothing/comes", None)
+        answers: list[dict[str, object]] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(desk.fetch("idle", 0, 10, 10.0)), name="test-fetch"
+        )
+        started = time.monotonic()
+        waiter.start()
+        desk.set_stopping(True)  # what AgentServer.stop() does first
+        waiter.join(15)
+        assert answers and answers[0]["items"] == []
+        assert time.monotonic() - started < 9, "the waiting fetch was not released"

@@ -104,7 +104,7 @@ def _fetch(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
 
 
 def _unsubscribe(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
-    server.mailboxes.close(_mailbox_name(request))
+    server.mailboxes.delete(_mailbox_name(request))
     return {"ok": True}
 
 

@@ -59,6 +59,7 @@ class MailboxDesk:
         self._send = send
         self._cond = threading.Condition()
         self._generation = 0
+        self._stopping = False
 
     def on_note(self, sender: AgentId, note: Notification) -> None:
         """Engine listener (after commit, engine thread): wake the fetches waiting."""
@@ -66,6 +67,13 @@ class MailboxDesk:
             with self._cond:
                 self._generation += 1
                 self._cond.notify_all()
+
+    def set_stopping(self, stopping: bool) -> None:
+        """While the server stops (``True``), waiting fetches and later ones answer at once;
+        ``False`` when it starts again (any thread)."""
+        with self._cond:
+            self._stopping = stopping
+            self._cond.notify_all()
 
     # -- engine thread -----------------------------------------------------------------------------
 
@@ -107,7 +115,7 @@ class MailboxDesk:
         result: bool = self._call(do)
         return result
 
-    def close(self, name: str) -> None:
+    def delete(self, name: str) -> None:
         """Delete mailbox ``name`` and its backlog (nothing if there is none)."""
         self._call(lambda: self._send(AgentId.topics_of(self.server_id), CloseMailbox(name)))
 
@@ -139,9 +147,11 @@ class MailboxDesk:
 
             generation, exists, dropped, items = self._call(look)
             left = deadline - time.monotonic()
-            if items or left <= 0:
+            # Stopping: answer now (empty); the client's next fetch finds the server gone and
+            # reconnects, or finds it restarted.
+            if items or left <= 0 or self._stopping:
                 return {"items": items, "dropped": dropped, "exists": exists}
             with self._cond:
-                while self._generation == generation and left > 0:
+                while self._generation == generation and left > 0 and not self._stopping:
                     self._cond.wait(left)
                     left = deadline - time.monotonic()

@@ -160,6 +160,7 @@ class AgentServer:
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
+        self.mailboxes.set_stopping(False)
         self.store = open_store(
             self.store_kind,
             self.storage,
@@ -459,6 +460,7 @@ class AgentServer:
         """
         with self._stop_lock:
             self._stop_requested = True
+        self.mailboxes.set_stopping(True)  # admin connections waiting on mailboxes answer now
         with self._stopping:
             if self.store is None:
                 self._stop_endpoints()
