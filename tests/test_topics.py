@@ -5,10 +5,15 @@ from __future__ import annotations
 import functools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
 
-from aaabus import Agent, AgentId, ExceptionNotification, Notification
+import pytest
+
+from aaabus import Agent, AgentId, AgentServer, ExceptionNotification, Notification
+from aaabus.config.reader import load_config
+from aaabus.errors import ConfigError
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.topicload import Do, TopicProbe
 from tests.support.topics import (
@@ -223,3 +228,23 @@ def test_a_stopping_server_releases_the_fetches_waiting_on_its_mailboxes(tmp_pat
         waiter.join(15)
         assert answers and answers[0]["items"] == []
         assert time.monotonic() - started < 9, "the waiting fetch was not released"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("{oops", "args is not JSON"),
+        ('{"retain": {"a/#": 1}}', "topic name 'a/#' contains a wildcard"),
+        ('{"mailboxes": {"ops": "a/#/b"}}', "# must be the last level"),
+        ('{"subscribe": []}', 'with "retain" and/or "mailboxes"'),
+    ],
+)
+def test_a_bad_topic_declaration_stops_the_boot_with_one_line(
+    tmp_path: Path, make_config: Callable[..., Path], args: str, says: str
+) -> None:
+    service = f"<service class=\"aaabus.topics.declare:declare\" args='{args}'/>"
+    server = AgentServer(load_config(make_config(extra={0: service})), 0, storage=tmp_path / "s0")
+    with pytest.raises(ConfigError) as caught:
+        server.start()
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+    assert server.store is None  # nothing left open
