@@ -88,9 +88,9 @@ class Subscription(Generic[T]):
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._buffer:
             left = self.wait if deadline is None else deadline - time.monotonic()
-            if left <= 0:
+            self._fetch(self.batch, max(0.0, min(self.wait, left)))  # at least one look
+            if not self._buffer and deadline is not None and time.monotonic() >= deadline:
                 return None
-            self._fetch(self.batch, min(self.wait, left))
         seq, publication = self._buffer.popleft()
         self._after = seq
         return publication
