@@ -16,6 +16,7 @@ from aaabus.errors import (
     SecretError,
     ServerUnreachable,
     StoreError,
+    TopicError,
     TransientError,
     UnknownNotificationError,
 )
@@ -30,6 +31,7 @@ from aaabus.model.notifications import (
     Notification,
     UnknownAgent,
 )
+from aaabus.model.pubsub import Publication
 from aaabus.node.server import AgentServer, BootContext
 from aaabus.tools.client import Client
 
@@ -54,10 +56,12 @@ __all__ = [
     "OutsideReactionError",
     "PersistentList",
     "PersistentMapping",
+    "Publication",
     "RequestRefused",
     "SecretError",
     "ServerUnreachable",
     "StoreError",
+    "TopicError",
     "TransientError",
     "UnknownAgent",
     "UnknownNotificationError",

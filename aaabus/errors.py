@@ -9,6 +9,7 @@ Four families, by who sees them and what may catch them::
 │   ├── TrafficError
     │   ├── StoreError → StoreInUse, LogStoreDamaged
     │   ├── UntrustedClass (also a pickle.UnpicklingError)
+    │   ├── TopicError (also a ValueError)
     │   └── AdminError
     │       ├── RequestRefused
     │       └── ServerUnreachable, ServerBusy (also TransientErrors)
@@ -71,6 +72,7 @@ __all__ = [
     "StoreError",
     "StoreInUse",
     "StoreWriteFailed",
+    "TopicError",
     "TrafficError",
     "TransientError",
     "UnknownNotificationError",
@@ -128,6 +130,14 @@ class UntrustedClass(AaabusError, pickle.UnpicklingError):
 
 class SecretError(AaabusError):
     """The bus secret is missing or unreadable."""
+
+
+class TopicError(AaabusError, ValueError):
+    """A topic name or a topic filter is malformed (``+`` or ``#`` misplaced, empty, too long).
+
+    Raised by ``publish``/``subscribe`` in a reaction (which then fails like any agent error),
+    by :class:`~aaabus.tools.client.Client` and by the ``aaabus publish``/``subscribe`` commands.
+    Also a ``ValueError``: it is bad input."""
 
 
 class NetworkError(AaabusError):

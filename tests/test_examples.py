@@ -25,6 +25,13 @@ EXPECTED = {
         "ALERT: 10.0.0.66 refused by firewalls [1, 2, 3, 4]",
         "all servers stopped",
     ],
+    "topics_causal": [
+        "[fifo] auditor reads: shipments/42 shipped",
+        "a shipment of an unknown order!",
+        "[causal] the router holds back 1 message",
+        "[causal] auditor reads: orders/42 placed",
+        "the auditor's view makes sense",
+    ],
     "bank": [
         "SIGKILL the router (s1)",
         "South received 2000 credits (0 out of order)",

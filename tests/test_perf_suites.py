@@ -283,3 +283,26 @@ def test_loader_suite_reports_the_cost_per_body(capsys: pytest.CaptureFixture[st
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loader"]
     assert [r["payload"] for r in rows] == [0, 1024]
     assert all(r["restricted_us"] > 0 and r["pickle_loads_us"] > 0 for r in rows)
+
+
+def test_topics_suite_reports_one_remote_fanout_and_stream() -> None:
+    out = perf(
+        "topics",
+        "--count",
+        "200",
+        "--fanout-count",
+        "20",
+        "--subscribers",
+        "6",
+        "--servers",
+        "3",
+        "--rounds",
+        "20",
+        "--json",
+    )
+    assert out["one_remote"]["deliveries"] == 200 and out["one_remote"]["out_of_order"] == 0
+    assert out["fanout"]["deliveries"] == 20 * 6 and out["fanout"]["out_of_order"] == 0
+    assert out["msgs_per_s"] == out["one_remote"]["msgs_per_s"] > 0
+    for lat in (out["latency_ms"], out["fanout"]["latency_ms"], out["fanout"]["latency_ms_loaded"]):
+        assert 0 < lat["p50"] <= lat["p99"]
+    assert out["stream"]["count"] == 200 and out["ratio_to_stream"] > 0

@@ -284,6 +284,16 @@ SETTINGS: tuple[Setting, ...] = (
         "recognise retried client requests and perform them only once.",
     ),
     Setting(
+        "aaabus.topics.backlog",
+        integer(1, 100_000_000),
+        100_000,
+        "Most publications (or replies) one outside consumer's mailbox keeps for it on this "
+        "server: a named or unnamed `Client.subscribe` / `aaabus subscribe` backlog, in the "
+        "store, until the consumer acknowledges them. Beyond it the **oldest** is dropped and "
+        "counted (the consumer sees `dropped` grow): a slow or absent consumer never holds the "
+        "bus back. Read when a mailbox is created.",
+    ),
+    Setting(
         "aaabus.metrics.port",
         integer(0, 65535),
         None,

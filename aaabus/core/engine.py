@@ -655,6 +655,23 @@ class Engine:
             self.effects.undo(self._boxed.pop, agent_id, None)
             self._finish(agent_id, agent)
 
+    def install(self, agent_id: AgentId, agent: Agent) -> Agent:
+        """Store ``agent`` under the reserved ``agent_id`` unless an agent is there already;
+        return the stored one. Engine thread, in a transaction (the boot's).
+
+        For the system agents every server has (the topic representative ``#s.s.2``): created
+        by the server itself at boot, not deployed, so no reaction runs and nothing is sent;
+        ``on_init(False)`` runs before its first reaction as for any agent.
+        """
+        if not agent_id.is_system or agent_id.server != self.server_id:
+            raise ValueError(f"{agent_id} is not a system agent id of server {self.server_id}")
+        key = (agent_id.origin, agent_id.stamp)
+        stored: Agent | None = self.store.agents.get(key)
+        if stored is None:
+            agent._aaabus_id = agent_id
+            self.store.agents[key] = stored = agent
+        return stored
+
     # -- sending (the ReactionContext the agents see) ----------------------------------------------
 
     def _send_from(self, sender: AgentId, to: AgentId, note: Notification) -> None:

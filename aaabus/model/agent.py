@@ -13,6 +13,7 @@ changes are tracked — or reassign the attribute.
 from __future__ import annotations
 
 import logging
+from typing import Any, ClassVar
 
 from persistent import Persistent
 
@@ -27,6 +28,8 @@ from aaabus.model.notifications import (
     Notification,
     UnknownAgent,
 )
+from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
+from aaabus.model.topicnames import check_filter, check_topic
 
 log = logging.getLogger("aaabus.agent")
 
@@ -39,6 +42,11 @@ class Agent(Persistent):
     changes, its sends, deployments and deletions vanish, the input notification is consumed
     anyway, and its sender receives an :class:`~aaabus.ExceptionNotification`.
     """
+
+    #: Topic filters the agent is subscribed to from its creation on: :meth:`deploy` sends the
+    #: subscriptions with the creation request, so that no publication made after the deploy
+    #: (in causal order) is missed. The boot-time way to declare subscriptions.
+    subscriptions: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, name: str = "") -> None:
         #: Free text shown in logs; not an address.
@@ -133,7 +141,42 @@ class Agent(Persistent):
         ctx = current_context("deploy()")
         if self._aaabus_id is not None:
             raise RuntimeError(f"{self!r} is already deployed")
-        return ctx.deploy(self, ctx.server_id if server is None else server, reply)
+        filters = [check_filter(f) for f in type(self).subscriptions]
+        target = ctx.server_id if server is None else server
+        agent_id = ctx.deploy(self, target, reply)
+        # Same sender, same target server, sent after the creation request: the representative
+        # receives them after the agent exists (causal order), before anything sent later.
+        for topic_filter in filters:
+            ctx.send(AgentId.topics_of(target), Subscribe(topic_filter, agent_id))
+        return agent_id
+
+    # -- topics, valid only inside a reaction (see aaabus.topics) --------------------------------
+
+    def publish(self, topic: str, payload: Any, *, retain: bool = False) -> None:
+        """Publish ``payload`` (any picklable value) on ``topic`` when the reaction commits.
+
+        Every subscription whose filter matches receives a :class:`~aaabus.Publication` exactly
+        once, in causal order with everything this agent published or received before.
+        ``retain=True`` also keeps it as the topic's retained publication (``payload=None``
+        clears it). Raises :class:`~aaabus.TopicError` for a malformed topic name.
+        """
+        ctx = current_context("publish()")
+        ctx.send(AgentId.topics_of(ctx.server_id), Publish(check_topic(topic), payload, retain))
+
+    def subscribe(self, topic_filter: str) -> None:
+        """Subscribe this agent to ``topic_filter`` (``+`` one level, ``#`` the rest).
+
+        Durable: the subscription is stored by the topic representative of the agent's server
+        and lasts until :meth:`unsubscribe` or the agent's deletion. The retained publications
+        matching the filter arrive first. Raises :class:`~aaabus.TopicError` for a bad filter.
+        """
+        ctx = current_context("subscribe()")
+        ctx.send(AgentId.topics_of(ctx.server_id), Subscribe(check_filter(topic_filter)))
+
+    def unsubscribe(self, topic_filter: str) -> None:
+        """End this agent's subscription to ``topic_filter`` (nothing if it had none)."""
+        ctx = current_context("unsubscribe()")
+        ctx.send(AgentId.topics_of(ctx.server_id), Unsubscribe(check_filter(topic_filter)))
 
     def delete(self) -> None:
         """Delete this agent when the current reaction commits (its own reaction only).

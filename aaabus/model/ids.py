@@ -6,7 +6,8 @@
 
 Stamps below :data:`FIRST_USER_STAMP` are reserved for system agents present on every server:
 ``#s.s.0`` is the server itself (notifications from boot services and external clients carry it
-as sender) and ``#s.s.1`` is the server's agent factory.
+as sender), ``#s.s.1`` is the server's agent factory and ``#s.s.2`` its topic representative
+(:mod:`aaabus.topics`), the agent that ``publish`` and ``subscribe`` talk to.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import NamedTuple
 
 SERVER_STAMP = 0
 FACTORY_STAMP = 1
+TOPICS_STAMP = 2
 FIRST_USER_STAMP = 16
 
 _ID_RE = re.compile(r"#(\d+)\.(\d+)\.(\d+)\Z")
@@ -46,6 +48,11 @@ class AgentId(NamedTuple):
     def factory(cls, server: int) -> AgentId:
         """The agent factory of ``server`` (``#s.s.1``)."""
         return cls(server, server, FACTORY_STAMP)
+
+    @classmethod
+    def topics_of(cls, server: int) -> AgentId:
+        """The topic representative of ``server`` (``#s.s.2``)."""
+        return cls(server, server, TOPICS_STAMP)
 
     @classmethod
     def server_of(cls, server: int) -> AgentId:

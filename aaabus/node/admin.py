@@ -20,6 +20,12 @@ Protocol
     session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
     ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 pickle>}``,
     ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``,
+    ``{"op": "publish", "id": ..., "topic": ..., "payload": <base64 pickle>, "retain": b}``,
+    ``{"op": "subscribe", "name": ..., "filter": ...}`` (open a client subscription's mailbox),
+    ``{"op": "fetch", "name": ..., "after": n, "most": k, "wait": s}`` (acknowledge up to ``n``,
+    get what follows, waiting up to ``s`` seconds), ``{"op": "unsubscribe", "name": ...}``,
+    ``{"op": "request", "id": ..., "to": ..., "note": ...}`` (its reply is fetched from mailbox
+    ``request-<id>``; see :mod:`aaabus.node.mailboxes`),
     ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
     :meth:`AgentServer.arm_failpoints`). Answers are
     ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``. Notifications and agents are

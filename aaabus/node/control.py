@@ -15,6 +15,7 @@ from aaabus.config.trust import TrustPolicy
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
+from aaabus.node.mailboxes import MailboxDesk
 
 __all__ = ["NodeControl"]
 
@@ -38,6 +39,11 @@ class NodeControl(Protocol):
 
     @property
     def max_frame(self) -> int: ...
+
+    @property
+    def mailboxes(self) -> MailboxDesk:
+        """The mailboxes of outside consumers (client subscriptions and requests)."""
+        ...
 
     def status(self, timeout: float = 10.0) -> dict[str, Any]:
         """One consistent snapshot (:func:`aaabus.node.status.server_status`)."""

@@ -14,6 +14,8 @@ from typing import Any
 
 from aaabus.errors import AaabusError, RequestRefused, UntrustedClass
 from aaabus.model.ids import AgentId
+from aaabus.model.pubsub import Publish
+from aaabus.model.topicnames import check_filter, check_topic
 from aaabus.node.control import NodeControl
 from aaabus.node.rates import RateMeter
 from aaabus.wire.message import vet_body
@@ -24,6 +26,10 @@ log = logging.getLogger("aaabus.admin")
 
 #: Longest client-chosen request id (they are remembered by the server for deduplication).
 MAX_REQUEST_ID = 128
+#: Most items one fetch returns, and the longest it waits for one (seconds): a fetch holds its
+#: admin connection's thread, and the client's answer timeout must exceed the wait.
+MAX_FETCH_ITEMS = 1000
+MAX_FETCH_WAIT = 10.0
 
 
 def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any]:
@@ -56,6 +62,8 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
             key = _request_id(request)
             agent_id, duplicate = server.accept_once(key, lambda: server.deploy_now(agent, where))
             return {"ok": True, "agent": agent_id, "duplicate": duplicate}
+        if op in _TOPIC_OPS:
+            return _TOPIC_OPS[op](server, request)
         if op == "failpoints":
             spec = request.get("arm")
             if not isinstance(spec, str):
@@ -67,6 +75,61 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
         return {"ok": False, "error": str(exc) or type(exc).__name__}
     except Exception as exc:  # a failing send or deploy: its transaction was rolled back
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _publish(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+    topic = check_topic(request.get("topic"))
+    payload = _unpickle(server, request.get("payload"), "payload")
+    note = Publish(topic, payload, bool(request.get("retain", False)))
+    rep = AgentId.topics_of(server.server_id)
+    _, duplicate = server.accept_once(_request_id(request), lambda: server.send_now(rep, note))
+    return {"ok": True, "duplicate": duplicate}
+
+
+def _subscribe(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+    name = _mailbox_name(request)
+    existed = server.mailboxes.open(name, check_filter(request.get("filter")), None)
+    return {"ok": True, "existed": existed}
+
+
+def _fetch(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+    after, most, wait = request.get("after"), request.get("most", 100), request.get("wait", 0)
+    if not isinstance(after, int) or after < 0:
+        raise RequestRefused("'after' must be the last item number consumed (an integer >= 0)")
+    if not isinstance(most, int) or not 0 <= most <= MAX_FETCH_ITEMS:
+        raise RequestRefused(f"'most' must be an integer in 0..{MAX_FETCH_ITEMS}")
+    if not isinstance(wait, int | float) or not 0 <= wait <= MAX_FETCH_WAIT:
+        raise RequestRefused(f"'wait' must be seconds in 0..{MAX_FETCH_WAIT:g}")
+    return {"ok": True, **server.mailboxes.fetch(_mailbox_name(request), after, most, wait)}
+
+
+def _unsubscribe(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+    server.mailboxes.delete(_mailbox_name(request))
+    return {"ok": True}
+
+
+def _request(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+    to = _target(server, request.get("to"))
+    note = _unpickle(server, request.get("note"), "notification")
+    # The mailbox is named after the request id: a retried request finds it and sends nothing.
+    existed = server.mailboxes.open(f"request-{_request_id(request)}", None, (to, note))
+    return {"ok": True, "duplicate": existed}
+
+
+_TOPIC_OPS = {
+    "publish": _publish,
+    "subscribe": _subscribe,
+    "fetch": _fetch,
+    "unsubscribe": _unsubscribe,
+    "request": _request,
+}
+
+
+def _mailbox_name(request: dict[str, Any]) -> str:
+    name = request.get("name")
+    if not isinstance(name, str) or not 0 < len(name) <= MAX_REQUEST_ID + 8:
+        raise RequestRefused(f"a subscription name is a string of 1..{MAX_REQUEST_ID} characters")
+    return name
 
 
 def _request_id(request: dict[str, Any]) -> str:

@@ -38,7 +38,10 @@ from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
+from aaabus.node.mailboxes import MailboxDesk
 from aaabus.node.status import server_status
+from aaabus.topics.messages import TopicRoutes
+from aaabus.topics.representative import TopicRepresentative
 
 if TYPE_CHECKING:
     from aaabus.core.traffic import TrafficRecorder
@@ -121,6 +124,7 @@ class AgentServer:
         self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
         self.max_frame: int = config.setting(server_id, "aaabus.max_frame")
         self.remember: int = config.setting(server_id, "aaabus.client.remember")
+        self.backlog: int = config.setting(server_id, "aaabus.topics.backlog")
         allow_cycles: bool = config.setting(server_id, "aaabus.test.allow_cycles")
         # Validated at every boot: a cyclic domain graph would silently break causal order.
         if topology is None or topology.cfg is not config or topology.allow_cycles != allow_cycles:
@@ -142,6 +146,10 @@ class AgentServer:
         self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
         self.store: Store | None = None
         self.engine: Engine | None = None
+        #: The mailboxes of outside consumers (client subscriptions and requests).
+        self.mailboxes = MailboxDesk(
+            server_id, self.call, lambda: self._require_store().agents, self._send_from_server
+        )
         self.channel: Channel | None = None
         self.network: Network | None = None
         self.tracer: Tracer | None = None
@@ -158,6 +166,7 @@ class AgentServer:
 
     def start(self) -> None:
         """Open the store, run the boot services, start the engine. Raises AaabusError."""
+        self.mailboxes.set_stopping(False)
         self.store = open_store(
             self.store_kind,
             self.storage,
@@ -182,6 +191,7 @@ class AgentServer:
             self.failpoints_allowed = failpoints is not None
             if failpoints:
                 self.engine.failpoints.arm_from_text(failpoints)
+            self.engine.add_listener(self.mailboxes.on_note)
             if self.trace_dir is not None:
                 self.tracer = self.engine.tracer = Tracer(
                     self.trace_dir, self.server_id, self.engine.effects
@@ -284,6 +294,8 @@ class AgentServer:
                 root[_SEEN] = OOBTree()
                 root[_SEEN_ORDER] = LOBTree()
             record.boots += 1
+            # Before the services: they may publish or open mailboxes through it.
+            self._install_representative(engine)
             for spec, service in self._services:
                 first_time = spec.cls not in record.services_started
                 record.services_started[spec.cls] = True
@@ -298,6 +310,28 @@ class AgentServer:
                 f"a boot service of server {self.server_id} failed "
                 f"({type(exc).__name__}: {exc}); the server did not start"
             ) from None
+
+    def _install_representative(self, engine: Engine) -> None:
+        """Boot transaction: the topic representative ``#s.s.2`` exists and knows the routes."""
+        routes = {dst: hop.server for dst, hop in self.topology.routes_from(self.server_id).items()}
+        rep = engine.install(
+            AgentId.topics_of(self.server_id), TopicRepresentative(routes, self.backlog)
+        )
+        if not isinstance(rep, TopicRepresentative):
+            raise ServiceFailed(f"server {self.server_id}: #s.s.2 in the store is {rep!r}")
+        if rep.backlog != self.backlog:
+            rep.backlog = self.backlog  # for mailboxes created from now on
+        if rep.routes != routes:
+            # Through a reaction: the representative tells newcomers what it subscribes to.
+            engine.send(rep.id, TopicRoutes(routes))
+
+    def _require_store(self) -> Store:
+        if self.store is None:
+            raise RuntimeError(f"server {self.server_id} is not started")
+        return self.store
+
+    def _send_from_server(self, to: AgentId, note: Notification) -> None:
+        self._require_engine().send(to, note)
 
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
         """Run ``fn`` on the engine thread as ``#s.s.0`` (any calling thread); wait for its commit.
@@ -448,6 +482,7 @@ class AgentServer:
         """
         with self._stop_lock:
             self._stop_requested = True
+        self.mailboxes.set_stopping(True)  # admin connections waiting on mailboxes answer now
         with self._stopping:
             if self.store is None:
                 self._stop_endpoints()

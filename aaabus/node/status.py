@@ -19,6 +19,8 @@ from aaabus.core.channel import Channel
 from aaabus.core.engine import Engine
 from aaabus.errors import AdminError
 from aaabus.io.network import Network
+from aaabus.model.ids import TOPICS_STAMP
+from aaabus.topics.representative import TopicRepresentative
 
 __all__ = ["StatusSource", "server_status"]
 
@@ -90,6 +92,7 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
             "boots": store.record.boots,
             "clocks": clocks,
             "clock_cells": sum(k * k for k in clocks.values()),
+            "topics": _topic_figures(store.agents.get((me, TOPICS_STAMP))),
             **_storage_figures(store.disk()),
         }
 
@@ -108,6 +111,10 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
         "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
         **snapshot,
     }
+
+
+def _topic_figures(rep: Any) -> dict[str, int]:
+    return rep.figures() if isinstance(rep, TopicRepresentative) else {}
 
 
 def _storage_figures(disk: dict[str, Any]) -> dict[str, Any]:

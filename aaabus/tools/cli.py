@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 
 from aaabus.errors import AaabusError
 from aaabus.tools.readiness import READY_LINE
+from aaabus.tools.topiccmds import add_parsers as add_topic_commands
 
 
 class _Parser(argparse.ArgumentParser):
@@ -501,6 +502,8 @@ def _main_parser() -> _Parser:
     send.add_argument("--request-id", help="id making a retried send idempotent")
     send.add_argument("--timeout", type=float, default=30.0, help="seconds, retries included")
     send.set_defaults(func=_cmd_send)
+
+    add_topic_commands(sub, KEY_HELP, _tool_credential)
 
     server = sub.add_parser("server", help="run one agent server (same as aaabus-server)")
     for action in _server_parser("aaabus server")._actions:

@@ -15,6 +15,11 @@ other send) *before* it answers, so once :meth:`Client.send` returns, delivery i
 exactly once and in causal order with everything else that server's ``#s.s.0`` sends — including
 the client's earlier sends, which therefore arrive in the order they were sent.
 
+Topics: :meth:`Client.publish` publishes from ``#s.s.0`` of that server; :meth:`Client.subscribe`
+opens a subscription whose backlog waits in a mailbox agent on that server
+(:mod:`aaabus.tools.subscription`); :meth:`Client.request` sends a notification and waits for the
+agent's reply, which lands in a mailbox too.
+
 Retries are safe: every request carries an id chosen by the client and kept across its retries;
 the server records it in the transaction that performs the request and answers a repeated id with
 the first answer instead of acting twice. The last ``aaabus.client.remember`` ids (default
@@ -43,6 +48,9 @@ from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
+from aaabus.model.pubsub import Publication
+from aaabus.model.topicnames import check_filter, check_topic
+from aaabus.tools.subscription import FETCH_WAIT, Subscription
 from aaabus.wire.message import encode_note
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]
@@ -125,6 +133,81 @@ class Client:
             {"op": "deploy", "id": request_id or _new_id(), "agent": body, "server": server}
         )
         return AgentId.parse(answer["agent"])
+
+    def publish(
+        self, topic: str, payload: Any, *, retain: bool = False, request_id: str | None = None
+    ) -> bool:
+        """Publish ``payload`` (picklable, of a class the server trusts) on ``topic``.
+
+        Returns once the server has committed it, as :meth:`send` does (``False``: the server
+        had already accepted ``request_id``). The publisher is the server, ``#s.s.0``: in causal
+        order with everything this client published or sent through the same server before.
+        Raises :class:`~aaabus.TopicError` for a malformed topic name.
+        """
+        body = base64.b64encode(encode_note(payload)).decode("ascii")
+        answer = self._request(
+            {
+                "op": "publish",
+                "id": request_id or _new_id(),
+                "topic": check_topic(topic),
+                "payload": body,
+                "retain": retain,
+            }
+        )
+        return not answer.get("duplicate", False)
+
+    def subscribe(self, topic_filter: str, name: str | None = None) -> Subscription[Publication]:
+        """Subscribe to ``topic_filter``; iterate the result to get :class:`~aaabus.Publication` s.
+
+        The subscription takes effect when this returns for publications made through this
+        server, and once the other servers have heard of it for theirs (a few link delays; the
+        ``topics`` figures of ``aaabus status`` show it). ``name``: a durable subscription, kept
+        by the server across restarts and client processes, resumed by subscribing again with
+        the same name (and filter; another filter is refused). Without a name it lasts until
+        :meth:`Subscription.close`. Raises :class:`~aaabus.TopicError` for a bad filter.
+        """
+        check_filter(topic_filter)
+        durable = name is not None
+        mailbox = name if name is not None else f"client-{_new_id()}"
+        self._request({"op": "subscribe", "name": mailbox, "filter": topic_filter})
+        return Subscription[Publication](
+            self._request, mailbox, topic_filter, durable=durable, wait=self._fetch_wait()
+        )
+
+    def unsubscribe(self, name: str) -> None:
+        """Delete the named subscription ``name`` and its backlog (nothing if there is none)."""
+        self._request({"op": "unsubscribe", "name": name})
+
+    def request(
+        self, agent: AgentId | str, note: Notification, timeout: float = 30.0
+    ) -> Notification:
+        """Send ``note`` to ``agent`` and return its reply (the first notification it sends
+        back to the sender it saw). The request is sent once, even if this call retries.
+
+        The reply may be an :class:`~aaabus.ExceptionNotification` (the agent raised) or an
+        :class:`~aaabus.UnknownAgent`. Raises :class:`TimeoutError` if none came within
+        ``timeout`` seconds (a late reply is dropped with the request's mailbox).
+        """
+        target = AgentId.parse(agent) if isinstance(agent, str) else agent
+        if not isinstance(note, Notification):
+            raise TypeError(f"{type(note).__name__} is not an aaabus.Notification")
+        key = _new_id()
+        body = base64.b64encode(encode_note(note)).decode("ascii")
+        self._request({"op": "request", "id": key, "to": str(target), "note": body})
+        replies = Subscription[Notification](
+            self._request, f"request-{key}", "", durable=False, batch=1, wait=self._fetch_wait()
+        )
+        try:
+            reply = replies.get(timeout)
+        finally:
+            replies.close()
+        if reply is None:
+            raise TimeoutError(f"no reply from {target} within {timeout:g}s")
+        return reply
+
+    def _fetch_wait(self) -> float:
+        # A fetch that waits on the server must be answered well within this client's timeout.
+        return min(FETCH_WAIT, self.timeout / 3)
 
     def arm_failpoints(self, spec: str) -> None:
         """Arm failpoints on the server (``name:action[:skip[:times]],...``, see

@@ -1,0 +1,157 @@
+"""The server side of outside consumers: open, read, acknowledge and close mailboxes.
+
+A client subscription or request is a mailbox agent (:mod:`aaabus.topics.mailbox`) registered by
+name with this server's topic representative. The admin connections (:mod:`aaabus.node.dispatch`)
+come here; everything that reads or changes the store runs on the engine thread through
+:meth:`AgentServer.call`, so the backlog has one writer and every answer is committed.
+
+Waiting: :meth:`MailboxDesk.fetch` may wait for a mailbox to receive something. The wait is on a
+generation counter that the engine thread bumps, after the commit, for every
+:class:`~aaabus.topics.messages.MailboxGrew` a mailbox sends to ``#s.s.0`` (:meth:`on_note`, an
+engine listener). The counter is read inside the same engine call that found the mailbox empty,
+so no wake-up can fall between the look and the wait. The waiting thread is the admin
+connection's own; the engine never waits for it.
+"""
+
+from __future__ import annotations
+
+import base64
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from aaabus.errors import RequestRefused
+from aaabus.model.ids import TOPICS_STAMP, AgentId
+from aaabus.model.notifications import Notification
+from aaabus.topics.mailbox import Mailbox
+from aaabus.topics.messages import CloseMailbox, MailboxGrew, OpenMailbox
+from aaabus.topics.representative import TopicRepresentative
+from aaabus.wire.message import encode_note
+
+__all__ = ["MAX_FETCH_BYTES", "MailboxDesk"]
+
+T = TypeVar("T")
+
+#: Most pickled bytes one fetch answer carries (the rest waits for the next fetch): an answer is
+#: one admin frame, far below ``aaabus.max_frame``.
+MAX_FETCH_BYTES = 1 << 20
+
+
+class MailboxDesk:
+    """Mailbox operations for the admin connections of one server (any thread but the engine's).
+
+    ``call(fn)`` runs ``fn`` on the engine thread and returns its result once committed;
+    ``agents()`` is the store's agent table and ``send(to, note)`` sends from ``#s.s.0`` (both
+    engine thread only, inside ``call``).
+    """
+
+    def __init__(
+        self,
+        server_id: int,
+        call: Callable[[Callable[[], Any]], Any],
+        agents: Callable[[], Any],
+        send: Callable[[AgentId, Notification], None],
+    ) -> None:
+        self.server_id = server_id
+        self._call = call
+        self._agents = agents
+        self._send = send
+        self._cond = threading.Condition()
+        self._generation = 0
+        self._stopping = False
+
+    def on_note(self, sender: AgentId, note: Notification) -> None:
+        """Engine listener (after commit, engine thread): wake the fetches waiting."""
+        if isinstance(note, MailboxGrew):
+            with self._cond:
+                self._generation += 1
+                self._cond.notify_all()
+
+    def set_stopping(self, stopping: bool) -> None:
+        """While the server stops (``True``), waiting fetches and later ones answer at once;
+        ``False`` when it starts again (any thread)."""
+        with self._cond:
+            self._stopping = stopping
+            self._cond.notify_all()
+
+    # -- engine thread -----------------------------------------------------------------------------
+
+    def _representative(self) -> TopicRepresentative:
+        rep = self._agents().get((self.server_id, TOPICS_STAMP))
+        if not isinstance(rep, TopicRepresentative):
+            raise RequestRefused(f"server {self.server_id} has no topic representative")
+        return rep
+
+    def _mailbox(self, name: str) -> Mailbox | None:
+        entry = self._representative().mailboxes.get(name)
+        if entry is None:
+            return None
+        box = self._agents().get((entry[0].origin, entry[0].stamp))
+        return box if isinstance(box, Mailbox) else None
+
+    # -- the operations ----------------------------------------------------------------------------
+
+    def open(
+        self, name: str, topic_filter: str | None, first: tuple[AgentId, Notification] | None
+    ) -> bool:
+        """Create mailbox ``name`` unless it exists; True if it did exist. Refuses a name taken
+        with another filter. The creation itself happens in the representative's next reaction
+        (a fetch before that finds the mailbox empty)."""
+
+        def do() -> bool:
+            rep = self._representative()
+            entry = rep.mailboxes.get(name)
+            if entry is not None:
+                if entry[1] != topic_filter:
+                    raise RequestRefused(
+                        f"subscription {name!r} exists with filter {entry[1]!r}, not "
+                        f"{topic_filter!r}: choose another name, or unsubscribe it first"
+                    )
+                return True
+            self._send(rep.id, OpenMailbox(name, topic_filter, first))
+            return False
+
+        result: bool = self._call(do)
+        return result
+
+    def delete(self, name: str) -> None:
+        """Delete mailbox ``name`` and its backlog (nothing if there is none)."""
+        self._call(lambda: self._send(AgentId.topics_of(self.server_id), CloseMailbox(name)))
+
+    def fetch(self, name: str, after: int, most: int, wait: float) -> dict[str, Any]:
+        """Acknowledge items up to ``after``; return up to ``most`` items numbered above it,
+        waiting up to ``wait`` seconds for one if there is none.
+
+        The answer: ``items`` (``[seq, base64 pickle]``, oldest first), ``dropped`` (items
+        dropped at the backlog limit so far) and ``exists`` (whether the mailbox exists yet).
+        """
+        deadline = time.monotonic() + wait
+        while True:
+
+            def look() -> tuple[int, bool, int, list[list[Any]]]:
+                generation = self._generation  # engine thread: the listener's thread too
+                box = self._mailbox(name)
+                if box is None:
+                    return generation, False, 0, []
+                box.ack(after)
+                items: list[list[Any]] = []
+                size = 0
+                for seq, note in box.take(after, most):
+                    body = encode_note(note)
+                    size += len(body)
+                    if items and size > MAX_FETCH_BYTES:
+                        break
+                    items.append([seq, base64.b64encode(body).decode("ascii")])
+                return generation, True, box.dropped, items
+
+            generation, exists, dropped, items = self._call(look)
+            left = deadline - time.monotonic()
+            # Stopping: answer now (empty); the client's next fetch finds the server gone and
+            # reconnects, or finds it restarted.
+            if items or left <= 0 or self._stopping:
+                return {"items": items, "dropped": dropped, "exists": exists}
+            with self._cond:
+                while self._generation == generation and left > 0 and not self._stopping:
+                    self._cond.wait(left)
+                    left = deadline - time.monotonic()

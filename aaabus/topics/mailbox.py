@@ -1,0 +1,107 @@
+"""A mailbox: the persistent backlog of one consumer outside the bus.
+
+A client subscription (:meth:`aaabus.Client.subscribe`) is a mailbox agent on the server the
+client goes through, subscribed to the client's filter by the representative that created it; a
+request (:meth:`aaabus.Client.request`) is a mailbox that sends the request as its own sender
+and keeps the reply. The mailbox numbers
+what it receives 1, 2, 3, ... and keeps it in the server's store until the client acknowledges
+it, so a consumer that is slow, gone or reconnecting after a server restart never holds the bus
+back and loses nothing: the bus delivers to the mailbox at the bus's pace, the client reads from
+it at its own.
+
+The limit: at most ``limit`` items wait (property ``aaabus.topics.backlog``, read when the
+mailbox is created). Beyond it, the **oldest** item is dropped and counted in ``dropped``: the
+backlog then reads as if the subscription had started later, with no hole in its middle, and
+the client sees the count grow (``Subscription.dropped``, a warning from ``aaabus subscribe``).
+
+Threads: :meth:`Mailbox.react` runs on the engine thread in a reaction; :meth:`take` and
+:meth:`ack` are called by the server's admin side (``aaabus.node.mailboxes``), on the engine
+thread too, inside ``Engine.call``, so the backlog has one writer.
+"""
+
+from __future__ import annotations
+
+from BTrees.LOBTree import LOBTree
+
+from aaabus.model.agent import Agent
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import (
+    AgentCreateReply,
+    AgentDeleteAck,
+    AgentDeleteRequest,
+    Notification,
+)
+from aaabus.topics.messages import MailboxGrew
+
+__all__ = ["Mailbox"]
+
+
+class Mailbox(Agent):
+    """The backlog of one outside consumer (see the module docstring)."""
+
+    def __init__(
+        self,
+        label: str,
+        topic_filter: str | None,
+        limit: int,
+        first: tuple[AgentId, Notification] | None = None,
+    ) -> None:
+        super().__init__(label)
+        self.topic_filter = topic_filter
+        self.limit = limit
+        self.first = first
+        self.items: LOBTree = LOBTree()
+        self.next_seq = 1
+        self.count = 0  # len() of a BTree walks it: keep the size
+        self.dropped = 0
+
+    def on_init(self, first_time: bool) -> None:
+        # A subscription's filter was registered by the representative that created it.
+        if first_time and self.first is not None:
+            target, note = self.first
+            self.first = None
+            self.send_to(target, note)
+
+    def on_delete(self) -> None:
+        if self.topic_filter is not None:
+            self.unsubscribe(self.topic_filter)
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, AgentDeleteRequest):
+            super().react(sender, note)
+        elif not isinstance(note, AgentCreateReply | AgentDeleteAck):
+            # Publications, replies, and error reports (the reply to a failed request).
+            self._append(note)
+
+    def _append(self, note: Notification) -> None:
+        if not self.count:
+            # Wake the admin connections waiting on this mailbox: after the commit, through
+            # the server's listeners. Only on empty -> not empty: a reader that found items
+            # takes them without waiting, and one that waits has acknowledged everything.
+            self.send_to(AgentId.server_of(self.id.server), MailboxGrew(self.name))
+        self.items[self.next_seq] = note
+        self.next_seq += 1
+        self.count += 1
+        while self.count > self.limit:
+            del self.items[self.items.minKey()]
+            self.count -= 1
+            self.dropped += 1
+
+    # -- the admin side (engine thread, inside Engine.call) ----------------------------------------
+
+    def take(self, after: int, most: int) -> list[tuple[int, Notification]]:
+        """Up to ``most`` items numbered above ``after``, oldest first (nothing is removed)."""
+        out: list[tuple[int, Notification]] = []
+        if most <= 0 or not self.count:
+            return out
+        for seq, note in self.items.items(min=after + 1):
+            out.append((seq, note))
+            if len(out) >= most:
+                break
+        return out
+
+    def ack(self, upto: int) -> None:
+        """Forget every item numbered ``upto`` or below: the client consumed them."""
+        while self.count and self.items.minKey() <= upto:
+            del self.items[self.items.minKey()]
+            self.count -= 1

@@ -1,0 +1,92 @@
+"""The notifications the topic representatives exchange among themselves and with their server.
+
+Not part of the agent API (agents use :mod:`aaabus.model.pubsub`). They derive from
+:class:`~aaabus.Notification` so that every server's trust policy loads them (they are aaabus's
+own data classes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import Notification
+
+__all__ = [
+    "Carried",
+    "CloseMailbox",
+    "InterestChange",
+    "MailboxGrew",
+    "OpenMailbox",
+    "Relay",
+    "TopicRoutes",
+]
+
+
+@dataclass
+class Carried(Notification):
+    """One publication on its way between representatives (and a topic's retained copy)."""
+
+    topic: str
+    payload: Any
+    publisher: AgentId
+    retain: bool = False
+
+
+@dataclass
+class InterestChange(Notification):
+    """Server ``origin`` gained (``add``) or lost its last local subscription to ``filters``."""
+
+    origin: int
+    filters: tuple[str, ...]
+    add: bool
+
+
+@dataclass
+class Relay(Notification):
+    """``item`` for the representatives of ``targets``, all reached through the receiver.
+
+    The receiver handles ``item`` itself if it is a target, and relays it to the others, one
+    :class:`Relay` per next hop: a relayed item crosses each link between servers at most once.
+    """
+
+    targets: tuple[int, ...]
+    item: Carried | InterestChange
+
+
+@dataclass
+class TopicRoutes(Notification):
+    """From the server at boot, when its routes changed: ``routes`` maps every other server to
+    the next hop towards it (the configuration's route table)."""
+
+    routes: dict[int, int]
+
+
+@dataclass
+class OpenMailbox(Notification):
+    """Create mailbox ``name`` on the representative's server, unless it exists.
+
+    ``topic_filter``: the mailbox subscribes to it (a client subscription); ``None`` for a reply
+    mailbox. ``first``: a notification the mailbox sends, as its sender, when it is created (the
+    request of :meth:`aaabus.Client.request`, whose reply then lands in the mailbox).
+    """
+
+    name: str
+    topic_filter: str | None
+    first: tuple[AgentId, Notification] | None = None
+
+
+@dataclass
+class CloseMailbox(Notification):
+    """Delete mailbox ``name`` (its backlog with it)."""
+
+    name: str
+
+
+@dataclass
+class MailboxGrew(Notification):
+    """From a mailbox to its server (``#s.s.0``): its backlog was empty and is not any more;
+    wakes the admin connections waiting on it."""
+
+    name: str

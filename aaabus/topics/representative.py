@@ -1,0 +1,241 @@
+"""The topic representative: one agent per server (``#s.s.2``) that makes topics out of messages.
+
+What it holds (all in the server's store, so it survives restarts):
+
+* ``local``: filter -> the agents of this server subscribed to it (durable subscriptions);
+* ``remote``: filter -> the other servers with at least one subscriber to it, learned from
+  their :class:`~aaabus.topics.messages.InterestChange` announcements;
+* ``retained``: topic -> its retained publication (every representative keeps a copy);
+* ``mailboxes``: name -> the mailbox agent of a client subscription (:mod:`aaabus.topics.mailbox`);
+* ``routes``: next hop towards every other server (the configuration's route table, set by the
+  server at boot).
+
+How a publication travels: the publisher's reaction sends :class:`~aaabus.model.pubsub.Publish`
+to its own server's representative. That representative delivers it to the local subscribers
+whose filters match, and sends one :class:`~aaabus.topics.messages.Relay` per next hop that
+leads to an interested server (every server, for a retained publication); each representative
+on the way delivers locally if it is a target and relays the rest the same way. Routes are the
+unique paths of the servers–domains tree, so a publication crosses each link at most once and
+every subscriber gets it from one path. Interest announcements travel the same way (to every
+server), so they reach each representative in the order they were made.
+
+Runs on the engine thread like any agent: each reaction is atomic (the subscription tables,
+retained copies and every send change together or not at all). A malformed filter or a
+subscriber of another server raises :class:`~aaabus.errors.TopicError`; the reaction is rolled
+back and the sender receives an :class:`~aaabus.ExceptionNotification`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+
+from BTrees.OOBTree import OOBTree, OOTreeSet
+
+from aaabus.errors import TopicError
+from aaabus.model.agent import Agent
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import AgentDeleteRequest, Notification, UnknownAgent
+from aaabus.model.pubsub import Publication, Publish, Subscribe, Unsubscribe
+from aaabus.model.topicnames import check_filter, check_topic, matches
+from aaabus.topics.mailbox import Mailbox
+from aaabus.topics.messages import (
+    Carried,
+    CloseMailbox,
+    InterestChange,
+    OpenMailbox,
+    Relay,
+    TopicRoutes,
+)
+
+__all__ = ["TopicRepresentative"]
+
+log = logging.getLogger("aaabus.topics")
+
+
+class TopicRepresentative(Agent):
+    """The topic representative of one server (see the module docstring).
+
+    ``routes``: next hop towards every other server; ``backlog``: the limit given to the
+    mailboxes it creates (property ``aaabus.topics.backlog``).
+    """
+
+    def __init__(self, routes: Mapping[int, int], backlog: int) -> None:
+        super().__init__("topics")
+        # A plain dict, always replaced whole (never changed in place): the store sees it.
+        self.routes: dict[int, int] = dict(routes)
+        self.backlog = backlog
+        self.local: OOBTree = OOBTree()
+        self.of_subscriber: OOBTree = OOBTree()
+        self.remote: OOBTree = OOBTree()
+        self.retained: OOBTree = OOBTree()
+        self.mailboxes: OOBTree = OOBTree()
+
+    @property
+    def server(self) -> int:
+        return self.id.server
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Publish):
+            item = Carried(check_topic(note.topic), note.payload, sender, note.retain)
+            self._handle(item)
+            self._relay(self.routes if item.retain else self._interested(item.topic), item)
+        elif isinstance(note, Relay):
+            if self.server in note.targets:
+                self._handle(note.item)
+            self._relay(note.targets, note.item)
+        elif isinstance(note, Subscribe):
+            self._subscribe(note.subscriber or sender, check_filter(note.topic_filter))
+        elif isinstance(note, Unsubscribe):
+            self._unsubscribe(note.subscriber or sender, check_filter(note.topic_filter))
+        elif isinstance(note, UnknownAgent) and note.target in self.of_subscriber:
+            # A subscriber was deleted: its subscriptions go with it.
+            for topic_filter in list(self.of_subscriber[note.target]):
+                self._unsubscribe(note.target, topic_filter)
+        elif isinstance(note, TopicRoutes):
+            self._set_routes(note.routes)
+        elif isinstance(note, OpenMailbox):
+            self._open_mailbox(note)
+        elif isinstance(note, CloseMailbox):
+            entry = self.mailboxes.pop(note.name, None)
+            if entry is not None:
+                self.send_to(entry[0], AgentDeleteRequest())
+        else:
+            super().react(sender, note)
+
+    def figures(self) -> dict[str, int]:
+        """What ``aaabus status`` shows of topics on this server (engine thread)."""
+        return {
+            "filters": len(self.local),
+            "subscribers": len(self.of_subscriber),
+            "remote_filters": len(self.remote),
+            "remote_servers": len({s for where in self.remote.values() for s in where}),
+            "remote_subscriptions": sum(len(where) for where in self.remote.values()),
+            "retained": len(self.retained),
+            "mailboxes": len(self.mailboxes),
+        }
+
+    # -- publications ------------------------------------------------------------------------------
+
+    def _handle(self, item: Carried | InterestChange) -> None:
+        """Apply ``item`` here: record an interest change, or deliver a publication locally."""
+        if isinstance(item, InterestChange):
+            self._record_interest(item)
+            return
+        if item.retain:
+            if item.payload is None:
+                self.retained.pop(item.topic, None)
+            else:
+                self.retained[item.topic] = item
+        chosen: dict[AgentId, list[str]] = {}
+        for topic_filter, subscribers in self.local.items():
+            if matches(topic_filter, item.topic):
+                for subscriber in subscribers:
+                    chosen.setdefault(subscriber, []).append(topic_filter)
+        for subscriber in sorted(chosen):
+            note = Publication(item.topic, item.payload, item.publisher, tuple(chosen[subscriber]))
+            self.send_to(subscriber, note)
+
+    def _interested(self, topic: str) -> set[int]:
+        """The other servers with a subscription matching ``topic``."""
+        servers: set[int] = set()
+        for topic_filter, where in self.remote.items():
+            if matches(topic_filter, topic):
+                servers.update(where)
+        return servers
+
+    def _relay(self, targets: Iterable[int], item: Carried | InterestChange) -> None:
+        """Send ``item`` towards ``targets`` (minus this server): one Relay per next hop."""
+        me = self.server
+        by_hop: dict[int, list[int]] = {}
+        for target in sorted(set(targets)):
+            hop = self.routes.get(target)
+            if target != me and hop is not None:  # None: no longer in the configuration
+                by_hop.setdefault(hop, []).append(target)
+        for hop in sorted(by_hop):
+            self.send_to(AgentId.topics_of(hop), Relay(tuple(by_hop[hop]), item))
+
+    # -- subscriptions -----------------------------------------------------------------------------
+
+    def _subscribe(self, subscriber: AgentId, topic_filter: str) -> None:
+        if subscriber.server != self.server:
+            raise TopicError(
+                f"{subscriber} lives on server {subscriber.server}: subscribe through the topic "
+                f"representative of its own server, not server {self.server}'s"
+            )
+        subscribers = self.local.get(topic_filter)
+        if subscribers is None:
+            subscribers = self.local[topic_filter] = OOTreeSet()
+            self._announce((topic_filter,), add=True)
+        subscribers.insert(subscriber)
+        filters = self.of_subscriber.get(subscriber)
+        if filters is None:
+            filters = self.of_subscriber[subscriber] = OOTreeSet()
+        filters.insert(topic_filter)
+        for topic, item in self.retained.items():
+            if matches(topic_filter, topic):
+                note = Publication(topic, item.payload, item.publisher, (topic_filter,), True)
+                self.send_to(subscriber, note)
+
+    def _unsubscribe(self, subscriber: AgentId, topic_filter: str) -> None:
+        subscribers = self.local.get(topic_filter)
+        if subscribers is None or subscriber not in subscribers:
+            return
+        subscribers.remove(subscriber)
+        if not subscribers:
+            del self.local[topic_filter]
+            self._announce((topic_filter,), add=False)
+        filters = self.of_subscriber[subscriber]
+        filters.remove(topic_filter)
+        if not filters:
+            del self.of_subscriber[subscriber]
+
+    def _announce(self, filters: tuple[str, ...], *, add: bool) -> None:
+        """Tell every other representative that this server gained or lost ``filters``."""
+        self._relay(self.routes, InterestChange(self.server, filters, add))
+
+    def _record_interest(self, change: InterestChange) -> None:
+        for topic_filter in change.filters:
+            where = self.remote.get(topic_filter)
+            if change.add:
+                if where is None:
+                    where = self.remote[topic_filter] = OOTreeSet()
+                where.insert(change.origin)
+            elif where is not None and change.origin in where:
+                where.remove(change.origin)
+                if not where:
+                    del self.remote[topic_filter]
+
+    def _set_routes(self, routes: Mapping[int, int]) -> None:
+        """The configuration changed: forget servers that left, tell newcomers our filters."""
+        old = set(self.routes)
+        self.routes = dict(routes)
+        for gone in old - set(routes):
+            self._record_interest(InterestChange(gone, tuple(self.remote.keys()), add=False))
+        newcomers = set(routes) - old
+        if newcomers and self.local:
+            self._relay(newcomers, InterestChange(self.server, tuple(self.local.keys()), True))
+
+    # -- mailboxes of outside consumers ------------------------------------------------------------
+
+    def _open_mailbox(self, note: OpenMailbox) -> None:
+        entry = self.mailboxes.get(note.name)
+        if entry is not None:
+            if entry[1] != note.topic_filter:
+                # Only the admin port sends this, and it checks first: a race of two clients.
+                log.warning(
+                    "server %s: mailbox %r already exists with filter %r, not %r",
+                    self.server,
+                    note.name,
+                    entry[1],
+                    note.topic_filter,
+                )
+            return
+        mailbox = Mailbox(note.name, note.topic_filter, self.backlog, note.first)
+        mailbox_id = mailbox.deploy()
+        self.mailboxes[note.name] = (mailbox_id, note.topic_filter)
+        if note.topic_filter is not None:
+            # Subscribed here and now, not by the mailbox once created: every publication this
+            # representative handles after the request is the subscription's (its deliveries
+            # reach the mailbox after the creation request, which went first).
+            self._subscribe(mailbox_id, check_filter(note.topic_filter))

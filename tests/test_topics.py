@@ -1,0 +1,250 @@
+"""Topics over an in-process bus of real servers (TCP on 127.0.0.1, in-memory stores)."""
+
+from __future__ import annotations
+
+import functools
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from aaabus import Agent, AgentId, AgentServer, ExceptionNotification, Notification
+from aaabus.config.reader import load_config
+from aaabus.errors import ConfigError
+from aaabus.node.inprocess import InProcessBus
+from aaabus.testing.topicload import Do, TopicProbe
+from tests.support.topics import (
+    agent_attr,
+    inprocess,
+    layout_config,
+    remote_filters,
+    retained_topics,
+    wait_interest,
+    wait_until,
+)
+
+# Two domains joined by router 1: D0 = {0, 1}, D1 = {1, 2}.
+LINE = [[0, 1], [1, 2]]
+
+
+def received(bus: object, agent: AgentId) -> list[tuple[str, object, tuple[str, ...], bool]]:
+    return agent_attr(bus[agent.server], agent, "received")  # type: ignore[index]
+
+
+def test_each_subscription_gets_each_matching_publication_once_across_a_router(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        # Overlapping filters on one agent: one delivery naming both filters.
+        both = bus[2].deploy(TopicProbe("both", ["site/+/temp", "site/#"]))
+        temps = bus[1].deploy(TopicProbe("temps", ["site/+/temp"]))
+        local = bus[0].deploy(TopicProbe("local", ["site/3/#"]))
+        wait_interest(bus, {"site/+/temp": {1, 2}, "site/#": {2}, "site/3/#": {0}})
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        for topic, payload in [("site/3/temp", 1), ("site/4/temp", 2), ("site/3/wind", 3)]:
+            bus[0].send(publisher, Do("publish", topic, payload))
+        wait_until("both got 3", lambda: len(received(bus, both)) >= 3)
+        wait_until("local got 2", lambda: len(received(bus, local)) >= 2)
+        assert received(bus, both) == [
+            ("site/3/temp", 1, ("site/#", "site/+/temp"), False),
+            ("site/4/temp", 2, ("site/#", "site/+/temp"), False),
+            ("site/3/wind", 3, ("site/#",), False),
+        ]
+        assert received(bus, temps) == [
+            ("site/3/temp", 1, ("site/+/temp",), False),
+            ("site/4/temp", 2, ("site/+/temp",), False),
+        ]
+        assert received(bus, local) == [
+            ("site/3/temp", 1, ("site/3/#",), False),
+            ("site/3/wind", 3, ("site/3/#",), False),
+        ]
+
+
+def sent_remote(bus: object, sid: int) -> int:
+    return int(bus[sid].status()["messages"]["sent_remote"])  # type: ignore[index]
+
+
+def test_a_publication_crosses_each_link_once_whatever_the_number_of_subscribers(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        subscribers = [bus[2].deploy(TopicProbe(f"s{i}", ["news/#"])) for i in range(5)]
+        wait_interest(bus, {"news/#": {2}})
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        before = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
+        bus[0].send(publisher, Do("publish", "news/today", "x"))
+        for sub in subscribers:
+            wait_until("delivered", functools.partial(received, bus, sub))
+        after = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
+        # s0 -> s1 once, s1 -> s2 once: five subscribers, one message per link.
+        assert {sid: after[sid] - before[sid] for sid in after} == {0: 1, 1: 1, 2: 0}
+
+
+def test_retained_publications_go_to_later_subscriptions_and_none_clears_them(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        bus[0].send(publisher, Do("publish", "cfg/mode", "eco", retain=True))
+        bus[0].send(publisher, Do("publish", "cfg/level", 3, retain=True))
+        bus[0].send(publisher, Do("publish", "cfg/level", None, retain=True))  # cleared
+        bus[0].send(publisher, Do("publish", "cfg/fan", "on"))  # not retained
+        bus[0].send(publisher, Do("publish", "end", "mark", retain=True))  # the last one
+        wait_until(
+            "retained copies reached s2",
+            lambda: retained_topics(bus[2]) == ["cfg/mode", "end"],
+        )
+        late = bus[2].deploy(TopicProbe("late", ["cfg/+"]))
+        wait_until("late got the retained one", lambda: received(bus, late))
+        assert received(bus, late) == [("cfg/mode", "eco", ("cfg/+",), True)]
+
+
+class Declared(TopicProbe):
+    """Subscribed by its class: the subscription is sent with the creation request."""
+
+    subscriptions: ClassVar[tuple[str, ...]] = ("alarm/#",)
+
+
+def test_subscriptions_declared_by_the_class_start_with_the_deploy(tmp_path: Path) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        publisher = bus[2].deploy(TopicProbe("pub"))
+        declared = bus[2].deploy(Declared("declared"))
+        # Published through the same server right after the deploy: already subscribed.
+        bus[2].send(publisher, Do("publish", "alarm/fire", "!"))
+        wait_until("declared got it", lambda: received(bus, declared))
+        assert received(bus, declared) == [("alarm/fire", "!", ("alarm/#",), False)]
+
+
+def test_unsubscribing_the_last_subscriber_withdraws_the_interest_everywhere(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        sub = bus[2].deploy(TopicProbe("sub", ["x/#"]))
+        wait_interest(bus, {"x/#": {2}})
+        bus[2].send(sub, Do("unsubscribe", "x/#"))
+        wait_interest(bus, {})
+        assert bus[2].status()["topics"]["filters"] == 0
+        assert remote_filters(bus[0]) == {}
+
+
+class Catcher(Agent):
+    """Deploys a probe told to subscribe with a bad filter; keeps the error report."""
+
+    def __init__(self) -> None:
+        super().__init__("catcher")
+        self.errors: list[str] = []
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, ExceptionNotification):
+            self.errors = [*self.errors, f"{note.error_type}: {note.error_message}"]
+        elif isinstance(note, Do):
+            self.send_to(AgentId.parse(str(note.payload)), Do("subscribe", note.topic))
+        else:
+            super().react(sender, note)
+
+
+def test_a_bad_filter_fails_the_reaction_with_a_one_line_topic_error(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        probe = bus[0].deploy(TopicProbe("probe"))
+        catcher = bus[0].deploy(Catcher())
+        bus[0].send(catcher, Do("forward", "a/#/b", str(probe)))
+        errors = wait_until("error reported", lambda: agent_attr(bus[0], catcher, "errors"))
+        assert errors == [
+            "TopicError: topic filter 'a/#/b': # must be the last level (e.g. site/#)"
+        ]
+        assert bus[0].status()["topics"]["filters"] == 0
+
+
+def test_a_mailbox_keeps_the_newest_items_at_its_limit_and_counts_the_dropped(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, [[0]], {"aaabus.topics.backlog": "3"}) as bus:
+        desk = bus[0].mailboxes
+        assert desk.open("slow", "m/#", None) is False
+        assert desk.open("slow", "m/#", None) is True  # the same name and filter: resumed
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        for i in range(5):
+            bus[0].send(publisher, Do("publish", "m/x", i))
+        answer = wait_until(
+            "five went through the mailbox",
+            lambda: (a := desk.fetch("slow", 0, 10, 0.0))["dropped"] == 2 and a,
+        )
+        assert [seq for seq, _body in answer["items"]] == [3, 4, 5]
+        # Acknowledging 4 leaves 5; nothing above 5 yet.
+        assert [seq for seq, _ in desk.fetch("slow", 4, 10, 0.0)["items"]] == [5]
+        assert desk.fetch("slow", 5, 10, 0.0)["items"] == []
+
+
+def test_a_waiting_fetch_is_woken_by_the_next_publication(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        desk = bus[0].mailboxes
+        desk.open("waiter", "w", None)
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        answers: list[dict[str, object]] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(desk.fetch("waiter", 0, 10, 10.0)), name="test-fetch"
+        )
+        started = time.monotonic()
+        waiter.start()
+        bus[0].send(publisher, Do("publish", "w", "wake up"))
+        waiter.join(15)
+        assert answers and len(answers[0]["items"]) == 1  # type: ignore[arg-type]
+        assert time.monotonic() - started < 9, "the fetch waited for its deadline: no wake-up"
+
+
+def test_subscriptions_survive_restarts_and_reach_a_server_added_later(tmp_path: Path) -> None:
+    stores = tmp_path / "stores"
+    with InProcessBus(
+        layout_config(tmp_path, [[0, 1]]), store_kind="file", storage_root=stores
+    ) as bus:
+        sub = bus[1].deploy(TopicProbe("sub", ["a/#"]))
+        wait_interest(bus, {"a/#": {1}})
+    # A new domain {1, 2}: server 2 is new, server 1 becomes its router; same stores.
+    config = layout_config(tmp_path, [[0, 1], [1, 2]])
+    with InProcessBus(config, store_kind="file", storage_root=stores) as bus:
+        assert bus[0].status()["topics"]["remote_subscriptions"] == 1  # kept in s0's store
+        # s1's representative got the new routes at boot and told the newcomer its filter.
+        wait_interest(bus, {"a/#": {1}})
+        publisher = bus[2].deploy(TopicProbe("pub"))
+        bus[2].send(publisher, Do("publish", "a/b", "from the new server"))
+        wait_until("delivered", functools.partial(received, bus, sub))
+        assert received(bus, sub) == [("a/b", "from the new server", ("a/#",), False)]
+
+
+def test_a_stopping_server_releases_the_fetches_waiting_on_its_mailboxes(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        desk = bus[0].mailboxes
+        desk.open("idle", "nothing/comes", None)
+        answers: list[dict[str, object]] = []
+        waiter = threading.Thread(
+            target=lambda: answers.append(desk.fetch("idle", 0, 10, 10.0)), name="test-fetch"
+        )
+        started = time.monotonic()
+        waiter.start()
+        desk.set_stopping(True)  # what AgentServer.stop() does first
+        waiter.join(15)
+        assert answers and answers[0]["items"] == []
+        assert time.monotonic() - started < 9, "the waiting fetch was not released"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        ("{oops", "args is not JSON"),
+        ('{"retain": {"a/#": 1}}', "topic name 'a/#' contains a wildcard"),
+        ('{"mailboxes": {"ops": "a/#/b"}}', "# must be the last level"),
+        ('{"subscribe": []}', 'with "retain" and/or "mailboxes"'),
+    ],
+)
+def test_a_bad_topic_declaration_stops_the_boot_with_one_line(
+    tmp_path: Path, make_config: Callable[..., Path], args: str, says: str
+) -> None:
+    service = f"<service class=\"aaabus.topics.declare:declare\" args='{args}'/>"
+    server = AgentServer(load_config(make_config(extra={0: service})), 0, storage=tmp_path / "s0")
+    with pytest.raises(ConfigError) as caught:
+        server.start()
+    assert says in str(caught.value) and "\n" not in str(caught.value)
+    assert server.store is None  # nothing left open
