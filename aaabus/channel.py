@@ -59,6 +59,8 @@ _ACK = struct.Struct(">cQ")
 # lengths of the domain name and of the stamp; followed by the domain name (UTF-8), the stamp
 # and the notification body, which runs to the end of the frame.
 _DATA = struct.Struct(">cQIIQIIQHI")
+# Bytes per matrix entry in the largest stamp (a delta stamp listing every entry: key, value).
+_MAX_STAMP_ENTRY = 12
 
 
 class Transport(Protocol):
@@ -97,6 +99,8 @@ class Channel:
         # Staged in memory, so every change is recorded in the engine's transaction effects,
         # which take it back if the group (or the reaction or input that staged it) rolls back.
         self._frames: dict[int, list[bytes]] = {}
+        # Sends of the current event, counted and stamped together by seal() at its end.
+        self._pending: list[tuple[Hop, Message]] = []
         self._acks: dict[tuple[int, str], int] = {}
         self._effects = engine.effects
         self._failpoints = engine.failpoints
@@ -153,29 +157,60 @@ class Channel:
     # -- sending -----------------------------------------------------------------------------------
 
     def send(self, message: Message) -> None:
-        """Stamp ``message`` for its first hop and queue it (engine thread, in the group)."""
-        self._enqueue(self.routes[message.target.server], message)
+        """Hold ``message`` for the seal of the current event (engine thread, in the group).
 
-    def _enqueue(self, hop: Hop, message: Message) -> None:
-        clock = self.clocks[hop.domain]
-        dest = self._index[hop.domain][hop.server]
-        tracer = self.tracer
-        t0 = time.perf_counter_ns() if tracer is not None else 0
-        stamp = clock.prepare_send(dest)
-        if tracer is not None:
-            tracer.stamped(hop.domain, hop.server, len(stamp), time.perf_counter_ns() - t0)
-        seq = clock.sent_to(dest)
-        frame = encode_data(seq, hop.domain, stamp, message)
-        if len(frame) > self.max_frame - 64:  # room for the session's sequence number and MAC
+        Nothing is counted or stamped yet: :meth:`seal` does it for all the event's sends at
+        once. The size limit is checked here, with room for the largest stamp, so that the
+        sending reaction hears of an oversized notification as it sends it.
+        """
+        hop = self.routes[message.target.server]
+        self._check_size(hop, message)
+        self._pending.append((hop, message))
+        self._effects.undo(self._pending.pop)
+
+    def _check_size(self, hop: Hop, message: Message) -> None:
+        k = len(self._members[hop.domain])
+        room = 64 + _DATA.size + len(hop.domain.encode()) + _MAX_STAMP_ENTRY * k * k
+        size = len(message.body) + room
+        if size > self.max_frame:
             # Raised inside the sending reaction, which is rolled back: the sender hears of it.
             raise ValueError(
-                f"notification to {message.target} is {len(frame)} bytes on the wire, over the "
+                f"notification to {message.target} is up to {size} bytes on the wire, over the "
                 f"bus limit of {self.max_frame} (property aaabus.max_frame)"
             )
-        self._qout[hop.server, hop.domain][seq] = (stamp, message)
-        self._stage(hop.server, frame)
-        if self._failpoints.armed:
-            self._failpoints.hit("channel.send")
+
+    def seal(self) -> None:
+        """End of an event (a reaction, an input): count and stamp all its sends as one.
+
+        Engine thread, in the group, before the commit. Per domain, every send of the event is
+        counted in the clock before any is stamped (:meth:`DomainClock.prepare_sends`), so each
+        message carries the knowledge of all its siblings: whatever a receiver of one sends
+        afterwards is causally after all of them. The messages then go to their hops' ``qout``
+        and are staged for the network, in the order they were sent.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        self._effects.undo(setattr, self, "_pending", pending)
+        by_domain: dict[str, list[tuple[Hop, Message]]] = {}
+        for hop, message in pending:
+            by_domain.setdefault(hop.domain, []).append((hop, message))
+        tracer = self.tracer
+        for domain, sends in by_domain.items():
+            clock = self.clocks[domain]
+            index = self._index[domain]
+            t0 = time.perf_counter_ns() if tracer is not None else 0
+            stamped = clock.prepare_sends([index[hop.server] for hop, _ in sends])
+            if tracer is not None:
+                each = (time.perf_counter_ns() - t0) // len(sends)
+                for (hop, _), (_, stamp) in zip(sends, stamped, strict=True):
+                    tracer.stamped(domain, hop.server, len(stamp), each)
+            for (hop, message), (seq, stamp) in zip(sends, stamped, strict=True):
+                self._qout[hop.server, domain][seq] = (stamp, message)
+                self._stage(hop.server, encode_data(seq, domain, stamp, message))
+                if self._failpoints.armed:
+                    self._failpoints.hit("channel.send")
 
     def _stage(self, peer: int, frame: bytes) -> None:
         frames = self._frames.get(peer)
@@ -314,10 +349,12 @@ class Channel:
             hop = self.routes.get(message.target.server)
             if hop is None:
                 raise ValueError(f"no route from server {self.me} to {message.target}")
-            # A router: re-stamped in the next domain, in this same transaction.
+            # A router: re-stamped in the next domain, in this same transaction, with the
+            # other sends of the input that delivered it (sealed as one event).
             if failpoints.armed:
                 failpoints.hit("channel.restamp")
-            self._enqueue(hop, message)
+            self._pending.append((hop, message))
+            self._effects.undo(self._pending.pop)
 
     # -- links ------------------------------------------------------------------------------------
 

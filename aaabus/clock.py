@@ -329,6 +329,111 @@ class DomainClock(persistent.Persistent):
         self._v_last_stamp_size = len(stamp)
         return stamp
 
+    def prepare_sends(self, dests: list[int]) -> list[tuple[int, bytes]]:
+        """Count the messages of one event, one per entry of ``dests``, and stamp each.
+
+        ``(seq, stamp)`` per message, in the order of ``dests``: ``seq`` is the message's number
+        on its link (``H[me][dest]`` once it is counted). All the messages are counted *before*
+        any is stamped, so every stamp carries the sends of all its siblings: whatever a
+        receiver sends after delivering one of them is stamped with knowledge of the others,
+        and their receivers hold it back until they have them. That makes one reaction (the
+        caller's "event") one clock event. Each stamp's own link counter is the message's
+        ``seq``, so two messages to the same server keep their order and the delivery test is
+        the usual one. Same transaction rule as :meth:`prepare_send`.
+        """
+        mode, k, me, pages, bits, mask = self._fast()
+        for dest in dests:
+            if not 0 <= dest < k or dest == me:
+                raise ClockError(
+                    f"cannot stamp a message from {me} to {dest}: the destination must be "
+                    f"another server of this domain (0..{k - 1})"
+                )
+        if mode in (_DELTA_FIFO, _FULL_FIFO) or len(dests) == 1:
+            # FIFO stamps carry no knowledge of other links; one send is its own event.
+            stamps = [self.prepare_send(dest) for dest in dests]
+            return [(self.sent_to(dest), stamp) for dest, stamp in zip(dests, stamps, strict=True)]
+        counts: dict[int, int] = {}
+        for dest in dests:
+            counts[dest] = counts.get(dest, 0) + 1
+        if mode == _DELTA_CAUSAL:
+            bodies = self._count_delta(k, me, pages, bits, mask, counts)
+            link_of = {dest: me * k + dest for dest in counts}
+        else:
+            m = self._m
+            for dest, n in counts.items():
+                m[me * k + dest] += n
+            self._touch(self)
+        out: list[tuple[int, bytes]] = []
+        seqs = {dest: self.entry(me, dest) - n for dest, n in counts.items()}
+        for dest in dests:
+            seqs[dest] += 1
+            seq = seqs[dest]
+            if mode == _DELTA_CAUSAL:
+                flat = bodies[dest]
+                link = link_of[dest]
+                # The link counter is the message's own number, not the total of the event.
+                flat = [seq if i % 2 and flat[i - 1] == link else v for i, v in enumerate(flat)]
+                stamp = _delta_struct(len(flat) >> 1).pack(
+                    STAMP_VERSION, KIND_DELTA, k, me, dest, *flat
+                )
+            else:
+                body = array("q", m)
+                body[me * k + dest] = seq
+                if _BIG_ENDIAN:
+                    body.byteswap()
+                stamp = _HEADER.pack(STAMP_VERSION, KIND_FULL, k, me, dest) + body.tobytes()
+            out.append((seq, stamp))
+        self._v_last_stamp_size = len(out[-1][1])
+        return out
+
+    def _count_delta(
+        self,
+        k: int,
+        me: int,
+        pages: tuple[_Page, ...],
+        bits: int,
+        mask: int,
+        counts: dict[int, int],
+    ) -> dict[int, list[int]]:
+        """Count ``counts[dest]`` sends to each ``dest`` in one epoch; each dest's stamp body.
+
+        The body for ``dest`` is what :meth:`_send_delta` would send after all the counts: every
+        entry changed since our previous send to ``dest``, less what ``dest`` is sure to know.
+        The counts share one epoch, so a later send to ``dest`` (which walks back to the epoch
+        of ``H[me][dest]``, this one) skips exactly the entries this event already sent it.
+        """
+        sentinel = k * k
+        sp = pages[sentinel >> bits]
+        if not sp._p_changed:
+            self._touch(sp)
+        sd = sp.d
+        si = (sentinel & mask) * _STRIDE
+        epoch = sd[si] + 1
+        sd[si] = epoch
+        last: dict[int, int] = {}
+        for dest, n in counts.items():
+            key = me * k + dest
+            d = pages[key >> bits].d
+            i = (key & mask) * _STRIDE
+            last[dest] = d[i + _TAG] | _SRC_MASK
+            self._change(pages, bits, mask, sentinel, key, d[i] + n, me, epoch)
+        bodies: dict[int, list[int]] = {}
+        for dest, before in last.items():
+            flat: list[int] = []
+            x = sd[si + _LIST] >> 32
+            while x != sentinel:
+                d = pages[x >> bits].d
+                i = (x & mask) * _STRIDE
+                tag = d[i + _TAG]
+                if tag <= before:
+                    break
+                if tag & _SRC_MASK != dest and x // k != dest:
+                    flat.append(x)
+                    flat.append(d[i])
+                x = d[i + _LIST] >> 32
+            bodies[dest] = flat
+        return bodies
+
     # Which entries a delta stamp to ``dest`` carries, and why that is enough.
     #
     # Claim: when ``dest`` delivers our n-th message, its matrix is >= (entry by entry) our matrix
