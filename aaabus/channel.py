@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from BTrees.OOBTree import OOBTree
 
-from aaabus.clock import ClockError, DomainClock, Verdict
+from aaabus.clock import HEADER_SIZE, ClockError, DomainClock, Verdict
 from aaabus.errors import StoreError
 from aaabus.ids import AgentId
 from aaabus.message import Message, vet_body
@@ -170,7 +170,8 @@ class Channel:
 
     def _check_size(self, hop: Hop, message: Message) -> None:
         k = len(self._members[hop.domain])
-        room = 64 + _DATA.size + len(hop.domain.encode()) + _MAX_STAMP_ENTRY * k * k
+        stamp = HEADER_SIZE + _MAX_STAMP_ENTRY * k * k
+        room = 64 + _DATA.size + len(hop.domain.encode()) + stamp
         size = len(message.body) + room
         if size > self.max_frame:
             # Raised inside the sending reaction, which is rolled back: the sender hears of it.
@@ -207,8 +208,16 @@ class Channel:
                 for (hop, _), (_, stamp) in zip(sends, stamped, strict=True):
                     tracer.stamped(domain, hop.server, len(stamp), each)
             for (hop, message), (seq, stamp) in zip(sends, stamped, strict=True):
+                frame = encode_data(seq, domain, stamp, message)
+                if len(frame) > self.max_frame - 64:  # room for the session's seq and MAC
+                    # Only a router can get here (send() checked the sender's own domain): the
+                    # input that delivered the message fails, as a frame the peer refuses would.
+                    raise ValueError(
+                        f"notification to {message.target} is {len(frame)} bytes on the wire "
+                        f"in domain {domain}, over the bus limit of {self.max_frame}"
+                    )
                 self._qout[hop.server, domain][seq] = (stamp, message)
-                self._stage(hop.server, encode_data(seq, domain, stamp, message))
+                self._stage(hop.server, frame)
                 if self._failpoints.armed:
                     self._failpoints.hit("channel.send")
 

@@ -103,3 +103,16 @@ def test_c_delivers_a_first_when_a_sent_to_b_before_c_in_one_reaction(tmp_path: 
             assert [seen.get(timeout=10), seen.get(timeout=10)] == ["A", "B"]
     finally:
         gate.close()
+
+
+def test_an_oversized_notification_is_refused_when_sent_not_when_sealed(tmp_path: Path) -> None:
+    path = write_bus(tmp_path, [[0, 1]], properties={"aaabus.max_frame": "2048"})
+    with InProcessBus(load_config(path)) as bus:
+        seen: queue.Queue[str] = queue.Queue()
+        bus[1].add_listener(lambda sender, note: seen.put(getattr(note, "who", "?")[:5]))
+        far = bus[1].deploy(Speaker("far"))
+        with pytest.raises(ValueError, match="over the bus limit of 2048"):
+            bus[0].send(far, Said("x" * 3000))
+        bus[0].send(far, Said("small"))  # the engine goes on; the refused one left nothing
+        assert seen.get(timeout=10) == "small"
+        assert server_status(bus[0])["queues"]["held_back"] == 0
