@@ -3,9 +3,11 @@
 Everything here runs inside the engine's current group (one ZODB transaction), so that stamping,
 queueing, acknowledging and delivering are atomic with the reactions around them:
 
-* **send**: a message for another server is stamped with the matrix clock of the domain of its
-  first hop and appended to that hop's persistent outgoing queue (``qout``), in the transaction of
-  the reaction that sent it. After the commit its frame is handed to the network thread.
+* **send**: a message for another server is held until the end of the event that sent it (a
+  reaction, or an input such as a router's forwarding); then :meth:`Channel.seal` counts all the
+  event's sends in the clock of their first hop's domain before stamping each (a reaction is one
+  clock event) and appends them to their hops' persistent outgoing queues (``qout``), in the
+  transaction of that event. After the commit the frames are handed to the network thread.
 * **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
   and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
   queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
