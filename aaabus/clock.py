@@ -350,8 +350,11 @@ class DomainClock(persistent.Persistent):
                 )
         if mode in (_DELTA_FIFO, _FULL_FIFO) or len(dests) == 1:
             # FIFO stamps carry no knowledge of other links; one send is its own event.
-            stamps = [self.prepare_send(dest) for dest in dests]
-            return [(self.sent_to(dest), stamp) for dest, stamp in zip(dests, stamps, strict=True)]
+            sends = []
+            for dest in dests:
+                stamp = self.prepare_send(dest)
+                sends.append((self.sent_to(dest), stamp))
+            return sends
         counts: dict[int, int] = {}
         for dest in dests:
             counts[dest] = counts.get(dest, 0) + 1
