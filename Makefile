@@ -26,6 +26,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy aaabus agents perf tests
+	$(VENV)/bin/lint-imports --no-logo
 
 demo: $(STAMP)
 	$(PY) -m perf demo
@@ -33,12 +34,17 @@ demo: $(STAMP)
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
-# `make peers`: aaabus against RabbitMQ and Mosquitto (perf/PEERS.md). Installs both brokers from
-# the distribution (apt, as root or through sudo) and their Python clients into the virtualenv,
-# then runs the suite, which starts private brokers on 127.0.0.1 in a temporary directory and
-# stops them by PID when it ends, also on failure. Extra options: make peers PEERS_ARGS='...'.
+# `make peers`: aaabus against RabbitMQ and Mosquitto (perf/PEERS.md), then the MQTT suite (the
+# same paho programs over RabbitMQ's MQTT plugin and Mosquitto) and the edge scenario (three sites
+# joined by Mosquitto bridges over delayed links). Installs both brokers from the distribution
+# (apt, as root or through sudo) and their Python clients into the virtualenv; the suites start
+# private brokers on 127.0.0.1 in a temporary directory and stop them by PID when they end, also
+# on failure. Extra options: make peers PEERS_ARGS='...' MQTT_ARGS='...' EDGE_ARGS='...'.
+# These runs need the brokers, so they live here rather than in `make test` (CI has none).
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 PEERS_ARGS ?=
+MQTT_ARGS ?=
+EDGE_ARGS ?= --trials 200 --wan-ms 20
 
 .PHONY: peers
 peers: $(STAMP)
@@ -51,3 +57,5 @@ peers: $(STAMP)
 	fi
 	$(PY) -m pip install --quiet -e '.[test,perf,peers]'
 	$(PY) -m perf peers $(PEERS_ARGS)
+	$(PY) -m perf mqtt $(MQTT_ARGS)
+	$(PY) -m perf edge $(EDGE_ARGS)

@@ -7,12 +7,21 @@ The public surface is what this module exports; everything else is internal.
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
 
-from aaabus.agent import Agent
-from aaabus.client import Client
-from aaabus.context import OutsideReactionError
-from aaabus.errors import AaabusError, ConfigError, StoreError, UnknownNotificationError
-from aaabus.ids import AgentId
-from aaabus.notifications import (
+from aaabus.errors import (
+    AaabusError,
+    AdminError,
+    ConfigError,
+    OutsideReactionError,
+    RequestRefused,
+    SecretError,
+    ServerUnreachable,
+    StoreError,
+    TransientError,
+    UnknownNotificationError,
+)
+from aaabus.model.agent import Agent
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import (
     AgentCreateReply,
     AgentCreateRequest,
     AgentDeleteAck,
@@ -21,10 +30,15 @@ from aaabus.notifications import (
     Notification,
     UnknownAgent,
 )
-from aaabus.server import AgentServer, BootContext
+from aaabus.node.server import AgentServer, BootContext
+from aaabus.tools.client import Client
 
+# The errors: the programming model's, and every one Client raises (besides TypeError for a
+# wrong argument): ConfigError and SecretError reading the config, AdminError and its
+# subclasses talking to the server; ServerUnreachable is the TransientError worth retrying.
 __all__ = [
     "AaabusError",
+    "AdminError",
     "Agent",
     "AgentCreateReply",
     "AgentCreateRequest",
@@ -40,7 +54,11 @@ __all__ = [
     "OutsideReactionError",
     "PersistentList",
     "PersistentMapping",
+    "RequestRefused",
+    "SecretError",
+    "ServerUnreachable",
     "StoreError",
+    "TransientError",
     "UnknownAgent",
     "UnknownNotificationError",
 ]

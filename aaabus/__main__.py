@@ -2,6 +2,6 @@
 
 import sys
 
-from aaabus.cli import main
+from aaabus.tools.cli import main
 
 sys.exit(main())

@@ -1,17 +1,97 @@
-"""Typed errors of aaabus.
+"""Every error aaabus raises, in one hierarchy (a leaf module: it imports nothing of aaabus).
 
-Every error a user can cause by bad input derives from :class:`AaabusError` and renders as one line
-saying what is wrong, where, and how to fix it. The command-line entry points print that line and
-exit with status 2; they never show a traceback for these.
+Four families, by who sees them and what may catch them::
+
+    Exception
+    ├── AaabusError            a user caused it (bad file, flag, port, request): one line
+    │   ├── TransientError     ... and retrying the same operation later may succeed
+    │   ├── ConfigError, SecretError, NetworkError, ServiceFailed, LaunchError, MetricsError
+    │   ├── StoreError → StoreInUse, LogStoreDamaged
+    │   ├── UntrustedClass (also a pickle.UnpicklingError)
+    │   └── AdminError
+    │       ├── RequestRefused
+    │       └── ServerUnreachable, ServerBusy (also TransientErrors)
+    ├── AgentError             raised into or by agent code, handled like any agent exception
+    │   ├── OutsideReactionError (also a RuntimeError)
+    │   └── UnknownNotificationError
+    └── InternalError          raised and handled inside the bus; never reaches a user as such
+        ├── WireError → FrameTooLarge, AuthError
+        ├── MalformedPickle, BadBody, ClockError, FormatError (also ValueErrors)
+        ├── UnreadableRecord, PassStopped (the log store's garbage pass)
+        ├── ReactionFailed
+        └── FailpointError
+    BaseException
+    └── FatalError             the engine thread must stop: never swallowed by ``except Exception``
+        ├── StoreWriteFailed
+        └── EngineStopped
+
+Every :class:`AaabusError` renders as one line saying what is wrong, where, and how to fix it. The
+command-line entry points print that line and exit with its ``exit_code`` (2, or 1 for a server
+that does not answer); they never show a traceback for these.
+
+Why the other families are not AaabusErrors: code catches ``AaabusError`` to turn it into that one
+line as it is (the CLI, the admin endpoint's answers, a boot service's failure), while any other
+exception is wrapped with its type name. Agent errors and internal errors keep that treatment.
+The classes that were ``ValueError``/``RuntimeError``/``UnpicklingError`` still are, so every
+``except`` that caught them still does.
 """
 
 from __future__ import annotations
+
+import pickle
+
+__all__ = [
+    "AaabusError",
+    "AdminError",
+    "AgentError",
+    "AuthError",
+    "BadBody",
+    "ClockError",
+    "ConfigError",
+    "EngineStopped",
+    "FailpointError",
+    "FatalError",
+    "FormatError",
+    "FrameTooLarge",
+    "InternalError",
+    "LaunchError",
+    "LogStoreDamaged",
+    "MalformedPickle",
+    "MetricsError",
+    "NetworkError",
+    "OutsideReactionError",
+    "PassStopped",
+    "ReactionFailed",
+    "RequestRefused",
+    "SecretError",
+    "ServerBusy",
+    "ServerUnreachable",
+    "ServiceFailed",
+    "StoreError",
+    "StoreInUse",
+    "StoreWriteFailed",
+    "TransientError",
+    "UnknownNotificationError",
+    "UnreadableRecord",
+    "UntrustedClass",
+    "WireError",
+]
+
+
+# -- user-facing ------------------------------------------------------------------------------
 
 
 class AaabusError(Exception):
     """Base class of every error aaabus reports to its user as one line."""
 
     exit_code = 2
+
+
+class TransientError(AaabusError):
+    """The operation failed for a reason that may go away: retrying it later may succeed.
+
+    Like ZODB's ``TransientError``: callers that retry catch this base, not a list of classes.
+    """
 
 
 class ConfigError(AaabusError):
@@ -30,13 +110,151 @@ class StoreError(AaabusError):
     """The server's store cannot be opened, read or written."""
 
 
+class StoreInUse(StoreError):
+    """Another process has the store directory open."""
+
+
+class LogStoreDamaged(StoreError):
+    """Committed data or a segment header of a log store fails its checks."""
+
+
+class UntrustedClass(AaabusError, pickle.UnpicklingError):
+    """A pickle named a global this server does not trust; nothing was constructed from it.
+
+    Also an ``UnpicklingError``: every ``except`` that catches a bad pickle still catches it."""
+
+
 class SecretError(AaabusError):
     """The bus secret is missing or unreadable."""
 
 
-class UnknownNotificationError(Exception):
+class NetworkError(AaabusError):
+    """The network layer cannot start (e.g. a listen port is taken)."""
+
+
+class ServiceFailed(AaabusError):
+    """A boot-time service raised; the server does not start."""
+
+
+class LaunchError(AaabusError):
+    """A server process did not become ready, or died."""
+
+
+class MetricsError(AaabusError):
+    """The metrics port cannot be served."""
+
+
+class AdminError(AaabusError):
+    """An admin request could not be made or was refused."""
+
+
+class ServerUnreachable(AdminError, TransientError):
+    """Nothing answers on the server's admin port (the server is down or unreachable)."""
+
+    exit_code = 1
+
+
+class ServerBusy(AdminError, TransientError):
+    """The server accepted the connection and dropped it before authenticating: it is up but
+    turning connections away (overloaded, or under a flood of unauthenticated connections)."""
+
+    exit_code = 1
+
+
+class RequestRefused(AdminError):
+    """The server received the request and refused it (bad target, undecodable notification)."""
+
+
+# -- agent code -------------------------------------------------------------------------------
+
+
+class AgentError(Exception):
+    """Raised into or by agent code; the engine handles it like any exception of a reaction."""
+
+
+class OutsideReactionError(AgentError, RuntimeError):
+    """An agent operation was called while no reaction or service is running on this thread."""
+
+
+class UnknownNotificationError(AgentError):
     """Raised by the default :meth:`Agent.react` for a notification it does not handle.
 
     The engine turns it, like any exception escaping ``react``, into an
     ``ExceptionNotification`` sent back to the sender.
     """
+
+
+# -- internal ---------------------------------------------------------------------------------
+
+
+class InternalError(Exception):
+    """Raised and caught inside aaabus: a bad peer, a bad record, a replay; users never see it."""
+
+
+class WireError(InternalError):
+    """The byte stream of a connection violates the protocol; the connection must be dropped."""
+
+
+class FrameTooLarge(WireError):
+    """A frame's length prefix exceeds the allowed maximum."""
+
+
+class AuthError(WireError):
+    """The peer failed to authenticate, or a session frame failed verification."""
+
+
+class MalformedPickle(InternalError, ValueError):
+    """Bytes that are not one well-formed pickle (the message says what is wrong, and where)."""
+
+
+class BadBody(InternalError, ValueError):
+    """A notification body that is not a pickle this server is willing to load."""
+
+
+class ClockError(InternalError, ValueError):
+    """A stamp (or call) the clock refuses. The clock is left exactly as it was."""
+
+
+class ReactionFailed(InternalError):
+    """Internal: a reaction raised inside a group; the group must be replayed carefully."""
+
+
+class FailpointError(InternalError):
+    """Raised by a failpoint armed with the ``raise`` action."""
+
+
+class FormatError(InternalError, ValueError):
+    """Log-store bytes that are not what the format says; ``offset`` is where they fail."""
+
+    def __init__(self, offset: int, what: str) -> None:
+        super().__init__(what)
+        self.offset = offset
+        self.what = what
+
+
+class UnreadableRecord(InternalError):
+    """A current log-store record whose references cannot be read (not a ZODB pickle)."""
+
+
+class PassStopped(InternalError):
+    """The log store is closing: a garbage pass was given up before dropping anything."""
+
+
+# -- fatal to the engine thread ---------------------------------------------------------------
+
+
+class FatalError(BaseException):
+    """The engine thread cannot go on; the server stops (its process exits non-zero).
+
+    A ``BaseException``, like ``SystemExit``: the engine treats an ``Exception`` raised inside a
+    group as a bad input, drops it and goes on, which for these would mean retrying the same
+    commit forever. They travel up to the engine thread's last-resort handler instead.
+    """
+
+
+class StoreWriteFailed(FatalError):
+    """A commit could not be written (disk full, I/O error): the server must stop."""
+
+
+class EngineStopped(FatalError):
+    """The engine cannot make progress: the same group failed to commit again and again."""

@@ -11,8 +11,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TypeVar
 
-from aaabus.admin import ADMIN_PORT_OFFSET
-from aaabus.secret import ensure_secret
+from aaabus.config.admin_port import ADMIN_PORT_OFFSET
+from aaabus.config.secret import ensure_secret
 
 T = TypeVar("T")
 
@@ -58,7 +58,9 @@ def write_bus(
     port = free_base(sum(len(m) for m in memberships.values()))
     lines = ["<config>"]
     lines += [f'  <domain name="D{d}" order="{order}"/>' for d in range(len(domains))]
-    lines += [f'  <property name="{k}" value="{v}"/>' for k, v in (properties or {}).items()]
+    # The servers construct the examples' agents and notifications (see aaabus.trust).
+    properties = {"aaabus.trust": "examples", **(properties or {})}
+    lines += [f'  <property name="{k}" value="{v}"/>' for k, v in properties.items()]
     for sid in servers:
         lines.append(f'  <server id="{sid}" name="s{sid}" hostname="127.0.0.1">')
         for d in memberships[sid]:

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.client import Client
-from aaabus.launch import Bus
+from aaabus.tools.client import Client
+from aaabus.tools.launch import Bus
 from examples._bus import wait_for, write_bus
 
 REPO = Path(__file__).resolve().parent.parent

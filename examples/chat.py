@@ -27,9 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.admin import server_status
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
+from aaabus.config.reader import load_config
+from aaabus.node.inprocess import InProcessBus
 from examples._bus import Gate, wait_for, write_bus
 
 
@@ -105,7 +104,7 @@ def run(order: str, root: Path) -> list[str]:
                 print(f"  [{order}] Carol reads: {lines[-1]}")
             else:
                 held = wait_for(
-                    lambda: server_status(bus[2])["queues"]["held_back"],
+                    lambda: bus[2].status()["queues"]["held_back"],
                     10,
                     "Bob's answer held back at Carol's server",
                 )
@@ -136,4 +135,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the module the servers import (examples.chat), not a copy named __main__: classes of
+    # __main__ travel by value, as code, which a server loads only with aaabus.trust.by_value.
+    from examples import chat
+
+    sys.exit(chat.main())

@@ -9,7 +9,7 @@ when one source address is refused by three firewalls or more (a scan). Each dom
 clock is 3x3 instead of the 5x5 of one flat domain: with many firewalls that difference is the
 point of domains.
 
-The program deploys the agents from outside the bus with :class:`aaabus.client.Client`, waits
+The program deploys the agents from outside the bus with :class:`aaabus.tools.client.Client`, waits
 for the monitor's report (a file it writes) and shows ``aaabus status`` figures.
 """
 
@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification, PersistentMapping
-from aaabus.admin import bus_status
-from aaabus.client import Client
-from aaabus.config import load_config
-from aaabus.launch import Bus
-from aaabus.secret import load_secret
+from aaabus.config.reader import load_config
+from aaabus.config.secret import load_secret
+from aaabus.tools.buswide import bus_status
+from aaabus.tools.client import Client
+from aaabus.tools.launch import Bus
 from examples._bus import wait_for, write_bus
 
 REPO = Path(__file__).resolve().parent.parent

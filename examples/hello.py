@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
+from aaabus.config.reader import load_config
+from aaabus.node.inprocess import InProcessBus
 from examples._bus import write_bus
 
 
@@ -58,4 +58,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the module the servers import (examples.hello), not a copy named __main__: classes of
+    # __main__ travel by value, as code, which a server loads only with aaabus.trust.by_value.
+    from examples import hello
+
+    sys.exit(hello.main())

@@ -13,8 +13,24 @@ from aaabus.errors import AaabusError
 
 
 def _cmd_pingpong(args: argparse.Namespace) -> int:
-    from perf.pingpong import run
+    from perf.pingpong import compare_stores, run
 
+    if args.stores:
+        compared = compare_stores(
+            args.config,
+            args.test,
+            args.rounds,
+            args.stores.split(","),
+            args.repeat,
+            payload=args.payload,
+            warmup=args.warmup,
+            properties=_properties(args.property),
+        )
+        if not args.json:
+            runs = ", ".join(f"{k} {v:.3f} ms" for k, v in compared["p50_ms"].items())
+            print(f"{args.test} ping-pong p50 (median of {args.repeat} interleaved runs): {runs}")
+        print(json.dumps(compared))
+        return 0
     result = run(
         args.config,
         args.test,
@@ -23,6 +39,7 @@ def _cmd_pingpong(args: argparse.Namespace) -> int:
         warmup=args.warmup,
         workdir=args.workdir,
         properties=_properties(args.property),
+        breakdown=args.breakdown,
     )
     rtts = result.pop("rtts_ns")
     if not args.json:
@@ -45,8 +62,12 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         to=args.to,
         burst=args.burst,
         payload=args.payload,
+        window=args.window,
         workdir=args.workdir,
         properties=_properties(args.property),
+        timeout=args.timeout,
+        sample_every=args.sample_every,
+        samples=args.samples,
     )
     if not args.json:
         print(
@@ -80,6 +101,10 @@ _MODULE_SUITES = [
     ("analyze", "perf.analyze", "Spark job: traces to tables, growth fits and plots"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
+    ("loader", "perf.loader", "the restricted unpickler vs pickle.loads, per notification body"),
+    ("commit", "perf.commit", "one store commit: raw floor, FileStorage, LogStorage, interleaved"),
+    ("mqtt", "perf.mqtt", "MQTT brokers, same paho programs: latency and throughput at QoS 1, 2"),
+    ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
 ]
 
 
@@ -95,6 +120,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     pp.add_argument("--workdir", help="keep stores and config here (default: a temporary dir)")
     pp.add_argument("--json", action="store_true", help="print only the JSON line")
     pp.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    pp.add_argument(
+        "--stores",
+        help="KIND,KIND...: the test once per store kind, interleaved; p50s and their ratios",
+    )
+    pp.add_argument("--repeat", type=int, default=3, help="with --stores: runs per kind")
+    pp.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="trace every hop; breakdown_us: where one hop's p50 time goes (see perf/README.md)",
+    )
     pp.set_defaults(func=_cmd_pingpong)
     st = sub.add_parser("stream", help="one-way persistent throughput, end to end")
     st.add_argument("--config", required=True, help="bus description; producer on server 0")
@@ -105,6 +140,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     st.add_argument("--workdir")
     st.add_argument("--json", action="store_true")
     st.add_argument("--property", action="append", help="NAME=VALUE added to the config")
+    st.add_argument("--timeout", type=float, default=600.0, help="deadline of the stream (s)")
+    st.add_argument(
+        "--window", type=int, default=0, help="flow control: most items unconsumed (0: open loop)"
+    )
+    st.add_argument(
+        "--sample-every", type=float, default=0.0, help="seconds between store/RSS samples"
+    )
+    st.add_argument("--samples", help="JSON-lines file the samples are appended to")
     st.set_defaults(func=_cmd_stream)
     demo = sub.add_parser("demo", help="what `make demo` runs")
     demo.set_defaults(func=_cmd_demo)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -13,8 +13,8 @@ from xml.etree import ElementTree
 
 from defusedxml.ElementTree import parse as safe_parse
 
-from aaabus.config import BusConfig, load_config
-from aaabus.launch import Bus
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.tools.launch import Bus
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,10 +40,15 @@ def with_services(
     return dst
 
 
-def wait_for_file(path: Path, bus: Bus, timeout: float) -> dict[str, Any]:
-    """Wait until ``path`` exists (a result written by an agent); fail fast if a server died."""
+def wait_for_file(
+    path: Path, bus: Bus, timeout: float, tick: Callable[[], None] | None = None
+) -> dict[str, Any]:
+    """Wait until ``path`` exists (a result written by an agent); fail fast if a server died.
+    ``tick``, if given, is called on every poll (it decides itself whether it is its time)."""
     deadline = time.monotonic() + timeout
     while not path.exists():
+        if tick is not None:
+            tick()
         for proc in bus.servers.values():
             if not proc.running():
                 tail = " | ".join(list(proc.lines)[-3:])
@@ -69,3 +74,26 @@ def scratch(keep: str | None = None) -> Iterator[Path]:
 
 def config_of(path: str | Path) -> BusConfig:
     return load_config(path)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size of process ``pid`` (Linux /proc), 0 if it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    for line in status.splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def store_bytes(root: Path, ids: Sequence[int]) -> dict[str, int]:
+    """Bytes each server's storage directory ``root/s<id>`` takes (every file in it: data.fs
+    and its index, or the log store's segments, spares and free ones alike)."""
+    sizes: dict[str, int] = {}
+    for sid in ids:
+        directory = root / f"s{sid}"
+        files = directory.rglob("*") if directory.exists() else iter(())
+        sizes[str(sid)] = sum(p.stat().st_size for p in files if p.is_file())
+    return sizes

@@ -29,12 +29,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import getpass
 import json
-import os
 import queue
 import select
-import shutil
 import signal
 import socket
 import statistics
@@ -50,14 +47,17 @@ from pathlib import Path
 from typing import Any
 
 from agents.pingpong import summarise
+from perf.brokers import (
+    Endpoint,
+    reachable,
+    start_mosquitto,
+    start_rabbitmq,
+    stop_group,
+)
 from perf.harness import REPO_ROOT
 
 #: The peers, in the order they run inside one repetition (after aaabus).
 PEERS = ("rabbitmq", "mosquitto_qos2", "mosquitto_qos0")
-
-#: Seconds a broker gets to come up / to shut down cleanly before it is killed.
-START_TIMEOUT = 90.0
-STOP_TIMEOUT = 30.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -95,73 +95,13 @@ def _log(message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# Processes: brokers and client children, always stopped by the PID we got when starting them.
-
-
-def _stop_group(proc: subprocess.Popen[Any], timeout: float = STOP_TIMEOUT) -> None:
-    """Stop a child started with ``start_new_session=True``: SIGTERM its group, then SIGKILL.
-
-    The group id is the child's own PID, so this only reaches processes we started (the
-    RabbitMQ start script and the Erlang VM it forks).
-    """
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-    else:
-        # The leader is gone; anything left in its group is still ours to clean.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
+# Client children, always stopped by the PID we got when starting them (brokers: perf.brokers).
 
 
 def _stop_child(proc: subprocess.Popen[Any]) -> None:
     if proc.poll() is None:
         proc.kill()
     proc.wait(10)
-
-
-def _free_ports(count: int) -> list[int]:
-    from aaabus.launch import free_port_base
-
-    base = free_port_base(count)
-    return list(range(base, base + count))
-
-
-def _reachable(host: str, port: int, timeout: float = 1.0) -> bool:
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True
-    except OSError:
-        return False
-
-
-def _tail(path: Path, lines: int = 5) -> str:
-    try:
-        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
-
-
-def _find_binary(name: str, *extra: str) -> str | None:
-    """``name`` on PATH, else in the usual sbin places (they are not on a user's PATH)."""
-    found = shutil.which(name)
-    if found:
-        return found
-    for candidate in (*extra, f"/usr/sbin/{name}", f"/usr/local/sbin/{name}"):
-        if os.access(candidate, os.X_OK):
-            return candidate
-    return None
-
-
-@dataclass
-class Endpoint:
-    host: str
-    port: int
 
 
 @dataclass
@@ -178,131 +118,6 @@ def _parse_endpoint(text: str) -> Endpoint:
     if not sep or not port.isdigit():
         raise SystemExit(f"perf peers: error: expected 'auto', 'off' or HOST:PORT, got {text!r}")
     return Endpoint(host or "127.0.0.1", int(port))
-
-
-def _start_rabbitmq(work: Path, brokers: Brokers) -> Endpoint:
-    """A private RabbitMQ node: own node name, data dir, cookie and epmd, loopback only."""
-    script = _find_binary("rabbitmq-server")
-    # Debian's /usr/sbin/rabbitmq-server re-executes itself as the 'rabbitmq' user through su,
-    # which drops our environment; the script it wraps takes the environment as it is.
-    direct = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
-    if direct.exists():
-        script = str(direct)
-    epmd = _find_binary("epmd", "/usr/lib/erlang/bin/epmd")
-    if script is None or epmd is None:
-        raise FileNotFoundError("rabbitmq-server is not installed (`make peers` installs it)")
-    amqp, dist, epmd_port = _free_ports(3)
-    base = work / "rabbitmq"
-    base.mkdir(parents=True, exist_ok=True)
-    (base / "rabbitmq.conf").write_text(
-        f"listeners.tcp.default = 127.0.0.1:{amqp}\n"
-        "loopback_users = none\n"
-        # A small free-disk alarm threshold: a busy CI disk must not block publishers.
-        "disk_free_limit.absolute = 50MB\n"
-    )
-    (base / "enabled_plugins").write_text("[].\n")
-    env = dict(os.environ)
-    env.update(
-        # The Erlang cookie goes to $HOME: keep it out of the real home directory.
-        HOME=str(base),
-        RABBITMQ_NODENAME=f"aaabus-peers-{os.getpid()}@localhost",
-        RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
-        RABBITMQ_NODE_PORT=str(amqp),
-        RABBITMQ_DIST_PORT=str(dist),
-        RABBITMQ_CONFIG_FILE=str(base / "rabbitmq.conf"),
-        RABBITMQ_ADVANCED_CONFIG_FILE=str(base / "advanced.config"),
-        RABBITMQ_CONF_ENV_FILE=str(base / "rabbitmq-env.conf"),  # absent: ignore /etc's
-        RABBITMQ_ENABLED_PLUGINS_FILE=str(base / "enabled_plugins"),
-        RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
-        RABBITMQ_LOG_BASE=str(base / "log"),
-        RABBITMQ_LOGS="-",
-        RABBITMQ_PID_FILE=str(base / "rabbitmq.pid"),
-        RABBITMQ_FEATURE_FLAGS_FILE=str(base / "feature_flags"),
-        # Erlang distribution listens on loopback too, and talks to our own epmd.
-        RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1}",
-        ERL_EPMD_ADDRESS="127.0.0.1",
-        ERL_EPMD_PORT=str(epmd_port),
-    )
-    # Our own epmd in the foreground: one the VM spawned would daemonize and outlive the run.
-    with (base / "epmd.log").open("wb") as epmd_log:
-        brokers.procs.append(
-            subprocess.Popen(
-                [epmd, "-address", "127.0.0.1", "-port", str(epmd_port)],
-                stdin=subprocess.DEVNULL,
-                stdout=epmd_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    _wait_port("epmd", "127.0.0.1", epmd_port, base / "epmd.log", brokers.procs[-1], 10.0)
-    with (base / "rabbitmq.log").open("wb") as log:
-        brokers.procs.append(
-            subprocess.Popen(
-                [script],
-                env=env,
-                cwd=base,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    _wait_port("rabbitmq", "127.0.0.1", amqp, base / "rabbitmq.log", brokers.procs[-1])
-    return Endpoint("127.0.0.1", amqp)
-
-
-def _start_mosquitto(work: Path, brokers: Brokers, window: int) -> Endpoint:
-    binary = _find_binary("mosquitto")
-    if binary is None:
-        raise FileNotFoundError("mosquitto is not installed (`make peers` installs it)")
-    (port,) = _free_ports(1)
-    base = work / "mosquitto"
-    base.mkdir(parents=True, exist_ok=True)
-    conf = base / "mosquitto.conf"
-    conf.write_text(
-        f"listener {port} 127.0.0.1\n"
-        "allow_anonymous true\n"
-        "persistence true\n"
-        f"persistence_location {base}/\n"
-        # The default (1000) silently drops QoS 1/2 messages queued for a slow subscriber.
-        "max_queued_messages 0\n"
-        # RabbitMQ disables Nagle by default; mosquitto only when asked.
-        "set_tcp_nodelay true\n"
-        # Same delivery window as RabbitMQ's prefetch.
-        f"max_inflight_messages {window}\n"
-        # Started as root, mosquitto would switch to user 'mosquitto', who cannot write here.
-        f"user {getpass.getuser()}\n"
-    )
-    with (base / "mosquitto.log").open("wb") as log:
-        brokers.procs.append(
-            subprocess.Popen(
-                [binary, "-c", str(conf)],
-                cwd=base,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    _wait_port("mosquitto", "127.0.0.1", port, base / "mosquitto.log", brokers.procs[-1], 20.0)
-    return Endpoint("127.0.0.1", port)
-
-
-def _wait_port(
-    name: str,
-    host: str,
-    port: int,
-    log: Path,
-    proc: subprocess.Popen[Any],
-    timeout: float = START_TIMEOUT,
-) -> None:
-    deadline = time.monotonic() + timeout
-    while not _reachable(host, port, 0.5):
-        if proc.poll() is not None:
-            raise RuntimeError(f"{name} exited with status {proc.returncode}: {_tail(log)}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{name} not listening on {port} after {timeout:.0f}s: {_tail(log)}")
-        time.sleep(0.2)  # no readiness signal from the broker but its port
 
 
 def _client_missing(peer: str) -> str | None:
@@ -328,18 +143,18 @@ def brokers_for(args: argparse.Namespace, work: Path) -> Iterator[Brokers]:
                 started = len(brokers.procs)
                 try:
                     if kind == "rabbitmq":
-                        endpoint = _start_rabbitmq(work, brokers)
+                        endpoint, _ = start_rabbitmq(work, brokers.procs)
                     else:
-                        endpoint = _start_mosquitto(work, brokers, args.window)
+                        endpoint = start_mosquitto(work, brokers.procs, args.window)
                 except (OSError, RuntimeError) as exc:  # TimeoutError is an OSError
                     reason = f"could not start a private {kind}: {exc}"
                     # Half-started: stop it now rather than let it eat CPU during the runs.
                     for proc in reversed(brokers.procs[started:]):
-                        _stop_group(proc)
+                        stop_group(proc)
                     del brokers.procs[started:]
             elif reason is None:
                 endpoint = _parse_endpoint(choice)
-                if not _reachable(endpoint.host, endpoint.port):
+                if not reachable(endpoint.host, endpoint.port):
                     reason = f"{kind} not reachable at {endpoint.host}:{endpoint.port}"
             for name in names:
                 if reason is None and endpoint is not None:
@@ -356,7 +171,7 @@ def brokers_for(args: argparse.Namespace, work: Path) -> Iterator[Brokers]:
     finally:
         # Brokers first (reverse start order: RabbitMQ before its epmd).
         for proc in reversed(brokers.procs):
-            _stop_group(proc)
+            stop_group(proc)
 
 
 # --------------------------------------------------------------------------------------------
@@ -643,7 +458,7 @@ def _rabbit_consume_child(p: dict[str, Any]) -> dict[str, Any]:
 # Mosquitto -----------------------------------------------------------------------------------
 
 
-class _Mqtt:
+class PahoSession:
     """A paho client with a persistent session, its network loop in a thread, manual acks.
 
     Deliveries land in ``inbox`` (or go to ``on_message`` when given); ``connect`` returns once
@@ -714,7 +529,7 @@ def mqtt_pingpong(
     params = {"host": endpoint.host, "port": endpoint.port, "a": ta, "b": tb, "qos": qos}
     params["id"] = f"aaabus-pong-{tag}"
     with _child("mqtt-pong", params, timeout) as pong:
-        ping = _Mqtt(endpoint, f"aaabus-ping-{tag}", qos, subscribe=tb)
+        ping = PahoSession(endpoint, f"aaabus-ping-{tag}", qos, subscribe=tb)
         ping.connect()
         rtts: list[int] = []
         lost = 0
@@ -771,7 +586,7 @@ def mqtt_stream(
         # Our own window rather than paho's queue: paho rescans every queued message on each
         # acknowledgement, which would measure paho rather than the broker.
         slots = threading.Semaphore(window)
-        producer = _Mqtt(endpoint, f"aaabus-produce-{tag}", qos, window=window)
+        producer = PahoSession(endpoint, f"aaabus-produce-{tag}", qos, window=window)
         producer.client.on_publish = lambda *_a: slots.release()
         producer.connect()
         state: dict[str, Any] = {}
@@ -793,7 +608,7 @@ def mqtt_stream(
 
 
 def _mqtt_pong_child(p: dict[str, Any]) -> dict[str, Any]:
-    client = _Mqtt(Endpoint(p["host"], p["port"]), p["id"], p["qos"], subscribe=p["a"])
+    client = PahoSession(Endpoint(p["host"], p["port"]), p["id"], p["qos"], subscribe=p["a"])
     client.connect()
     print("ready", flush=True)
     served = 0
@@ -815,7 +630,7 @@ def _mqtt_pong_child(p: dict[str, Any]) -> dict[str, Any]:
 def _mqtt_consume_child(p: dict[str, Any]) -> dict[str, Any]:
     state = {"received": 0, "out_of_order": 0, "expected": 0, "t_last": 0.0}
     done = threading.Event()
-    client_box: list[_Mqtt] = []
+    client_box: list[PahoSession] = []
 
     def on_message(msg: Any) -> None:
         client_box[0].client.ack(msg.mid, msg.qos)
@@ -827,7 +642,7 @@ def _mqtt_consume_child(p: dict[str, Any]) -> dict[str, Any]:
         if state["received"] >= p["count"]:
             done.set()
 
-    client = _Mqtt(
+    client = PahoSession(
         Endpoint(p["host"], p["port"]),
         p["id"],
         p["qos"],

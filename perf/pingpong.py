@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 from typing import Any
 
-from aaabus.domains import Topology
-from aaabus.launch import Bus
+from aaabus.config.domains import Topology
+from aaabus.core.store import STORE_KINDS
+from aaabus.core.trace import read_hops
+from aaabus.errors import ConfigError
+from aaabus.tools.launch import Bus
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
 
 TESTS = ("local", "remote", "broadcast")
@@ -34,8 +38,12 @@ def run(
     workdir: str | None = None,
     timeout: float = 600.0,
     properties: dict[str, str] | None = None,
+    breakdown: bool = False,
 ) -> dict[str, Any]:
-    """Launch every server of ``config``, run one ping-pong test, stop everything."""
+    """Launch every server of ``config``, run one ping-pong test, stop everything.
+
+    With ``breakdown``, the servers trace every hop (``aaabus.trace``) and the result gets
+    ``breakdown_us`` (see :func:`hop_breakdown`); tracing costs a few µs per hop."""
     cfg = config_of(config)
     ids = sorted(cfg.servers)
     if 0 not in cfg.servers:
@@ -51,17 +59,91 @@ def run(
             "responders": responders,
             "out": str(out),
         }
+        props = dict(properties or {})
+        if breakdown:
+            props["aaabus.trace"] = "trace"  # relative to the run's a3.xml: work/trace
         run_config = with_services(
             config,
             work / "a3.xml",
             {0: [("agents.pingpong:bench_service", json.dumps(args))]},
-            properties,
+            props,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
             result = wait_for_file(out, bus, timeout)
+        if breakdown:  # the servers have stopped: their trace files are complete
+            result["breakdown_us"] = hop_breakdown(work / "trace", result["rtt_ms"]["p50"])
     topology = Topology.from_config(cfg)
     # Network hops one way to the farthest responder: 1 inside a domain, +1 per router crossed.
     result["hops"] = max((len(topology.route(0, r)) for r in responders), default=0)
     result["servers"] = len(ids)
     result["config"] = str(config)
     return result
+
+
+def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, float]:
+    """Where one hop's time goes, p50s in µs, from the servers' hop traces: ``clock_stamp``
+    (sender's clock work), ``clock_test`` (receiver's), ``commit`` (the group commit that made
+    the hop durable: commit preparation, write and sync), ``group_hops`` (hops per commit), and
+    ``rest``: half the round trip minus those, i.e. network thread hand-off, frame encode,
+    MAC and decode, the reaction, the frame send and TCP. A coarse cut: write and sync apart
+    are in ``perf commit`` (the raw floor), not in this trace."""
+    by_event: dict[str, list[float]] = {"send": [], "receive": []}
+    commits: list[float] = []
+    groups: list[float] = []
+    for rec in read_hops(trace_dir):
+        by_event.setdefault(rec["event"], []).append(rec["clock_ns"] / 1000)
+        commits.append(rec["commit_ns"] / 1000)
+        groups.append(rec["group_hops"])
+
+    def p50(values: list[float]) -> float:
+        return round(statistics.median(values), 1) if values else 0.0
+
+    hop = rtt_p50_ms * 1000 / 2
+    parts = {
+        "clock_stamp": p50(by_event["send"]),
+        "clock_test": p50(by_event["receive"]),
+        "commit": p50(commits),
+    }
+    rest = round(hop - sum(parts.values()), 1)
+    return {"hop": round(hop, 1), **parts, "rest": rest, "group_hops": p50(groups)}
+
+
+def compare_stores(
+    config: str | Path,
+    test: str,
+    rounds: int,
+    stores: list[str],
+    repeat: int,
+    *,
+    properties: dict[str, str] | None = None,
+    **options: Any,
+) -> dict[str, Any]:
+    """The same test once per store kind (property ``aaabus.store``), ``repeat`` times
+    interleaved (kind A, kind B, kind A, ...) so that a busy spell of the machine hits both;
+    per kind, the median of the repetitions' p50s; ``<first>_vs_<kind>``: ratios of p50s."""
+    unknown = [kind for kind in stores if kind not in STORE_KINDS]
+    if unknown or len(stores) < 2:
+        raise ConfigError(
+            f"--stores {','.join(stores)}: expected two or more of {', '.join(STORE_KINDS)}"
+        )
+    p50s: dict[str, list[float]] = {kind: [] for kind in stores}
+    for _ in range(repeat):
+        for kind in stores:
+            result = run(
+                config,
+                test,
+                rounds,
+                properties={**(properties or {}), "aaabus.store": kind},
+                **options,
+            )
+            p50s[kind].append(result["rtt_ms"]["p50"])
+    medians = {kind: statistics.median(values) for kind, values in p50s.items()}
+    first = stores[0]
+    return {
+        "test": test,
+        "rounds": rounds,
+        "repeat": repeat,
+        "p50_ms": {kind: round(value, 4) for kind, value in medians.items()},
+        "p50_ms_runs": p50s,
+        **{f"{first}_vs_{kind}": round(medians[first] / medians[kind], 3) for kind in stores[1:]},
+    }

@@ -1,13 +1,31 @@
-"""``python -m perf stream``: one-way persistent throughput, end to end, on real processes."""
+"""``python -m perf stream``: one-way persistent throughput, end to end, on real processes.
+
+The result also holds ``store_bytes``: ``{"<server id>": bytes}``, each server's storage
+directory on disk when the stream has been consumed (servers still running).
+
+With ``sample_every`` seconds and a ``samples`` file, the harness also appends there, while the
+stream runs, one JSON line per sample: seconds since the bus was up, each server's store bytes
+and RSS. The file is flushed per line, so a run stopped early (``--timeout``, a kill) keeps
+what it sampled; the result then sums the samples up (``store_bytes_max``, first and last RSS).
+Polling happens on the harness's waiting thread; a sample takes a directory walk per server."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
-from aaabus.launch import Bus
-from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
+from aaabus.tools.launch import Bus
+from perf.harness import (
+    REPO_ROOT,
+    config_of,
+    rss_bytes,
+    scratch,
+    store_bytes,
+    wait_for_file,
+    with_services,
+)
 
 
 def run(
@@ -17,9 +35,12 @@ def run(
     to: int | None = None,
     burst: int = 200,
     payload: int = 0,
+    window: int = 0,
     workdir: str | None = None,
     timeout: float = 600.0,
     properties: dict[str, str] | None = None,
+    sample_every: float = 0.0,
+    samples: str | Path | None = None,
 ) -> dict[str, Any]:
     """Stream ``count`` notifications from server 0 to server ``to`` (default: the highest)."""
     cfg = config_of(config)
@@ -29,6 +50,8 @@ def run(
         out = work / "stream.json"
         args = {"server": target, "count": count, "out": str(out), "burst": burst}
         args["payload"] = payload
+        if window:
+            args["window"] = window
         run_config = with_services(
             config,
             work / "a3.xml",
@@ -36,6 +59,60 @@ def run(
             properties,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
-            result = wait_for_file(out, bus, timeout)
+            sampler = None
+            if sample_every > 0 and samples is not None:
+                sampler = _Sampler(bus, work / "store", ids, sample_every, Path(samples))
+            try:
+                result = wait_for_file(out, bus, timeout, sampler.tick if sampler else None)
+            finally:
+                if sampler is not None:
+                    sampler.close()
+            # At the end of the stream, servers still running: what a store holds in service.
+            sizes = store_bytes(work / "store", ids)
     result.update(servers=len(ids), to=target, config=str(config), payload=payload)
+    result["store_bytes"] = sizes
+    if sampler is not None:
+        result["samples"] = sampler.summary()
     return result
+
+
+class _Sampler:
+    """Store bytes and RSS of every server, every ``every`` seconds, one JSON line each."""
+
+    def __init__(self, bus: Bus, root: Path, ids: list[int], every: float, path: Path) -> None:
+        self._bus, self._root, self._ids, self._every = bus, root, ids, every
+        self._file: IO[str] = path.open("w", encoding="utf-8")
+        self._start = time.monotonic()
+        self._next = self._start
+        self._lines: list[dict[str, Any]] = []
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self._every
+        line = {
+            "t_s": round(now - self._start, 1),
+            "store_bytes": store_bytes(self._root, self._ids),
+            "rss_bytes": {str(i): rss_bytes(self._bus[i].pid) for i in self._ids},
+        }
+        self._lines.append(line)
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+    def summary(self) -> dict[str, Any]:
+        """How many samples, the largest store of each server, first and last RSS."""
+        if not self._lines:
+            return {"count": 0}
+        first, last = self._lines[0], self._lines[-1]
+        return {
+            "count": len(self._lines),
+            "store_bytes_max": {
+                str(i): max(s["store_bytes"][str(i)] for s in self._lines) for i in self._ids
+            },
+            "rss_first": first["rss_bytes"],
+            "rss_last": last["rss_bytes"],
+        }

@@ -20,13 +20,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from aaabus.config import load_config
-from aaabus.domains import Topology
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus, free_port_base
-from aaabus.secret import ensure_secret
-from aaabus.topology import KINDS, generate
-from aaabus.trace import read_hops
+from aaabus.config.domains import Topology
+from aaabus.config.reader import load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import KINDS, generate
+from aaabus.core.trace import read_hops
+from aaabus.node.inprocess import InProcessBus
+from aaabus.tools.launch import Bus, free_port_base
 from perf.harness import REPO_ROOT, with_services
 from perf.pingpong import TESTS, responders_for
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION

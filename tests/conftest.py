@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from aaabus import AgentServer
-from aaabus.config import BusConfig, load_config
-from aaabus.secret import ensure_secret
-from aaabus.topology import generate, render
-from tests.support.harness import Inbox, contiguous_free_base
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import generate, render
+from tests.support.harness import TEST_TRUST, Inbox, contiguous_free_base
 
 
 @pytest.fixture
@@ -32,6 +32,8 @@ def make_config(tmp_path: Path) -> Callable[..., Path]:
         layout: list[list[int]] | None = None,
     ) -> Path:
         base = contiguous_free_base(servers * 3)
+        # The servers of a test bus construct the test suite's own classes (aaabus.trust).
+        properties = {"aaabus.trust": TEST_TRUST, **(properties or {})}
         if layout is not None:
             servers = 1 + max(max(members) for members in layout)
             text = render(layout, servers, base_port=base, properties=properties)

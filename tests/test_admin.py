@@ -16,13 +16,16 @@ from typing import Any
 import pytest
 
 from aaabus import AgentId, AgentServer
-from aaabus.admin import AdminError, Link, RequestRefused, admin_address, bus_status
-from aaabus.cli import main
-from aaabus.client import Client
-from aaabus.config import load_config
-from aaabus.launch import Bus
-from aaabus.secret import load_secret
-from aaabus.wire import ConnectorHandshake, FrameDecoder
+from aaabus.config.admin_port import admin_address
+from aaabus.config.reader import load_config
+from aaabus.config.secret import load_secret, tool_key
+from aaabus.errors import AdminError, RequestRefused
+from aaabus.io.link import Link
+from aaabus.tools.buswide import bus_status
+from aaabus.tools.cli import main
+from aaabus.tools.client import Client
+from aaabus.tools.launch import Bus
+from aaabus.wire.frames import ConnectorHandshake, FrameDecoder
 from tests.support.agents import Counter, Inc, Marker, Probe, Seen
 from tests.support.bus import wait_json
 from tests.support.harness import REPO_ROOT, Inbox, free_ports
@@ -116,7 +119,9 @@ def test_status_is_consistent_before_and_after_traffic_on_three_domains(
         assert after[2]["messages"]["received_remote"] == 0  # D1 links 1 and 3 directly
         assert after[4]["messages"]["received_remote"] == after[4]["messages"]["delivered"] == hops
         assert all(st["queues"]["held_back"] == 0 for st in after.values())
-        assert after[4]["storage_bytes"] > before[4]["storage_bytes"]
+        # The default log store: files are preallocated, live bytes follow the new agent.
+        assert after[4]["storage_live_bytes"] > before[4]["storage_live_bytes"] > 0
+        assert after[4]["storage_bytes"] >= after[4]["storage_live_bytes"]
 
         metrics = urllib.request.urlopen(f"http://127.0.0.1:{ports[5]}/metrics", timeout=10)
         text = metrics.read().decode()
@@ -204,7 +209,7 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
             Link.connect(address, b"another bus" * 3, 0)
         # The right secret, but a server's id: servers have no business on the admin port.
         with socket.create_connection(address, timeout=10) as sock:
-            handshake = ConnectorHandshake(load_secret(tmp_path / "bus.key"), 1, 0)
+            handshake = ConnectorHandshake(tool_key(load_secret(tmp_path / "bus.key")), 1, 0)
             decoder = FrameDecoder(1024)
             frames: list[bytes] = []
             while not frames:
@@ -258,6 +263,9 @@ def test_command_line_errors_are_one_line_with_status_2(
 
     # A bus that is down is not an error for status and stop: it is what they report.
     (tmp_path / "bus.key").write_text("aaabus-secret-v1 " + "ab" * 32 + "\n")
+    # A key others may read is refused, with the chmod that fixes it.
+    assert "run `chmod 600 " in fails("status", config)
+    (tmp_path / "bus.key").chmod(0o600)
     assert main(["status", config, "--json"]) == 0
     assert json.loads(capsys.readouterr().out) == {
         "servers": [{"id": 0, "up": False}, {"id": 1, "up": False}]

@@ -18,8 +18,8 @@ from aaabus import (
     ExceptionNotification,
     UnknownAgent,
 )
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
+from aaabus.config.reader import load_config
+from aaabus.node.inprocess import InProcessBus
 from tests.support.agents import (
     Deployer,
     Go,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from aaabus.launch import Bus
-from aaabus.secret import load_secret
+from aaabus.config.secret import load_secret
 from aaabus.testing.proxy import FaultProxy
-from aaabus.wire import AcceptorHandshake, ConnectorHandshake, FrameDecoder
+from aaabus.tools.launch import Bus
+from aaabus.wire.frames import AcceptorHandshake, ConnectorHandshake, FrameDecoder
 from tests.support.bus import add_to_server, listen_port, wait_json
 from tests.support.harness import REPO_ROOT
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aaabus.config import parse_config
-from aaabus.domains import Topology
-from aaabus.inprocess import InProcessBus
-from aaabus.topology import render
+from aaabus.config.domains import Topology
+from aaabus.config.reader import parse_config
+from aaabus.config.topology import render
+from aaabus.node.inprocess import InProcessBus
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
 from tests.support.harness import contiguous_free_base
 
@@ -49,7 +49,7 @@ def test_random_domain_trees_keep_causal_order(
     import tempfile
     from pathlib import Path
 
-    from aaabus.secret import ensure_secret
+    from aaabus.config.secret import ensure_secret
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "a3.xml"

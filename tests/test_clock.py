@@ -1,4 +1,4 @@
-"""The matrix clock of a causality domain (aaabus.clock).
+"""The matrix clock of a causality domain (aaabus.core.clock).
 
 The property tests judge the clock against an oracle written here from first principles: every
 message carries the explicit set of messages that happened before its send, so causal order is
@@ -19,7 +19,8 @@ import ZODB.FileStorage
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aaabus.clock import ClockError, DomainClock, Verdict
+from aaabus.core.clock import DomainClock, Verdict
+from aaabus.errors import ClockError
 
 ENCODINGS = ["delta", "full"]
 

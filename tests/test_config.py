@@ -1,4 +1,4 @@
-"""Parsing and checking of a3.xml (aaabus.config)."""
+"""Parsing and checking of a3.xml (aaabus.config.reader)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import (
+from aaabus.config.reader import (
     BusConfig,
     DomainConfig,
     NetworkConfig,
@@ -276,6 +276,21 @@ def test_malformed_xml_reports_expat_line(tmp_path: Path) -> None:
     err = refused(tmp_path, "<config>\n<domain name='D'/>\n<server id='0'\n</config>\n")
     assert err.where is not None and err.where.endswith(":4")
     assert err.message.startswith("malformed XML")
+
+
+@pytest.mark.parametrize("encoding", ["UTF-7", "klingon-9", "cp932"])
+def test_an_encoding_declaration_expat_cannot_read_is_one_line_through_check(
+    tmp_path: Path, encoding: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aaabus.tools.cli import main
+
+    path = tmp_path / "a3.xml"
+    path.write_text(f'<?xml version="1.0" encoding="{encoding}"?>\n<config/>\n')
+    assert main(["check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert f"{path}:1: unsupported encoding in the XML declaration" in err
+    assert 'save the file as UTF-8 and declare encoding="UTF-8"' in err
 
 
 BILLION_LAUGHS = """<?xml version="1.0"?>

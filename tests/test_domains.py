@@ -1,4 +1,4 @@
-"""The servers-domains graph (aaabus.domains): tree validation, clock indexes, routes."""
+"""The servers-domains graph (aaabus.config.domains): tree validation, clock indexes, routes."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import load_config
-from aaabus.domains import Hop, Topology
+from aaabus.config.domains import Hop, Topology
+from aaabus.config.reader import load_config
 from aaabus.errors import ConfigError
 
 

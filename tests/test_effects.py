@@ -1,4 +1,4 @@
-"""The transaction-driven undo log of in-memory effects (aaabus.effects), against a real
+"""The transaction-driven undo log of in-memory effects (aaabus.core.effects), against a real
 FileStorage sharing the same transactions, as the engine uses it."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import ZODB
 import ZODB.FileStorage
 from persistent.mapping import PersistentMapping
 
-from aaabus.effects import TransactionEffects
+from aaabus.core.effects import TransactionEffects
 
 
 class _Db:

@@ -20,7 +20,7 @@ from aaabus import (
     OutsideReactionError,
     UnknownAgent,
 )
-from aaabus.store import open_store
+from aaabus.core.store import DEFAULT_STORE_KIND, STORE_KINDS, open_store
 from tests.support.agents import (
     Boom,
     Counter,
@@ -40,7 +40,7 @@ from tests.support.harness import Inbox, SingleServer
 
 def stored_agent(storage: Path, agent_id: AgentId) -> Agent | None:
     """Read an agent straight from a stopped server's store."""
-    store = open_store("file", storage, agent_id.server)
+    store = open_store(DEFAULT_STORE_KIND, storage, agent_id.server)
     try:
         agent: Agent | None = store.agents.get((agent_id.origin, agent_id.stamp))
         if agent is None:
@@ -174,13 +174,13 @@ def test_deploy_through_the_factory_with_reply_then_delete(single_server: Single
     assert isinstance(gone, UnknownAgent) and gone.target == counter
 
 
+class Broken(Agent):
+    def on_init(self, first_time: bool) -> None:
+        raise KeyError("no init")
+
+
 def test_create_failure_is_reported(single_server: SingleServer) -> None:
     server, inbox, _ = single_server
-
-    class Broken(Agent):
-        def on_init(self, first_time: bool) -> None:
-            raise KeyError("no init")
-
     probe = server.deploy(Probe())
     server.send(probe, DeployThis(Broken(), 0))
     reply = seen(inbox).note
@@ -195,9 +195,10 @@ class _Note(Notification):
 def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
-    from aaabus.config import load_config
+    from aaabus.config.reader import load_config
 
-    cfg = load_config(make_config())
+    # A class by value is code: the server loads it only when told to (aaabus.trust.by_value).
+    cfg = load_config(make_config(properties={"aaabus.trust.by_value": "true"}))
 
     class Local(Agent):  # defined in a function: no server could import it by name
         def __init__(self) -> None:
@@ -231,7 +232,7 @@ def test_agent_of_a_local_class_travels_by_value_and_survives_restart(
 def test_on_init_first_time_then_at_each_boot(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
-    from aaabus.config import load_config
+    from aaabus.config.reader import load_config
 
     cfg = load_config(make_config())
     storage = tmp_path / "s0"
@@ -249,7 +250,7 @@ def test_on_init_first_time_then_at_each_boot(
     assert state is not None and (state.inits, state.count) == (2, 2)
 
 
-@pytest.mark.parametrize("kind", ["memory", "file"])
+@pytest.mark.parametrize("kind", STORE_KINDS)
 def test_an_agent_stays_in_the_object_cache_through_busy_groups(tmp_path: Path, kind: str) -> None:
     # As in a broadcast on a router: the agent reacts first, then the channel writes a thousand
     # queue entries in the same transaction, so at the commit the agent is the oldest object.

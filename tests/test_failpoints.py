@@ -1,7 +1,7 @@
 """Every failure point of a group, tried against every scenario.
 
 Each step the engine and the channel take on the way to a commit, or to the network after it,
-is a named failpoint (aaabus.failpoints.STEPS). A clean run of each scenario first counts which
+is a named failpoint (aaabus.core.failpoints.STEPS). A clean run of each scenario first counts which
 failpoints it goes through, on which server; then, for every (scenario, server, failpoint)
 reached, the scenario runs again with that failpoint raising once, at its first hit and at a
 hit in the middle. The independent checker must find the history exact (no phantom, nothing
@@ -26,13 +26,14 @@ from typing import Any
 import pytest
 
 from aaabus import AgentServer
-from aaabus.config import load_config, parse_config
-from aaabus.failpoints import STEPS, FailpointError, Failpoints
-from aaabus.inprocess import InProcessBus
-from aaabus.secret import ensure_secret
+from aaabus.config.reader import load_config, parse_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import render
+from aaabus.core.failpoints import STEPS, Failpoints
+from aaabus.errors import FailpointError
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.proxy import FaultProxy
-from aaabus.topology import render
-from tests.support.harness import contiguous_free_base
+from tests.support.harness import TEST_TRUST, contiguous_free_base
 from tests.support.walk import Run, Scenario, scenarios, wait_idle
 
 LAYOUT = [[0, 1, 2], [2, 3]]
@@ -50,7 +51,11 @@ class WalkBus:
 @pytest.fixture(scope="module")
 def walk_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WalkBus]:
     tmp = tmp_path_factory.mktemp("walk")
-    properties = {"aaabus.secret": "bus.key", "aaabus.engine.max_group_ms": "50"}
+    properties = {
+        "aaabus.secret": "bus.key",
+        "aaabus.engine.max_group_ms": "50",
+        "aaabus.trust": TEST_TRUST,
+    }
     text = render(LAYOUT, 4, base_port=contiguous_free_base(5), properties=properties)
     router_port = parse_config(text).servers[2].port_in("D0")
     slow = FaultProxy(("127.0.0.1", router_port), "walk-slow-link")

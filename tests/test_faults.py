@@ -6,10 +6,14 @@ delays, stalls, cuts connections in the middle of a frame, and partitions then h
 the next volley is the recovery time, bounded by the 1 s cap of the redial backoff plus one round
 trip. Gossip across two domains through a cut-and-partitioned link is judged by the checker.
 
-Storage: a server whose disk fills stops with one error line and a non-zero status instead of
-acknowledging what it could not store, and the sender delivers everything once the space is
-back; a data.fs cut short or overwritten with garbage is refused at boot (exit 2, one line),
-while the torn tail a crash leaves behind is recovered silently, as it must be.
+Storage, on both durable kinds: a server whose disk fills stops with one error line and a
+non-zero status instead of acknowledging what it could not store, and the sender delivers
+everything once the space is back. FileStorage: a data.fs cut short or overwritten with garbage
+is refused at boot (exit 2, one line), while the torn tail a crash leaves behind is recovered
+silently, as it must be. Log store: a damaged block or segment header is refused at boot in one
+line naming the segment file and the byte offset (its torn tails are tested in
+``test_logstorage.py`` and by the SIGKILL tests of ``test_server_process.py``, which run on the
+default store).
 """
 
 from __future__ import annotations
@@ -26,11 +30,11 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus, ServerProcess
+from aaabus.config.reader import load_config
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.proxy import FaultProxy
 from aaabus.testing.torture import read_progress, wait_progress
+from aaabus.tools.launch import Bus, ServerProcess
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
 from tests.support.harness import REPO_ROOT
@@ -174,8 +178,9 @@ def _umount(path: Path) -> None:
     subprocess.run(["umount", "-l", str(path)], capture_output=True, timeout=30)
 
 
+@pytest.mark.parametrize("kind", ["log", "file"])
 def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
-    tmp_path: Path, make_config: Callable[..., Path]
+    tmp_path: Path, make_config: Callable[..., Path], kind: str
 ) -> None:
     small = tmp_path / "small"
     if not _mount_tmpfs(small, "1m"):
@@ -183,12 +188,21 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
     try:
         done = tmp_path / "done.json"
         n = 1500  # parcels of 8 KB: over 10 MB, ten times what fits in the 1 MB file system
-        spec = json.dumps({"depot_server": 1, "n": n, "size": 8192, "done": str(done)})
+        # FileStorage keeps every revision: rewriting the depot fills the disk. The log store
+        # reclaims superseded ones: the depot must keep every parcel (live data) to fill it,
+        # in 64 KiB segments so that the store fits the 1 MB file system at first.
+        hoard = kind == "log"
+        spec = json.dumps(
+            {"depot_server": 1, "n": n, "size": 8192, "done": str(done), "hoard": hoard}
+        )
         service = f"<service class=\"aaabus.testing.torture:shipping_setup\" args='{spec}'/>"
         # Small groups: each commit writes the depot and its 8 KB again.
-        config = make_config(
-            servers=2, extra={0: service}, properties={"aaabus.engine.max_batch": "1"}
-        )
+        properties = {
+            "aaabus.engine.max_batch": "1",
+            "aaabus.store": kind,
+            "aaabus.store.segment_kb": "64",
+        }
+        config = make_config(servers=2, extra={0: service}, properties=properties)
         s0 = ServerProcess(config, 0, tmp_path / "s0", cwd=REPO_ROOT)
         s1 = ServerProcess(config, 1, small / "s1", cwd=REPO_ROOT)
         try:
@@ -218,12 +232,14 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
         _umount(small)
 
 
-def _counter_store(tmp_path: Path, make_config: Callable[..., Path]) -> tuple[Path, Path]:
-    """A stopped server 0 whose store holds a counter that reached 200."""
+def _counter_store(
+    tmp_path: Path, make_config: Callable[..., Path], kind: str = "file"
+) -> tuple[Path, Path]:
+    """A stopped server 0 whose store (of ``kind``) holds a counter that reached 200."""
     done = tmp_path / "done.json"
     args = json.dumps({"n": 200, "done": str(done)})
     service = f"<service class=\"tests.support.agents:durability_setup\" args='{args}'/>"
-    config = make_config(extra={0: service})
+    config = make_config(extra={0: service}, properties={"aaabus.store": kind})
     storage = tmp_path / "s0"
     proc = ServerProcess(config, 0, storage, cwd=REPO_ROOT).start()
     try:
@@ -248,11 +264,11 @@ def _boot(config: Path, storage: Path) -> subprocess.CompletedProcess[str] | Non
     return None
 
 
-def _counter_value(storage: Path) -> int:
-    from aaabus.store import open_store
+def _counter_value(storage: Path, kind: str = "file") -> int:
+    from aaabus.core.store import open_store
     from tests.support.agents import Counter
 
-    store = open_store("file", storage, 0)
+    store = open_store(kind, storage, 0)
     try:
         return next(a.count for a in store.agents.values() if isinstance(a, Counter))
     finally:
@@ -305,7 +321,7 @@ def test_torn_tail_of_a_crash_is_recovered(
 def _oid_of(storage: Path, which: str) -> bytes:
     from ZODB.utils import z64
 
-    from aaabus.store import open_store
+    from aaabus.core.store import open_store
     from tests.support.agents import Counter
 
     if which == "root":
@@ -369,3 +385,68 @@ def test_check_of_a_copied_store_is_unaffected(
     (copy / "data.fs.lock").unlink(missing_ok=True)
     assert _boot(config, copy) is None
     assert _counter_value(copy) == 200
+
+
+# -- the same faults on a log store (the default) --------------------------------------------------
+
+
+def test_damaged_log_block_is_refused_at_boot_naming_segment_and_offset(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "log")
+    segments = sorted((storage / "log").glob("*.seg"))
+    first = next(p for p in segments if not p.name.startswith("free-"))
+    before = first.read_bytes()
+    # Inside the body of the first block: acknowledged blocks follow it, so it is damage, not
+    # a torn write.
+    with first.open("r+b") as f:
+        f.seek(64 + 24 + 10)
+        f.write(b"\xde\xad")
+    refused = _boot(config, storage)
+    assert refused is not None, "a log store with a damaged committed block booted"
+    assert refused.returncode == 2
+    last = refused.stdout.strip().splitlines()[-1]
+    assert f"log store segment {first} is damaged at byte 64:" in last, last
+    assert "Traceback" not in refused.stdout
+    assert first.read_bytes()[:64] == before[:64], "refused, yet changed"
+
+
+def test_damaged_log_segment_header_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "log")
+    first = sorted((storage / "log").glob("[0-9a-f]*.seg"))[0]
+    with first.open("r+b") as f:
+        f.seek(20)
+        f.write(b"\xff")
+    refused = _boot(config, storage)
+    assert refused is not None, "a log store with a damaged segment header booted"
+    assert refused.returncode == 2
+    last = refused.stdout.strip().splitlines()[-1]
+    assert f"log store segment {first} is damaged at byte 0:" in last, last
+    assert "Traceback" not in refused.stdout
+
+
+def test_copy_of_a_stopped_log_store_boots(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "log")
+    copy = tmp_path / "copy"
+    shutil.copytree(storage, copy)
+    assert _boot(config, copy) is None
+    assert _counter_value(copy, "log") == 200
+
+
+def test_a_store_of_the_other_kind_is_refused_at_boot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config, storage = _counter_store(tmp_path, make_config, "file")
+    other = config.with_name("log.xml")
+    other.write_text(config.read_text().replace('value="file"', 'value="log"'))
+    refused = _boot(other, storage)
+    assert refused is not None, "a file store was opened as an empty log store"
+    assert refused.returncode == 2
+    last = refused.stdout.strip().splitlines()[-1]
+    assert f"storage directory {storage} holds a file store" in last, last
+    assert "set property aaabus.store=file to keep using it" in last, last
+    assert not (storage / "log").exists()

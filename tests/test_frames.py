@@ -1,10 +1,10 @@
 """The channel's data frames and the vetting of notification bodies, without a network.
 
 A data frame is taken apart with fixed-size fields (no unpickling), and only the body inside is
-unpickled, after :func:`aaabus.message.vet_body` has refused the pickles that would make CPython's
-C unpickler allocate without bound. The properties here: every pickle Python itself writes passes
-(any protocol, cloudpickle too); the bombs, garbage and every cut-short pickle are refused; frames
-round-trip; malformed frames raise ``ValueError`` and nothing else.
+unpickled, after :func:`aaabus.wire.message.vet_body` has refused the pickles that would make
+CPython's C unpickler allocate without bound. The properties here: every pickle Python itself
+writes passes (any protocol, cloudpickle too); the bombs, garbage and every cut-short pickle are
+refused; frames round-trip; malformed frames raise ``ValueError`` and nothing else.
 """
 
 from __future__ import annotations
@@ -18,11 +18,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aaabus.channel import decode_data, encode_data
-from aaabus.ids import AgentId
-from aaabus.message import BadBody, Message, encode_note, vet_body
-from aaabus.pickles import MalformedPickle, pickle_end
+from aaabus.errors import BadBody, MalformedPickle
+from aaabus.model.ids import AgentId
 from aaabus.testing.torture import Start
+from aaabus.wire.linkframes import decode_data, encode_data
+from aaabus.wire.message import Message, encode_note, vet_body
+from aaabus.wire.pickles import pickle_end
 
 values = st.recursive(
     st.none()

@@ -7,7 +7,7 @@ offending connection or frame, and the rally must go on exactly (every volley on
 
 An authenticated peer is trusted with the secret, but not with the server's life: a data frame is
 taken apart with fixed-size fields, never unpickled as a whole, and the notification body inside
-is vetted (:func:`aaabus.message.vet_body`, see tests/test_frames.py) before anything unpickles
+is vetted (:func:`aaabus.wire.message.vet_body`, see tests/test_frames.py) before anything unpickles
 it. The fuzzer mutates the frame around an intact body, and the body inside an intact frame; a
 body that cannot be unpickled is also its own test at the end (the reaction fails alone, its
 input is consumed, and traffic goes on).
@@ -29,13 +29,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aaabus.channel import ACK, DATA, encode_data
-from aaabus.clock import DomainClock
-from aaabus.config import parse_config
-from aaabus.domains import Topology
+from aaabus.config.domains import Topology
+from aaabus.config.reader import parse_config
+from aaabus.core.clock import DomainClock
 from aaabus.errors import ConfigError
-from aaabus.ids import AgentId
-from aaabus.message import Message, encode_note
+from aaabus.model.ids import AgentId
 from aaabus.testing.torture import (
     FuzzTarget,
     Start,
@@ -44,7 +42,9 @@ from aaabus.testing.torture import (
     random_raw_bytes,
     wait_progress,
 )
-from aaabus.wire import MAGIC, VERSION, encode_frame
+from aaabus.wire.frames import MAGIC, VERSION, encode_frame
+from aaabus.wire.linkframes import ACK, DATA, encode_data
+from aaabus.wire.message import Message, encode_note
 
 FUZZ = settings(
     max_examples=1000,

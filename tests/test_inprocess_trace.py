@@ -6,9 +6,9 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.trace import TRACE_VERSION, read_hops
+from aaabus.config.reader import load_config
+from aaabus.core.trace import TRACE_VERSION, read_hops
+from aaabus.node.inprocess import InProcessBus
 from tests.support.bus import add_to_server, wait_json
 
 

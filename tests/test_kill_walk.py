@@ -29,14 +29,14 @@ from typing import Any
 import pytest
 
 from aaabus import AgentId, Client
-from aaabus.admin import ServerUnreachable
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus
-from aaabus.secret import ensure_secret
+from aaabus.config.reader import load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import render
+from aaabus.errors import ServerUnreachable
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.torture import stop_all
-from aaabus.topology import render
-from tests.support.harness import REPO_ROOT, contiguous_free_base
+from aaabus.tools.launch import Bus
+from tests.support.harness import REPO_ROOT, TEST_TRUST, contiguous_free_base
 from tests.support.walk import Actor, Directory, Run, Scenario, scenarios, start_step
 
 pytestmark = pytest.mark.slow
@@ -67,7 +67,11 @@ class KillBus:
 @pytest.fixture(scope="module")
 def kill_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KillBus]:
     tmp = tmp_path_factory.mktemp("kill-walk")
-    properties = {"aaabus.secret": "bus.key", "aaabus.engine.max_group_ms": "50"}
+    properties = {
+        "aaabus.secret": "bus.key",
+        "aaabus.engine.max_group_ms": "50",
+        "aaabus.trust": TEST_TRUST,
+    }
     config = tmp / "a3.xml"
     config.write_text(render(LAYOUT, 4, base_port=contiguous_free_base(5), properties=properties))
     ensure_secret(tmp / "bus.key")
@@ -181,7 +185,8 @@ def test_every_crash_step_on_every_server_a_scenario_crosses(kill_bus: KillBus) 
 
     # Post-mortem: the stores, opened in this process, are the evidence.
     config = load_config(kb.config)
-    with InProcessBus(config, store_kind="file", storage_root=kb.stores) as bus:
+    kind = config.setting(min(config.servers), "aaabus.store")  # what the processes used
+    with InProcessBus(config, store_kind=kind, storage_root=kb.stores) as bus:
         expected = {}
         for name, prefix in clean.items():
             run = Run(bus.servers, BY_NAME[name], prefix)

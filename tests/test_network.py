@@ -15,8 +15,10 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from aaabus.network import Network, NetworkError
-from aaabus.wire import ConnectorHandshake, FrameDecoder, FrameTooLarge, encode_frame
+from aaabus.config.secret import link_key
+from aaabus.errors import FrameTooLarge, NetworkError
+from aaabus.io.network import Network
+from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, encode_frame
 from tests.support.tls import make_certificate
 
 SECRET = b"s" * 32
@@ -293,13 +295,15 @@ def test_intruders_are_refused_and_logged(
         sock.sendall(b"GET / HTTP/1.0\r\n\r\n")
 
     def wrong_secret(sock: socket.socket) -> None:
-        sock.sendall(ConnectorHandshake(WRONG_SECRET, 0, 2).receive(read_frame(sock)))
+        sock.sendall(
+            ConnectorHandshake(link_key(WRONG_SECRET, 0, 2), 0, 2).receive(read_frame(sock))
+        )
 
     recorded: list[bytes] = []
 
     def record(sock: socket.socket) -> None:
         # A complete, valid answer to this connection's challenge, captured but not sent.
-        recorded.append(ConnectorHandshake(SECRET, 0, 2).receive(read_frame(sock)))
+        recorded.append(ConnectorHandshake(link_key(SECRET, 0, 2), 0, 2).receive(read_frame(sock)))
         sock.shutdown(socket.SHUT_WR)
 
     def replay(sock: socket.socket) -> None:
@@ -307,16 +311,16 @@ def test_intruders_are_refused_and_logged(
         sock.sendall(recorded[0])
 
     def unknown_id(sock: socket.socket) -> None:
-        sock.sendall(ConnectorHandshake(SECRET, 9, 2).receive(read_frame(sock)))
+        sock.sendall(ConnectorHandshake(link_key(SECRET, 9, 2), 9, 2).receive(read_frame(sock)))
 
     def higher_id(sock: socket.socket) -> None:  # 3 > 2: server 2 would dial it, not accept it
-        sock.sendall(ConnectorHandshake(SECRET, 3, 2).receive(read_frame(sock)))
+        sock.sendall(ConnectorHandshake(link_key(SECRET, 3, 2), 3, 2).receive(read_frame(sock)))
 
     def oversized(sock: socket.socket) -> None:
         sock.sendall(b"\x7f\xff\xff\xff")  # a 2 GiB length prefix, and no body
 
     def oversized_after_auth(sock: socket.socket) -> None:
-        hs = ConnectorHandshake(SECRET, 0, 2)
+        hs = ConnectorHandshake(link_key(SECRET, 0, 2), 0, 2)
         sock.sendall(hs.receive(read_frame(sock)))
         hs.receive(read_frame(sock))
         assert hs.done
@@ -349,7 +353,7 @@ def test_tampered_session_frame_cuts_the_link(
     caplog.set_level(logging.WARNING, logger=LOGGER)
     net2, rec2 = make_net(2, {0: (LOCAL, 0)})
     sock = raw_socket(addr(net2))
-    hs = ConnectorHandshake(SECRET, 0, 2)
+    hs = ConnectorHandshake(link_key(SECRET, 0, 2), 0, 2)
     sock.sendall(hs.receive(read_frame(sock)))
     hs.receive(read_frame(sock))
     rec2.wait_up(0)

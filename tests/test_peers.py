@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.topology import generate
+from aaabus.config.topology import generate
 from perf.peers import PEERS, ratios
 from tests.support.harness import REPO_ROOT, contiguous_free_base, free_ports
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from aaabus.launch import free_port_base
-from aaabus.topology import generate
+from aaabus.config.topology import generate
+from aaabus.tools.launch import free_port_base
 from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from tests.support.harness import REPO_ROOT
 
@@ -70,10 +70,59 @@ def test_pingpong_through_routers_reports_hops(tmp_path: Path) -> None:
     assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
 
 
+def test_pingpong_compares_store_kinds_interleaved(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 1)
+    args = ["--config", config, "--rounds", "20", "--warmup", "5", "--repeat", "1", "--json"]
+    out = perf("pingpong", "--stores", "log,file", *args)
+    assert set(out["p50_ms"]) == {"log", "file"} and out["repeat"] == 1
+    ratio = out["p50_ms"]["log"] / out["p50_ms"]["file"]  # of rounded p50s: close, not equal
+    assert abs(out["log_vs_file"] - ratio) < 0.01 * ratio
+    bad = subprocess.run(
+        [sys.executable, "-m", "perf", "pingpong", "--stores", "log,disk", *args],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [
+        "perf pingpong: error: --stores log,disk: expected two or more of log, file, memory"
+    ]
+
+
 def test_stream_counts_every_notification_in_order(tmp_path: Path) -> None:
     config = shipped(tmp_path, "flat", 2)
     out = perf("stream", "--config", config, "--count", "3000", "--json")
     assert out["count"] == 3000 and out["out_of_order"] == 0 and out["msgs_per_s"] > 0
+    # Two log stores, each at least its head segment (4 MiB), neither anywhere near 1 GB.
+    assert set(out["store_bytes"]) == {"0", "1"}
+    assert all(4 << 20 <= size < 1 << 30 for size in out["store_bytes"].values())
+
+
+def test_windowed_stream_is_complete_and_sampled(tmp_path: Path) -> None:
+    # A window smaller than a burst: the producer stalls and restarts on credits many times.
+    config = shipped(tmp_path, "flat", 2)
+    samples = tmp_path / "samples.jsonl"
+    args = ["--count", "3000", "--window", "100", "--burst", "200"]
+    sampling = ["--sample-every", "0.2", "--samples", str(samples), "--json"]
+    out = perf("stream", "--config", config, *args, *sampling)
+    assert out["count"] == 3000 and out["out_of_order"] == 0
+    lines = [json.loads(line) for line in samples.read_text().splitlines()]
+    assert len(lines) == out["samples"]["count"] >= 1
+    assert all(line["rss_bytes"]["0"] > 0 and line["rss_bytes"]["1"] > 0 for line in lines)
+    assert out["samples"]["store_bytes_max"]["0"] >= lines[-1]["store_bytes"]["0"] > 0
+
+
+def test_pingpong_breakdown_splits_one_hop(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 2)
+    args = ["--test", "remote", "--rounds", "30", "--warmup", "5", "--breakdown", "--json"]
+    out = perf("pingpong", "--config", config, *args)
+    parts = out["breakdown_us"]
+    assert parts["hop"] == round(out["rtt_ms"]["p50"] * 500, 1)
+    assert parts["commit"] > 0 and parts["clock_stamp"] > 0 and parts["clock_test"] > 0
+    assert parts["group_hops"] >= 1
+    total = parts["clock_stamp"] + parts["clock_test"] + parts["commit"] + parts["rest"]
+    assert abs(total - parts["hop"]) < 0.5
 
 
 def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:
@@ -225,3 +274,12 @@ def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path: Path) -> 
     assert proc.returncode == 130, err
     assert "interrupted; every server started was stopped" in err and "Traceback" not in err
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
+
+
+def test_loader_suite_reports_the_cost_per_body(capsys: pytest.CaptureFixture[str]) -> None:
+    from perf.__main__ import main
+
+    assert main(["loader", "--number", "200", "--repeat", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loader"]
+    assert [r["payload"] for r in rows] == [0, 1024]
+    assert all(r["restricted_us"] > 0 and r["pickle_loads_us"] > 0 for r in rows)

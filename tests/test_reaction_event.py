@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 
 from aaabus import Agent, AgentId, Notification
-from aaabus.admin import server_status
-from aaabus.clock import DomainClock, Verdict
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
+from aaabus.config.reader import load_config
+from aaabus.core.clock import DomainClock, Verdict
+from aaabus.node.inprocess import InProcessBus
+from aaabus.node.status import server_status
 from examples._bus import Gate, wait_for, write_bus
+from tests.support.harness import TEST_TRUST
 
 
 @pytest.mark.parametrize("stamps", ["delta", "full"])
@@ -81,7 +82,10 @@ def test_c_delivers_a_first_when_a_sent_to_b_before_c_in_one_reaction(tmp_path: 
     0 -> 2 is down until B's message waits at C: C must deliver A's message first."""
     gate = Gate()
     path = write_bus(
-        tmp_path, [[0, 1, 2]], server_properties={0: {"aaabus.dial.2": f"127.0.0.1:{gate.port}"}}
+        tmp_path,
+        [[0, 1, 2]],
+        properties={"aaabus.trust": TEST_TRUST},
+        server_properties={0: {"aaabus.dial.2": f"127.0.0.1:{gate.port}"}},
     )
     config = load_config(path)
     gate.target = ("127.0.0.1", config.servers[2].networks[0].port)
@@ -106,7 +110,8 @@ def test_c_delivers_a_first_when_a_sent_to_b_before_c_in_one_reaction(tmp_path: 
 
 
 def test_an_oversized_notification_is_refused_when_sent_not_when_sealed(tmp_path: Path) -> None:
-    path = write_bus(tmp_path, [[0, 1]], properties={"aaabus.max_frame": "2048"})
+    properties = {"aaabus.trust": TEST_TRUST, "aaabus.max_frame": "2048"}
+    path = write_bus(tmp_path, [[0, 1]], properties=properties)
     with InProcessBus(load_config(path)) as bus:
         seen: queue.Queue[str] = queue.Queue()
         bus[1].add_listener(lambda sender, note: seen.put(getattr(note, "who", "?")[:5]))

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from aaabus.launch import Bus
 from aaabus.testing.proxy import FaultProxy
+from aaabus.tools.launch import Bus
 from tests.support.bus import add_to_server, wait_json
 from tests.support.harness import REPO_ROOT
 
@@ -30,7 +30,7 @@ def figure13_across_domains(
     tmp_path: Path, make_config: Callable[..., Path], order: str
 ) -> list[str]:
     config = make_config(layout=LINE, domain_attrs=f'order="{order}"')
-    from aaabus.config import load_config
+    from aaabus.config.reader import load_config
 
     cfg = load_config(config)
     out = tmp_path / "order.json"

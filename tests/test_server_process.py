@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.launch import ServerProcess
-from aaabus.secret import ensure_secret
+from aaabus.config.secret import ensure_secret
+from aaabus.tools.launch import ServerProcess
 from tests.support.harness import REPO_ROOT
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
@@ -56,10 +56,10 @@ def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
 
 
 def read_counter(storage: Path) -> tuple[int, int]:
-    from aaabus.store import open_store
+    from aaabus.core.store import DEFAULT_STORE_KIND, open_store
     from tests.support.agents import Counter
 
-    store = open_store("file", storage, 0)
+    store = open_store(DEFAULT_STORE_KIND, storage, 0)
     try:
         counters = [a for a in store.agents.values() if isinstance(a, Counter)]
         assert len(counters) == 1
@@ -259,4 +259,4 @@ def test_missing_secret_names_the_command(tmp_path: Path) -> None:
     line = run_server_expecting_error(
         "--id", "0", "--config", str(path), "--storage", str(tmp_path / "s0")
     )
-    assert "aaabus secret > " in line and "bus.key" in line, line
+    assert "aaabus secret --out bus.key" in line, line

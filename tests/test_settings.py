@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from aaabus import settings
-from aaabus.cli import main
-from aaabus.config import load_config, parse_config
+from aaabus.config import settings
+from aaabus.config.reader import load_config, parse_config
 from aaabus.errors import ConfigError
+from aaabus.tools.cli import main
 from tests.support.harness import REPO_ROOT
 
 
@@ -38,7 +38,7 @@ def config_with(prop: str, value: str, *, on_server: bool = False) -> str:
         ("aaabus.metrics.port", "-1", "expected an integer in 0..65535"),
         ("aaabus.metrics.host", "", "expected a host name"),
         ("aaabus.test.allow_cycles", "yes", "expected true or false"),
-        ("aaabus.store", "disk", "expected one of file, memory"),
+        ("aaabus.store", "disk", "expected one of log, file, memory"),
         ("aaabus.dial.3", "nowhere", "expected host:port"),
         ("aaabus.secret", " ", "expected a file name"),
     ],
@@ -99,6 +99,6 @@ def test_aaabus_check_refuses_what_a_server_would_refuse_at_boot(
 
 def test_the_reference_in_the_docs_is_the_declarations() -> None:
     text = (REPO_ROOT / "docs" / "config.md").read_text()
-    assert settings.reference_table() in text, "regenerate it: python -m aaabus.settings"
+    assert settings.reference_table() in text, "regenerate it: python -m aaabus.config.settings"
     for setting in settings.SETTINGS:
         assert setting.doc and setting.doc.endswith((".", ")")), setting.name

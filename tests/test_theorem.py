@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.config import load_config
+from aaabus.config.reader import load_config
 from aaabus.errors import ConfigError
-from aaabus.inprocess import InProcessBus
-from aaabus.server import AgentServer
+from aaabus.node.inprocess import InProcessBus
+from aaabus.node.server import AgentServer
 from aaabus.testing.proxy import FaultProxy
 from aaabus.testing.torture import Fire, Scribe
 from tests.support.bus import add_to_server

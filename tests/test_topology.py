@@ -1,7 +1,8 @@
-"""Generated layouts (aaabus.topology) and routes, checked against an independent computation.
+"""Generated layouts (aaabus.config.topology) and routes, checked against an
+independent computation.
 
 The reference routes here are computed from the XML alone, with the standard library parser and a
-breadth-first search written in this file: no networkx, no aaabus.domains.
+breadth-first search written in this file: no networkx, no aaabus.config.domains.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from aaabus.config import load_config, parse_config
-from aaabus.domains import Hop, Topology
+from aaabus.config.domains import Hop, Topology
+from aaabus.config.reader import load_config, parse_config
+from aaabus.config.topology import KINDS, generate
 from aaabus.errors import ConfigError
-from aaabus.topology import KINDS, generate
 
 # -- the independent reference ------------------------------------------------------------------
 

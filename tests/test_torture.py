@@ -98,13 +98,13 @@ def test_judges_see_a_lost_credit_a_duplicate_and_broken_money() -> None:
 def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(
     make_config: Callable[..., Path],
 ) -> None:
-    from aaabus.channel import encode_data
-    from aaabus.clock import DomainClock
-    from aaabus.config import load_config
-    from aaabus.ids import AgentId
-    from aaabus.inprocess import InProcessBus
-    from aaabus.message import Message, encode_note
+    from aaabus.config.reader import load_config
+    from aaabus.core.clock import DomainClock
+    from aaabus.model.ids import AgentId
+    from aaabus.node.inprocess import InProcessBus
     from aaabus.testing.torture import Start
+    from aaabus.wire.linkframes import encode_data
+    from aaabus.wire.message import Message, encode_note
 
     config = load_config(make_config(servers=2, properties={"aaabus.store": "memory"}))
     # Server 0 is not started: the frames it "sent" are made here with a clock of its own.

@@ -12,15 +12,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aaabus import wire
-from aaabus.errors import SecretError
-from aaabus.secret import ensure_secret, load_secret, make_secret
-from aaabus.wire import (
+from aaabus.config.secret import ensure_secret, load_secret, make_secret, write_secret
+from aaabus.errors import AuthError, FrameTooLarge, SecretError
+from aaabus.wire import frames as wire
+from aaabus.wire.frames import (
     AcceptorHandshake,
-    AuthError,
     ConnectorHandshake,
     FrameDecoder,
-    FrameTooLarge,
     SessionCipher,
     encode_frame,
 )
@@ -336,6 +334,7 @@ def test_make_and_load_secret(tmp_path: Path) -> None:
     assert text.startswith("aaabus-secret-v1 ") and text.endswith("\n")
     path = tmp_path / "bus.key"
     path.write_text("# the bus key\n" + text)
+    path.chmod(0o600)
     key = load_secret(path)
     assert len(key) == 32 and key.hex() in text
     assert make_secret() != text
@@ -355,11 +354,12 @@ def test_bad_secret_file(tmp_path: Path, content: str | None, reason: str) -> No
     path = tmp_path / "bus.key"
     if content is not None:
         path.write_text(content)
+        path.chmod(0o600)
     with pytest.raises(SecretError, match=reason) as info:
         load_secret(path)
     message = str(info.value)
     assert "\n" not in message and str(path) in message
-    assert "run `aaabus secret > bus.key` beside the config" in message
+    assert "run `aaabus secret --out bus.key` beside the config" in message
 
 
 def test_ensure_secret_creates_once_with_private_mode(tmp_path: Path) -> None:
@@ -368,3 +368,63 @@ def test_ensure_secret_creates_once_with_private_mode(tmp_path: Path) -> None:
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert ensure_secret(path) == key == load_secret(path)
     assert [p.name for p in tmp_path.iterdir()] == ["bus.key"]  # no temporary left behind
+
+
+def test_secret_command_creates_a_private_key_once_and_never_follows_a_link(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from aaabus.tools.cli import main
+
+    old = os.umask(0o022)  # the usual umask, under which `aaabus secret > bus.key` made 0644
+    try:
+        path = tmp_path / "bus.key"
+        assert main(["secret", "--out", str(path)]) == 0
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600 and len(load_secret(path)) == 32
+        key = path.read_bytes()
+        assert main(["secret", "--out", str(path)]) == 2  # never overwritten
+        assert "already exists" in capsys.readouterr().err and path.read_bytes() == key
+        target = tmp_path / "victim"
+        target.write_text("precious")
+        (tmp_path / "planted.key").symlink_to(target)
+        assert main(["secret", "--out", str(tmp_path / "planted.key")]) == 2
+        assert target.read_text() == "precious"
+    finally:
+        os.umask(old)
+
+
+def test_a_key_readable_by_others_is_refused_with_the_chmod_to_run(tmp_path: Path) -> None:
+    path = tmp_path / "bus.key"
+    path.write_text(make_secret())
+    path.chmod(0o644)
+    with pytest.raises(SecretError, match=rf"run `chmod 600 {path}`"):
+        load_secret(path)
+    path.chmod(0o600)
+    assert len(load_secret(path)) == 32
+
+
+def test_a_server_key_file_holds_its_own_links_only(tmp_path: Path) -> None:
+    from aaabus.config.secret import (
+        ServerKeys,
+        link_key,
+        load_server_keys,
+        tool_key,
+        write_server_keys,
+    )
+
+    write_secret(tmp_path / "bus.key")
+    bus = load_secret(tmp_path / "bus.key")
+    write_server_keys(tmp_path / "s1.key", tmp_path / "bus.key", 1, [0, 1, 2])
+    keys = load_server_keys(tmp_path / "s1.key", 1, [0, 1, 2])
+    derived = ServerKeys.from_bus_key(bus, 1)
+    assert keys.link_key(0) == derived.link_key(0) == link_key(bus, 0, 1)
+    assert keys.link_key(2) == link_key(bus, 2, 1) and keys.peers() == {0, 2}
+    assert keys.tool_key == tool_key(bus) and keys.identity == derived.identity
+    with pytest.raises(KeyError):
+        keys.link_key(3)  # a server the file does not know: no key to guess
+    assert bus.hex() not in (tmp_path / "s1.key").read_text()
+    with pytest.raises(SecretError, match="key file of server 1, not of server 2"):
+        load_server_keys(tmp_path / "s1.key", 2, [0, 1, 2])
+    with pytest.raises(SecretError, match=r"no key for the links to server\(s\) 3"):
+        load_server_keys(tmp_path / "s1.key", 1, [0, 1, 2, 3])
+    with pytest.raises(SecretError, match="one server's key file"):
+        load_secret(tmp_path / "s1.key")

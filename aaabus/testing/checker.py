@@ -32,7 +32,7 @@ Choices worth knowing:
   defined between messages addressed to the same destination). If the message never reached
   its real destination it is also ``lost``.
 * Sends of one event share their clock, so FIFO between two messages of one reaction to the
-  same destination is not judged here (the bus keeps it; :mod:`aaabus.clock` tests it).
+  same destination is not judged here (the bus keeps it; :mod:`aaabus.core.clock` tests it).
 * Pair lists can be quadratic in the history length when an implementation is badly broken, so
   they stop growing at ``limit`` pairs each and :attr:`Report.truncated` is set.
 """

@@ -1,32 +1,55 @@
 """A fault-injecting TCP proxy on 127.0.0.1, placed between two servers by the tests.
 
-It forwards bytes both ways and can, on command: delay them, stall them, cut every connection
-(optionally in the middle of a frame), and partition (refuse connections) until healed. Each
-direction of each connection has a reader thread and a writer thread joined by a queue, so that a
-delay shifts the byte stream in time without reordering it.
+It forwards bytes both ways and can, on command: delay them (each direction on its own, with an
+optional seeded jitter, as a WAN link does), stall them, cut every connection (optionally in the
+middle of a frame), and partition (refuse connections) until healed. Each direction of each
+connection has a reader thread and a writer thread joined by a bounded queue, so that a delay
+shifts the byte stream in time without reordering it, and a receiver that stops reading stops the
+sender through TCP flow control instead of growing the proxy's memory.
+
+Threads: one acceptor, and a reader and a writer per direction of each connection, all named after
+the proxy and daemonic; :meth:`FaultProxy.stop` (or leaving the ``with`` block) closes every socket
+and joins them. Socket errors end the connection they happened on, never the proxy.
 """
 
 from __future__ import annotations
 
 import contextlib
 import queue
+import random
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Literal
+
+#: Chunks (of at most ``_CHUNK`` bytes) a direction holds before its reader stops reading: a
+#: delayed link holds at most ``_MAX_CHUNKS * _CHUNK`` bytes (4 MiB) per direction.
+_CHUNK = 65536
+_MAX_CHUNKS = 64
+
+Direction = Literal["up", "down", "both"]
 
 
 @dataclass
 class _Pipe:
     src: socket.socket
     dst: socket.socket
-    q: queue.Queue[tuple[float, bytes] | None] = field(default_factory=queue.Queue)
+    direction: Literal["up", "down"]
+    q: queue.Queue[tuple[float, bytes] | None] = field(
+        default_factory=lambda: queue.Queue(_MAX_CHUNKS)
+    )
+    #: Set by the writer when it gives up, so that a reader blocked on a full queue stops too.
+    closed: threading.Event = field(default_factory=threading.Event)
+    #: Due time of the last chunk queued: jitter never lets a chunk overtake the previous one.
+    last_due: float = 0.0
 
 
 class FaultProxy:
     """Listens on a free port of 127.0.0.1 and forwards to ``target`` (host, port)."""
 
-    def __init__(self, target: tuple[str, int], name: str = "proxy") -> None:
+    def __init__(self, target: tuple[str, int], name: str = "proxy", seed: int = 0) -> None:
         self.target = target
         self.name = name
         self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -36,7 +59,11 @@ class FaultProxy:
         self._lsock.settimeout(0.1)
         self.port: int = self._lsock.getsockname()[1]
         self._lock = threading.Condition()
-        self._delay = 0.0
+        # Seconds added to each chunk, per direction ("up": client to target), plus a uniform
+        # random extra in [0, jitter) drawn from a seeded generator (runs are reproducible).
+        self._delay = {"up": 0.0, "down": 0.0}
+        self._jitter = {"up": 0.0, "down": 0.0}
+        self._random = random.Random(seed)
         self._stalled = False
         self._partitioned = False
         self._cut_after: int | None = None
@@ -50,9 +77,26 @@ class FaultProxy:
 
     # -- faults --------------------------------------------------------------------------------
 
-    def set_delay(self, seconds: float) -> None:
+    def set_delay(self, seconds: float, direction: Direction = "both", jitter: float = 0.0) -> None:
+        """Delay the bytes read from now on by ``seconds`` plus a random ``[0, jitter)``, in one
+        direction ("up": from the connecting client to the target; "down": back) or both."""
+        if seconds < 0 or jitter < 0:
+            raise ValueError(f"{self.name}: delay and jitter must be >= 0, got {seconds}, {jitter}")
         with self._lock:
-            self._delay = seconds
+            for d in ("up", "down") if direction == "both" else (direction,):
+                self._delay[d] = seconds
+                self._jitter[d] = jitter
+
+    def __enter__(self) -> FaultProxy:
+        return self
+
+    def __exit__(
+        self,
+        _type: type[BaseException] | None,
+        _exc: BaseException | None,
+        _tb: TracebackType | None,
+    ) -> None:
+        self.stop()
 
     def stall(self) -> None:
         """Stop forwarding (bytes pile up in the proxy) until :meth:`resume`."""
@@ -127,8 +171,9 @@ class FaultProxy:
             with self._lock:
                 self._socks.update((client, upstream))
                 self.connections += 1
-            for a, b, tag in ((client, upstream, "up"), (upstream, client, "down")):
-                pipe = _Pipe(a, b)
+            pipes = (_Pipe(client, upstream, "up"), _Pipe(upstream, client, "down"))
+            for pipe in pipes:
+                tag = pipe.direction
                 for fn, role in ((self._read, "r"), (self._write, "w")):
                     t = threading.Thread(
                         target=fn, args=(pipe,), name=f"{self.name}-{tag}-{role}", daemon=True
@@ -139,16 +184,30 @@ class FaultProxy:
 
     def _read(self, pipe: _Pipe) -> None:
         try:
-            while True:
-                data = pipe.src.recv(65536)
+            while not pipe.closed.is_set():
+                data = pipe.src.recv(_CHUNK)
                 if not data:
                     break
                 with self._lock:
-                    delay = self._delay
-                pipe.q.put((time.monotonic() + delay, data))
+                    delay = self._delay[pipe.direction]
+                    jitter = self._jitter[pipe.direction]
+                    if jitter:
+                        delay += self._random.uniform(0.0, jitter)
+                pipe.last_due = max(pipe.last_due, time.monotonic() + delay)
+                self._put(pipe, (pipe.last_due, data))
         except OSError:
             pass
-        pipe.q.put(None)
+        self._put(pipe, None)
+
+    @staticmethod
+    def _put(pipe: _Pipe, item: tuple[float, bytes] | None) -> None:
+        """Queue ``item``, waiting while the queue is full unless the writer has given up."""
+        while not pipe.closed.is_set():
+            try:
+                pipe.q.put(item, timeout=0.1)
+                return
+            except queue.Full:
+                continue
 
     def _write(self, pipe: _Pipe) -> None:
         try:
@@ -180,6 +239,7 @@ class FaultProxy:
                 self.forwarded += len(data)
         except OSError:
             pass
+        pipe.closed.set()
         for s in (pipe.src, pipe.dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)

@@ -21,7 +21,7 @@ The workload
 
 The end of a run
     After the last fault the real processes are stopped with SIGTERM (each must exit 0) and the
-    stores are opened again by in-process servers (:class:`~aaabus.inprocess.InProcessBus`) on
+    stores are opened again by in-process servers (:class:`~aaabus.node.inprocess.InProcessBus`) on
     the same files and ports. Their engines answer :meth:`~aaabus.AgentServer.call` only with
     committed state, so "every credit delivered" is observed exactly, without guessing from
     side effects a killed reaction may have written before its commit was lost. Whatever was
@@ -43,14 +43,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from BTrees.OOBTree import OOBTree
+from persistent import Persistent
+
 from aaabus import Agent, AgentId, BootContext, Notification, PersistentList
-from aaabus.config import load_config
-from aaabus.inprocess import InProcessBus
-from aaabus.launch import Bus, free_port_base
-from aaabus.secret import ensure_secret
+from aaabus.config.reader import load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import render
+from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.checker import Send, check
 from aaabus.testing.workload import Gossiper, merge_and_tick
-from aaabus.topology import render
+from aaabus.tools.launch import Bus, free_port_base
 
 # -- the workload agents -----------------------------------------------------------------------
 
@@ -451,7 +454,9 @@ def finish_in_process(
     were stopped. Stops at the deadline even if credits are missing: the judges then say what.
     """
     cfg = load_config(config)
-    bus = InProcessBus(cfg, store_kind="file", storage_root=storage_root)
+    # The store kind the server processes used (the config's, else the default).
+    kind = cfg.setting(min(cfg.servers), "aaabus.store")
+    bus = InProcessBus(cfg, store_kind=kind, storage_root=storage_root)
     with bus:
         deadline = time.monotonic() + timeout
         first: int | None = None
@@ -562,11 +567,13 @@ class FakePeer:
     """
 
     def __init__(self, addr: tuple[str, int], secret: bytes, me: int, peer: int) -> None:
-        from aaabus.wire import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
+        from aaabus.config.secret import link_key
+        from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
 
         self.sock = socket.create_connection(addr, timeout=5)
         decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
-        handshake = ConnectorHandshake(secret, me, peer)
+        # The key of the pair (me, peer), derived from the bus key as a real server does.
+        handshake = ConnectorHandshake(link_key(secret, me, peer), me, peer)
 
         def next_message() -> bytes:
             while True:
@@ -616,9 +623,9 @@ def raw_poke(addr: tuple[str, int], data: bytes) -> None:
 
 def template_frames(domain: str, target: AgentId, sender: AgentId) -> list[bytes]:
     """Well-formed channel payloads to mutate: a data frame with a real stamp, and an ack."""
-    from aaabus.channel import ACK, encode_data
-    from aaabus.clock import DomainClock
-    from aaabus.message import Message, encode_note
+    from aaabus.core.clock import DomainClock
+    from aaabus.wire.linkframes import ACK, encode_data
+    from aaabus.wire.message import Message, encode_note
 
     clock = DomainClock(2, 0)
     stamp = clock.prepare_send(1)
@@ -671,7 +678,7 @@ class FuzzTarget:
         self.config = workdir / "a3.xml"
         self.config.write_text(text)
         ensure_secret(workdir / "bus.key")
-        from aaabus.secret import load_secret
+        from aaabus.config.secret import load_secret
 
         self.secret = load_secret(workdir / "bus.key")
         cfg = load_config(self.config)
@@ -777,8 +784,8 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
     """One garbage payload for an authenticated session (several shapes, chosen at random)."""
     import pickle
 
-    from aaabus.channel import ACK, DATA
-    from aaabus.message import encode_note
+    from aaabus.wire.linkframes import ACK, DATA
+    from aaabus.wire.message import encode_note
 
     data, ack = templates
     body = encode_note(Start(0, 0))
@@ -801,7 +808,7 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
 
 def random_raw_bytes(rng: random.Random, secret: bytes) -> bytes:
     """Bytes for an unauthenticated connection: noise, bad frames, forged handshakes."""
-    from aaabus.wire import MAGIC, VERSION, encode_frame
+    from aaabus.wire.frames import MAGIC, VERSION, encode_frame
 
     kind = rng.randrange(5)
     if kind == 0:
@@ -887,16 +894,26 @@ class Ship(Notification):
     pass
 
 
-class Depot(Agent):
-    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``."""
+class Kept(Persistent):
+    """One hoarded parcel's padding: a record of its own."""
 
-    def __init__(self, n: int, done: str) -> None:
+    def __init__(self, pad: bytes) -> None:
+        self.pad = pad
+
+
+class Depot(Agent):
+    """Counts parcels, checking they come once each and in order; writes ``done`` at ``n``.
+    ``hoard``: keep every parcel (each its own record), so that the live data grows: a store
+    that reclaims superseded records (the log store) fills its disk only that way."""
+
+    def __init__(self, n: int, done: str, hoard: bool = False) -> None:
         super().__init__("depot")
         self.n = n
         self.done = done
         self.count = 0
         self.errors = 0
         self.kept = b""
+        self.hoard: OOBTree | None = OOBTree() if hoard else None
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Parcel):
@@ -907,6 +924,8 @@ class Depot(Agent):
             # Keeping the parcel's padding makes every commit on this server write its size
             # again (FileStorage appends a new revision of the agent): the disk fills.
             self.kept = note.pad
+            if self.hoard is not None:
+                self.hoard[note.i] = Kept(note.pad)
             if self.count == self.n:
                 target = Path(self.done)
                 tmp = target.with_suffix(".tmp")
@@ -943,7 +962,9 @@ def shipping_setup(ctx: BootContext, args: str, first_time: bool) -> None:
     """Boot service of the shipping server: a depot on ``depot_server`` and a shipper here."""
     if first_time:
         spec = json.loads(args)
-        depot = Depot(spec["n"], spec["done"]).deploy(spec["depot_server"])
+        depot = Depot(spec["n"], spec["done"], spec.get("hoard", False)).deploy(
+            spec["depot_server"]
+        )
         shipper = Shipper(depot, spec["n"], spec["size"]).deploy()
         ctx.send(shipper, Ship())
 

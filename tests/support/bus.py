@@ -9,8 +9,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from aaabus.config import load_config
-from aaabus.launch import ServerProcess
+from aaabus.config.reader import load_config
+from aaabus.tools.launch import ServerProcess
 
 
 def add_to_server(config: Path, server_id: int, xml: str) -> None:

@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Any
 
 from aaabus import AgentServer, Notification
-from aaabus.config import BusConfig
-from aaabus.ids import AgentId
-from aaabus.launch import free_port_base
+from aaabus.config.reader import BusConfig
+from aaabus.model.ids import AgentId
+from aaabus.tools.launch import free_port_base
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+#: What the servers of test buses trust (aaabus.trust): the suite's, the agents' and examples'.
+TEST_TRUST = "tests,agents,examples,perf"
 
 
 def free_ports(count: int) -> list[int]:

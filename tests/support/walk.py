@@ -42,7 +42,7 @@ from aaabus import (
     PersistentMapping,
     UnknownAgent,
 )
-from aaabus.failpoints import FailpointError
+from aaabus.errors import FailpointError
 from aaabus.testing.checker import Report, Send, check
 from aaabus.testing.workload import merge_and_tick
 

@@ -1,0 +1,338 @@
+"""Key files and the credentials derived from them.
+
+A ``bus.key`` file is one line: a header word naming the format, then the key as 64 hexadecimal
+digits (32 random bytes)::
+
+    aaabus-secret-v1 0f1e...c3
+
+The header lets a future format coexist with this one and makes a file of the wrong kind (a TLS
+key, an empty file, a config pasted by mistake) fail with a clear message rather than being
+silently used as key material. Blank lines and lines starting with ``#`` are ignored so that an
+operator may annotate the file.
+
+Credentials that mean what they say
+    Nothing on the wire is keyed with the bus key itself. Each pair of servers ``a < b``
+    authenticates its link with its own key, ``link_key = HMAC(bus_key, "aaabus/1 link key" |
+    a | b)``, and the tools authenticate on admin ports with ``tool_key = HMAC(bus_key,
+    "aaabus/1 tool key")``. HMAC is one-way: a tool key gives no link key, and the key of pair
+    (j, k) gives neither the key of (i, k) nor the bus key. So a tool can run requests but never
+    open a link as a server, and whoever learns one pair's key (a captured server j, talking to
+    k) still cannot pass for server i to k. A server derives its keys from the bus key, or
+    reads them from its own server key file (``aaabus secret --server ID``, header
+    ``aaabus-server-key-v1``: its links' keys, the tool key, the bus identity, never the bus
+    key); a tool needs only the tool key (``aaabus secret --tool``, header
+    ``aaabus-tool-key-v1``). Who holds which file and what it allows: docs/security.md.
+
+The bus key lets its holder derive every credential (see docs/security.md, Trust model). A key
+file is therefore created mode 0600 by :func:`write_secret` (exclusive create: an existing file,
+or a symlink planted at the name, is never followed nor overwritten), and :func:`load_secret`
+refuses a file that its group or others may read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import os
+import secrets
+import struct
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from aaabus.errors import SecretError
+
+if TYPE_CHECKING:
+    from aaabus.config.reader import BusConfig
+
+HEADER = "aaabus-secret-v1"
+TOOL_HEADER = "aaabus-tool-key-v1"
+SERVER_HEADER = "aaabus-server-key-v1"
+KEY_BYTES = 32
+
+_FIX = "run `aaabus secret --out bus.key` beside the config (or set property aaabus.secret)"
+
+
+def secret_path(config: BusConfig, server_id: int | None = None) -> Path:
+    """Where the bus secret is: property ``aaabus.secret`` (relative to the config) or bus.key."""
+    name: str = config.setting(server_id, "aaabus.secret")
+    return Path(config.path).resolve().parent / name
+
+
+def make_secret() -> str:
+    """Return the text of a new ``bus.key`` file, fresh random key included."""
+    return f"{HEADER} {secrets.token_bytes(KEY_BYTES).hex()}\n"
+
+
+def link_key(bus_key: bytes, a: int, b: int) -> bytes:
+    """The key of the link between servers ``a`` and ``b`` (either order gives the same key)."""
+    low, high = sorted((a, b))
+    return hmac.digest(bus_key, b"aaabus/1 link key" + struct.pack(">II", low, high), "sha256")
+
+
+def tool_key(bus_key: bytes) -> bytes:
+    """The key tools authenticate with on admin ports; it opens no link between servers."""
+    return hmac.digest(bus_key, b"aaabus/1 tool key", "sha256")
+
+
+def bus_identity(bus_key: bytes) -> bytes:
+    """What a store records of the bus it belongs to: an HMAC of the bus key, not the key."""
+    return hmac.digest(bus_key, b"aaabus/1 bus identity", "sha256")
+
+
+class ServerKeys:
+    """What one server holds: the key of each of its links, the tool key it checks on its admin
+    port, and the identity of its bus (recorded in its store). Immutable; shared by threads.
+
+    From the bus key (:meth:`from_bus_key`) every key is derived; from a server key file
+    (``aaabus secret --server ID``) only that server's are known, so that a captured server
+    cannot pass for another one to a third.
+    """
+
+    def __init__(
+        self, server_id: int, links: dict[int, bytes] | bytes, tool: bytes, identity: bytes
+    ) -> None:
+        self.server_id = server_id
+        self._links = links  # per peer, or the bus key to derive them from
+        self.tool_key = tool
+        self.identity = identity
+
+    @classmethod
+    def from_bus_key(cls, bus_key: bytes, server_id: int) -> ServerKeys:
+        return cls(server_id, bytes(bus_key), tool_key(bus_key), bus_identity(bus_key))
+
+    def link_key(self, peer: int) -> bytes:
+        """The key of the link with ``peer``; KeyError for a peer the key file does not name."""
+        if isinstance(self._links, bytes):
+            return link_key(self._links, self.server_id, peer)
+        return self._links[peer]
+
+    def peers(self) -> frozenset[int] | None:
+        """The peers a server key file names (``None``: derived from the bus key, all)."""
+        return None if isinstance(self._links, bytes) else frozenset(self._links)
+
+    def server_key_text(self, peers: Iterable[int]) -> str:
+        """The text of the server key file of this server, naming ``peers``."""
+        lines = [f"{SERVER_HEADER} {self.server_id}", f"tool {self.tool_key.hex()}"]
+        lines.append(f"identity {self.identity.hex()}")
+        lines += [f"link {p} {self.link_key(p).hex()}" for p in sorted(set(peers))]
+        return "\n".join(lines) + "\n"
+
+
+class Credential:
+    """What a process read from its key file: the bus key (a server, or an operator's tool) or
+    a tool key (a tool only). Immutable; shared freely between threads."""
+
+    def __init__(self, key: bytes, *, tool: bool = False) -> None:
+        self._key = bytes(key)
+        self.is_tool = tool
+
+    def tool_key(self) -> bytes:
+        """The key to present on an admin port."""
+        return self._key if self.is_tool else tool_key(self._key)
+
+
+def as_tool_key(credential: bytes | Credential) -> bytes:
+    """The admin-port key of ``credential``: plain bytes are a bus key (what servers and
+    programs that read ``bus.key`` hold), a :class:`Credential` may also be a tool key."""
+    if isinstance(credential, Credential):
+        return credential.tool_key()
+    return tool_key(credential)
+
+
+def parse_secret(text: str, where: str = "secret") -> bytes:
+    """Decode the text of a ``bus.key`` file; ``where`` names it in the error message."""
+    if text.lstrip().startswith(SERVER_HEADER):
+        raise SecretError(
+            f"{where}: this is one server's key file; this needs the bus key (or, for a tool, "
+            "a tool key); " + _FIX
+        )
+    header, key = _parse_key(text, where)
+    if header == TOOL_HEADER:
+        raise SecretError(
+            f"{where}: this is a tool key, which opens admin ports only; a server needs the bus "
+            f"key; {_FIX}"
+        )
+    return key
+
+
+def parse_credential(text: str, where: str = "secret") -> Credential:
+    """Decode a bus key or a tool key file; ``where`` names it in the error message."""
+    header, key = _parse_key(text, where)
+    return Credential(key, tool=header == TOOL_HEADER)
+
+
+def _parse_key(text: str, where: str) -> tuple[str, bytes]:
+    words: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#"):
+            words.extend(stripped.split())
+    if len(words) != 2 or words[0] not in (HEADER, TOOL_HEADER):
+        raise SecretError(f"{where}: not a bus key (expected '{HEADER} <64 hex digits>'); {_FIX}")
+    digits = words[1]
+    if len(digits) != 2 * KEY_BYTES:
+        raise SecretError(
+            f"{where}: bus key has {len(digits)} hex digits, expected {2 * KEY_BYTES}; {_FIX}"
+        )
+    try:
+        return words[0], bytes.fromhex(digits)
+    except ValueError:
+        raise SecretError(f"{where}: bus key is not hexadecimal; {_FIX}") from None
+
+
+def write_secret(path: str | os.PathLike[str], text: str | None = None) -> None:
+    """Create ``path`` holding ``text`` (default: a fresh bus key), mode 0600; never replaces
+    nor follows what is there.
+
+    Raises :class:`SecretError` (one line) if the file exists or cannot be created.
+    """
+    where = os.fspath(path)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    try:
+        fd = os.open(where, flags, 0o600)
+    except FileExistsError:
+        raise SecretError(
+            f"{where} already exists; a key file is never overwritten: keep it, or move it away "
+            "(every server and tool of the bus must then get the new one)"
+        ) from None
+    except OSError as exc:
+        raise SecretError(f"{where}: cannot create key file ({exc.strerror})") from None
+    with os.fdopen(fd, "w", encoding="ascii") as out:
+        out.write(make_secret() if text is None else text)
+        out.flush()
+        os.fsync(out.fileno())
+
+
+def write_server_keys(
+    path: str | os.PathLike[str],
+    bus_key_file: str | os.PathLike[str],
+    server_id: int,
+    peers: Iterable[int],
+) -> None:
+    """Create ``path`` (mode 0600, exclusive) holding server ``server_id``'s keys: its links to
+    ``peers``, the tool key, the bus identity. Raises :class:`SecretError` (one line)."""
+    keys = ServerKeys.from_bus_key(load_secret(bus_key_file), server_id)
+    write_secret(path, keys.server_key_text(p for p in peers if p != server_id))
+
+
+def write_tool_key(path: str | os.PathLike[str], bus_key_file: str | os.PathLike[str]) -> None:
+    """Create ``path`` (mode 0600, exclusive) holding the tool key derived from the bus key
+    in ``bus_key_file``. Raises :class:`SecretError` (one line)."""
+    key = tool_key(load_secret(bus_key_file))
+    write_secret(path, f"{TOOL_HEADER} {key.hex()}\n")
+
+
+def load_secret(path: str | os.PathLike[str]) -> bytes:
+    """Read the key bytes from a ``bus.key`` file (a tool key is refused: servers need the
+    bus key).
+
+    Raises :class:`SecretError` (one line naming the file and the fix) if the file is missing,
+    unreadable, malformed, or readable by its group or others (the line gives the ``chmod``).
+    """
+    where = os.fspath(path)
+    return parse_secret(_read_private(where), where)
+
+
+def load_server_keys(
+    path: str | os.PathLike[str], server_id: int, peers: Iterable[int]
+) -> ServerKeys:
+    """The keys of server ``server_id`` from the bus key or from its server key file, which
+    must name every one of ``peers``. Raises :class:`SecretError` (one line)."""
+    where = os.fspath(path)
+    text = _read_private(where)
+    if not text.lstrip().startswith(SERVER_HEADER):
+        return ServerKeys.from_bus_key(parse_secret(text, where), server_id)
+    keys = _parse_server_keys(text, where)
+    if keys.server_id != server_id:
+        raise SecretError(
+            f"{where}: this is the key file of server {keys.server_id}, not of server "
+            f"{server_id}; give each server its own (aaabus secret --server ID)"
+        )
+    missing = sorted(set(peers) - {server_id} - (keys.peers() or frozenset()))
+    if missing:
+        raise SecretError(
+            f"{where}: no key for the links to server(s) {', '.join(map(str, missing))}, which "
+            f"the config names; make it again with `aaabus secret --server {server_id}`"
+        )
+    return keys
+
+
+def _parse_server_keys(text: str, where: str) -> ServerKeys:
+    fix = "make it again with `aaabus secret --server ID --config a3.xml --out FILE`"
+    values: dict[str, bytes] = {}
+    links: dict[int, bytes] = {}
+    server_id = -1
+    try:
+        for line in text.splitlines():
+            words = line.split()
+            if not words or words[0].startswith("#"):
+                continue
+            if words[0] == SERVER_HEADER and len(words) == 2:
+                server_id = int(words[1])
+            elif words[0] in ("tool", "identity") and len(words) == 2:
+                values[words[0]] = bytes.fromhex(words[1])
+            elif words[0] == "link" and len(words) == 3:
+                links[int(words[1])] = bytes.fromhex(words[2])
+            else:
+                raise ValueError(line)
+    except ValueError:
+        raise SecretError(f"{where}: not a valid server key file; {fix}") from None
+    if server_id < 0 or set(values) != {"tool", "identity"}:
+        raise SecretError(f"{where}: incomplete server key file; {fix}")
+    return ServerKeys(server_id, links, values["tool"], values["identity"])
+
+
+def load_credential(path: str | os.PathLike[str]) -> Credential:
+    """Read a bus key or a tool key file (what a tool holds); errors as :func:`load_secret`."""
+    where = os.fspath(path)
+    return parse_credential(_read_private(where), where)
+
+
+def _read_private(where: str) -> str:
+    try:
+        with open(where, encoding="ascii") as key_file:
+            mode = os.fstat(key_file.fileno()).st_mode
+            if mode & 0o077:
+                raise SecretError(
+                    f"{where}: key file is open to group or others (mode {mode & 0o777:o}): "
+                    f"anyone who reads it holds its rights on the bus; run `chmod 600 {where}`"
+                )
+            return key_file.read()
+    except FileNotFoundError:
+        raise SecretError(f"{where}: bus key file not found; {_FIX}") from None
+    except UnicodeDecodeError:
+        raise SecretError(f"{where}: not a bus key (binary content); {_FIX}") from None
+    except OSError as exc:
+        raise SecretError(f"{where}: cannot read bus key ({exc.strerror}); {_FIX}") from None
+
+
+def ensure_secret(path: str | os.PathLike[str]) -> bytes:
+    """Create ``path`` with a fresh key if it does not exist, then load it.
+
+    Creation is atomic and exclusive: the key is written to a private temporary file (mode 0600)
+    in the same directory, then hard-linked to its final name. A reader therefore never sees a
+    half-written key, and when two tools race to create the file, the first link wins and both
+    end up using the same key (the loser's link fails with ``FileExistsError``).
+    """
+    target = Path(path)
+    if not target.exists():
+        directory = target.parent
+        try:
+            fd, tmp_name = tempfile.mkstemp(prefix=".bus.key.", dir=directory)  # mode 0600
+        except OSError as exc:
+            raise SecretError(f"{target}: cannot create bus key ({exc.strerror}); {_FIX}") from None
+        try:
+            with os.fdopen(fd, "w", encoding="ascii") as tmp:
+                tmp.write(make_secret())
+                tmp.flush()
+                os.fsync(tmp.fileno())
+            with contextlib.suppress(FileExistsError):
+                os.link(tmp_name, target)
+        except OSError as exc:
+            raise SecretError(f"{target}: cannot create bus key ({exc.strerror}); {_FIX}") from None
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp_name)
+    return load_secret(target)

@@ -1,0 +1,329 @@
+"""Typed settings: every ``aaabus.*`` property of ``a3.xml``, declared once.
+
+Each :class:`Setting` has a name, a parser that turns the property's text into a typed value (or
+says in one line what is wrong and how to fix it), a default and a line of documentation. The
+configuration reader (:mod:`aaabus.config.reader`) checks every ``aaabus.*`` property against these
+declarations when it reads the file, so ``aaabus check`` refuses what a server would refuse at
+boot, with the file and line; a name that is not declared is refused too (a typo would otherwise
+be silently ignored). Properties outside the ``aaabus.`` prefix belong to the application and are
+left alone.
+
+The reference table of ``docs/config.md`` is this module's :func:`reference_table` (a test keeps
+them equal; ``python -m aaabus.config.settings`` prints it).
+
+This module is a leaf: it imports nothing from the rest of the runtime.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SETTINGS", "Setting", "find", "parse", "reference_table"]
+
+PREFIX = "aaabus."
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One property: ``name`` (a ``<id>`` part matches any server id), its parser, its default
+    (``None``: unset, the feature is off or computed), how the default reads in the docs, and
+    what it does."""
+
+    name: str
+    parse: Callable[[str], Any]
+    default: Any
+    doc: str
+    shown_default: str = ""
+
+    @property
+    def pattern(self) -> re.Pattern[str]:
+        return re.compile(re.escape(self.name).replace(re.escape("<id>"), r"\d+") + "$")
+
+
+# -- parsers: text -> value, or ValueError("what is wrong; how to fix it") -----------------------
+
+
+def integer(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        stripped = text.strip()
+        if not re.fullmatch(r"[+]?\d+", stripped) or not low <= int(stripped) <= high:
+            raise ValueError(f"expected an integer in {low}..{high}")
+        return int(stripped)
+
+    return parse
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text not in values:
+            raise ValueError(f"expected one of {', '.join(values)}")
+        return text
+
+    return parse
+
+
+def boolean(text: str) -> bool:
+    if text not in ("true", "false"):
+        raise ValueError("expected true or false")
+    return text == "true"
+
+
+def path(text: str) -> str | None:
+    """A path relative to the configuration file; empty means unset."""
+    return text or None
+
+
+def names(text: str) -> tuple[str, ...]:
+    """Comma-separated dotted Python names (modules, or ``module.Class``)."""
+    entries = tuple(e.strip() for e in text.split(",") if e.strip())
+    for entry in entries:
+        if not all(part.isidentifier() for part in entry.split(".")):
+            raise ValueError(
+                f"{entry!r} is not a module or module.Class name; give comma-separated names "
+                "like myapp,otherapp.notes.Ping"
+            )
+    return entries
+
+
+def file_name(text: str) -> str:
+    if not text.strip():
+        raise ValueError("expected a file name (relative to the configuration file)")
+    return text
+
+
+def host(text: str) -> str:
+    if not text or any(c.isspace() for c in text):
+        raise ValueError("expected a host name or address")
+    return text
+
+
+def port_or_off(text: str) -> int | None:
+    """A TCP port, or ``off`` (``None``)."""
+    if text.strip().lower() == "off":
+        return None
+    try:
+        return integer(1, 65535)(text)
+    except ValueError:
+        raise ValueError("expected a port in 1..65535 or off") from None
+
+
+def host_port(text: str) -> tuple[str, int]:
+    name, _, port = text.rpartition(":")
+    if not name or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError("expected host:port")
+    return name, int(port)
+
+
+# -- the declarations ---------------------------------------------------------------------------
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(
+        "aaabus.store",
+        choice("log", "file", "memory"),
+        "log",
+        "`log`: the bus's own log store (preallocated segment files, one write and one "
+        "`fdatasync` per commit, background compaction) in the server's storage directory "
+        "(`--storage`, default `./s<id>`). `file`: a ZODB `FileStorage`, fsync'd at every commit "
+        "and packed in the background (`aaabus.store.pack_mb`). `memory`: a non-durable "
+        "`MappingStorage`, for tests and simulation; everything is lost when the process ends.",
+    ),
+    Setting(
+        "aaabus.store.segment_kb",
+        integer(4, 1 << 20),
+        4096,
+        "Size of one log store segment file, in KiB (log store only). Compaction recycles whole "
+        "segments, so disk use is about the live data plus a few segments.",
+    ),
+    Setting(
+        "aaabus.store.pack_mb",
+        integer(0, 1 << 20),
+        64,
+        "File store only: pack `data.fs` in the background each time it has grown by this many "
+        "MB since the last pack (0: never pack; the file then grows forever).",
+    ),
+    Setting(
+        "aaabus.secret",
+        file_name,
+        "bus.key",
+        "The key file: the bus key (`aaabus secret --out bus.key`), the same for every server, "
+        "or, set per server, that server's own key file (`aaabus secret --server ID --config "
+        "a3.xml --out sID.key`), which holds only its links' keys (see `docs/security.md`). "
+        "Tools read it too unless given `--key`. A server without a readable key file, or with "
+        "one that its group or others may read, refuses to start.",
+    ),
+    Setting(
+        "aaabus.trust",
+        names,
+        None,
+        "Comma-separated module prefixes (`myapp` covers `myapp` and `myapp.*`) or qualified "
+        "class names (`myapp.notes.Ping`) whose **classes** the server may construct when it "
+        "unpickles a notification from a peer or a tool, an agent to deploy, or a record of its "
+        "store. Also always allowed: plain data types of the standard library (containers, "
+        "numbers, strings, dates, `Decimal`, `UUID`, `array`), `persistent`/`BTrees`, and "
+        "aaabus's own data classes (notifications, agents, ids, store records). Anything else "
+        "named by a pickle (a function such as `os.system`, a class of another module) is refused "
+        "before anything is built: the reaction fails with `UntrustedClass` naming it (logged, "
+        "and reported to the sender), an admin request is refused with that line, a store whose "
+        "root names it does not boot. Functions are never resolved, even in trusted modules. Name "
+        "every module whose agents or notifications travel. Trusting a module trusts every class "
+        "in it to be constructed with attacker-chosen arguments by any holder of the key: name "
+        "modules of data classes, not of classes that act when built. See `docs/security.md`.",
+        shown_default="the modules of the config's `<service>` classes",
+    ),
+    Setting(
+        "aaabus.trust.by_value",
+        boolean,
+        False,
+        "`true` lets this server load agents and notifications that travel **by value** "
+        "(classes defined in `__main__`, a notebook or a function, which cloudpickle sends as "
+        "code). A pickle by value is a program: with `true` the checks of `aaabus.trust` are off "
+        "altogether on this server, and **anyone holding the bus key (or a tool key) can run "
+        "any code inside it**. Enable it only on a bus whose every key holder you would give a "
+        "shell on the server's machine.",
+    ),
+    Setting(
+        "aaabus.max_frame",
+        integer(1024, 1 << 31),
+        16 << 20,
+        "Largest frame, in bytes, accepted from a peer; a larger one closes the connection. A "
+        "notification that would exceed it makes the sending reaction fail (the sender receives "
+        "an `ExceptionNotification`).",
+    ),
+    Setting(
+        "aaabus.engine.max_batch",
+        integer(1, 1_000_000),
+        64,
+        "Most reactions in one group commit. Each reaction stays atomic; a group makes several "
+        "durable with one fsync. `1` gives one commit per reaction.",
+    ),
+    Setting(
+        "aaabus.engine.max_group_ms",
+        integer(1, 60_000),
+        5,
+        "Longest a group keeps running reactions before it commits (ms).",
+    ),
+    Setting(
+        "aaabus.trace",
+        path,
+        None,
+        "A directory: every server appends one JSON line per message hop to `hops-s<id>.jsonl` "
+        "(stamp bytes, clock CPU time, commit time, clock bytes persisted). Off when unset; free "
+        "when off.",
+    ),
+    Setting(
+        "aaabus.tls.cert",
+        path,
+        None,
+        "PEM certificate: when set, connections between servers and to the admin port run inside "
+        "TLS with client certificates checked against `aaabus.tls.ca`. Clients (`aaabus "
+        "status/stop/send`, `aaabus.Client`) read the same properties from the config, so they "
+        "must run where those files are readable. The bus secret is still required: TLS "
+        "authenticates machines, the secret membership.",
+    ),
+    Setting("aaabus.tls.key", path, None, "PEM private key of `aaabus.tls.cert` (default: in it)."),
+    Setting(
+        "aaabus.tls.ca",
+        path,
+        None,
+        "PEM file of the certificates trusted for TLS links.",
+        shown_default="`aaabus.tls.cert`",
+    ),
+    Setting(
+        "aaabus.dial.<id>",
+        host_port,
+        None,
+        "`host:port` to dial to reach server `<id>` instead of where it listens (a tunnel, a NAT, "
+        "a test proxy).",
+    ),
+    Setting(
+        "aaabus.admin.port",
+        port_or_off,
+        None,
+        "The admin endpoint (`aaabus status`, `stop`, `send`, `aaabus.tools.client.Client`), "
+        "on the server's `hostname`, open only to holders of the bus secret. A port, or `off`. "
+        "When set, a port that cannot be bound stops the server from starting; the default port, "
+        "when taken, is skipped with a warning (the server runs without an admin endpoint). "
+        "Not served by in-process simulations (`InProcessBus`). See `docs/operations.md`.",
+        shown_default="first `<network>` port + 1000",
+    ),
+    Setting(
+        "aaabus.client.remember",
+        integer(1, 100_000_000),
+        100_000,
+        "How many client request ids a server remembers (in its store, the most recent ones) to "
+        "recognise retried client requests and perform them only once.",
+    ),
+    Setting(
+        "aaabus.metrics.port",
+        integer(0, 65535),
+        None,
+        "A Prometheus endpoint (`/metrics`, standard `prometheus_client` format) with the "
+        "figures of `aaabus status`. Off when unset; `0` picks a free port (logged at INFO).",
+    ),
+    Setting(
+        "aaabus.metrics.host",
+        host,
+        "127.0.0.1",
+        "Where the metrics endpoint listens. It is not authenticated: keep it on the loopback or "
+        "a monitoring network.",
+    ),
+    Setting(
+        "aaabus.test.allow_cycles",
+        boolean,
+        False,
+        "Test only: boot a configuration whose domain graph has a cycle, to show what breaks. "
+        "Never in production: causal order is then not guaranteed.",
+    ),
+)
+
+
+def find(name: str) -> Setting:
+    """The declaration of property ``name``; ValueError naming the closest one if unknown."""
+    for setting in SETTINGS:
+        if setting.pattern.match(name):
+            return setting
+    close = difflib.get_close_matches(name, [s.name for s in SETTINGS], n=1)
+    hint = f"did you mean {close[0]}?" if close else "see the table in docs/config.md"
+    raise ValueError(f"unknown property {name!r}; {hint}")
+
+
+def parse(name: str, text: str) -> Any:
+    """The typed value of property ``name`` given as ``text``; ValueError (one line) if bad."""
+    setting = find(name)
+    try:
+        return setting.parse(text)
+    except ValueError as exc:
+        raise ValueError(f"property {name}={text!r}: {exc}") from None
+
+
+def value(properties: Mapping[str, str], name: str) -> Any:
+    """The typed value of ``name`` in ``properties`` (already merged: server over bus), or
+    its default when absent."""
+    setting = find(name)
+    if name not in properties:
+        return setting.default
+    return parse(name, properties[name])
+
+
+def reference_table() -> str:
+    """The markdown table of every setting, as ``docs/config.md`` shows it."""
+    rows = ["| property | default | meaning |", "|----------|---------|---------|"]
+    for s in SETTINGS:
+        if s.shown_default:
+            default = s.shown_default
+        elif s.default is None:
+            default = "unset"
+        elif isinstance(s.default, bool):
+            default = f"`{str(s.default).lower()}`"
+        else:
+            default = f"`{s.default}`"
+        rows.append(f"| `{s.name}` | {default} | {s.doc} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(reference_table())

@@ -1,0 +1,309 @@
+"""The channel: what happens to messages between servers, on the engine thread.
+
+The rules themselves (stamps, acks, resends, hold-back) are the sans-IO
+:class:`~aaabus.core.protocol.LinkProtocol`, and the frames are :mod:`aaabus.wire.linkframes`;
+this class carries their events out. Everything here runs inside the engine's current group (one
+ZODB transaction), so that stamping, queueing, acknowledging and delivering are atomic with the
+reactions around them:
+
+* **send**: a message for another server is held until the end of the event that sent it (a
+  reaction, or an input such as a router's forwarding); then :meth:`Channel.seal` counts all the
+  event's sends in the clock of their first hop's domain before stamping each (a reaction is one
+  clock event) and appends them to their hops' persistent outgoing queues (``qout``), in the
+  transaction of that event. After the commit the frames are handed to the network thread.
+* **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
+  and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
+  queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
+  (persistently) with the held-back messages. DUPLICATE (a resend) does nothing. In all three
+  cases the sender is acknowledged *after* the commit.
+* **ack**: acknowledgements are cumulative per link: "I have stored everything up to seq n". The
+  sender then drops those messages from its ``qout``.
+* **resend**: when a connection comes up, everything still in that peer's ``qout`` is sent again,
+  in order; the receiver's clock absorbs the duplicates.
+
+A *link* is a (peer, domain) pair, and its sequence number is the sender's own count of messages
+to that peer in that domain: the clock entry ``H[me][peer]``, already persisted and bumped by
+every stamp. It keys the message in the link's ``qout`` and names it uniquely across restarts of
+either side, which is what makes held-back messages and acknowledgements idempotent, at no extra
+storage cost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from BTrees.OOBTree import OOBTree
+
+from aaabus.core.clock import DomainClock
+from aaabus.core.protocol import Deliver, LinkProtocol
+from aaabus.core.store import PersistentQueue
+from aaabus.errors import StoreError
+from aaabus.wire.linkframes import decode_ack, encode_ack
+from aaabus.wire.message import Message
+
+if TYPE_CHECKING:
+    from aaabus.config.domains import Hop, Topology
+    from aaabus.config.reader import BusConfig
+    from aaabus.core.engine import Engine
+    from aaabus.core.trace import Tracer
+
+log = logging.getLogger("aaabus.channel")
+
+
+class Transport(Protocol):
+    """The part of :class:`aaabus.io.network.Network` the channel uses (any thread-safe sender)."""
+
+    def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
+
+
+class Channel:
+    """Stamps, outgoing queues, acknowledgements, hold-back and routing of one server."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: BusConfig,
+        topology: Topology,
+        *,
+        tracer: Tracer | None = None,
+        max_frame: int = 16 << 20,
+    ) -> None:
+        self.engine = engine
+        self.max_frame = max_frame
+        self.store = engine.store
+        self.me = engine.server_id
+        self.topology = topology
+        self.routes: dict[int, Hop] = topology.routes_from(self.me)
+        self.transport: Transport | None = None
+        self.clocks: dict[str, DomainClock] = {}
+        # Work for the end of the current group: frames to send per peer, acks to give per link.
+        # Staged in memory, so every change is recorded in the engine's transaction effects,
+        # which take it back if the group (or the reaction or input that staged it) rolls back.
+        self._frames: dict[int, list[bytes]] = {}
+        # Sends of the current event, counted and stamped together by seal() at its end.
+        self._pending: list[tuple[Hop, Message]] = []
+        self._acks: dict[tuple[int, str], int] = {}
+        self._effects = engine.effects
+        self._failpoints = engine.failpoints
+        self.protocol = self._open(config, tracer)
+
+    # -- set-up ----------------------------------------------------------------------------------
+
+    def _open(self, config: BusConfig, tracer: Tracer | None) -> LinkProtocol:
+        """Find or create this server's clocks and queues (call inside a transaction)."""
+        queues = self.store.queues
+        members_of: dict[str, tuple[int, ...]] = {}
+        waiting: dict[str, OOBTree] = {}
+        qout: dict[tuple[int, str], PersistentQueue] = {}
+        for domain in self.topology.domains_of(self.me):
+            members = self.topology.domains[domain]
+            members_of[domain] = members
+            me = members.index(self.me)
+            spec = config.domains[domain]
+            key = ("clock", domain)
+            clock = queues.get(key)
+            if clock is None:
+                clock = queues[key] = DomainClock(
+                    len(members),
+                    me,
+                    stamps=spec.stamps,
+                    order=spec.order,
+                )
+            elif (clock.size, clock.me, clock.stamps, clock.order) != (
+                len(members),
+                me,
+                spec.stamps,
+                spec.order,
+            ):
+                raise StoreError(
+                    f"domain {domain} in {config.path} no longer matches the clock stored by "
+                    f"server {self.me} (members, stamps or order changed); such a change needs "
+                    "every server of the domain drained and restarted with fresh stores "
+                    "(see docs/operations.md)"
+                )
+            self.clocks[domain] = clock
+            wait_key = ("wait", domain)
+            if wait_key not in queues:
+                queues[wait_key] = OOBTree()
+            waiting[domain] = queues[wait_key]
+            for peer in members:
+                if peer == self.me:
+                    continue
+                out_key = ("out", peer, domain)
+                if out_key not in queues:
+                    queues[out_key] = PersistentQueue()
+                qout[peer, domain] = queues[out_key]
+        return LinkProtocol(
+            self.me,
+            members_of,
+            self.clocks,
+            waiting,
+            qout,
+            max_frame=self.max_frame,
+            failpoints=self._failpoints,
+            tracer=tracer,
+        )
+
+    def knows(self, server: int) -> bool:
+        return server in self.routes
+
+    # -- sending -----------------------------------------------------------------------------------
+
+    def send(self, message: Message) -> None:
+        """Hold ``message`` for the seal of the current event (engine thread, in the group).
+
+        Nothing is counted or stamped yet: :meth:`seal` does it for all the event's sends at
+        once. The size limit is checked here, with room for the largest stamp, so that the
+        sending reaction hears of an oversized notification as it sends it.
+        """
+        hop = self.routes[message.target.server]
+        self.protocol.check_size(hop.domain, message)
+        self._hold(hop, message)
+
+    def _hold(self, hop: Hop, message: Message) -> None:
+        self._pending.append((hop, message))
+        self._effects.undo(self._pending.pop)
+
+    def seal(self) -> None:
+        """End of an event (a reaction, an input): count and stamp all its sends as one.
+
+        Engine thread, in the group, before the commit. The protocol counts every send of the
+        event in its domain's clock before stamping any (:meth:`LinkProtocol.stamp_event`), so
+        each message carries the knowledge of all its siblings: whatever a receiver of one sends
+        afterwards is causally after all of them. The frames are then staged for the network,
+        in the order the messages were sent.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        self._effects.undo(setattr, self, "_pending", pending)
+        frames = self.protocol.stamp_event([(hop.server, hop.domain, m) for hop, m in pending])
+        failpoints = self._failpoints
+        for peer, frame in frames:
+            self._stage(peer, frame)
+            if failpoints.armed:
+                failpoints.hit("channel.send")
+
+    def _stage(self, peer: int, frame: bytes) -> None:
+        frames = self._frames.get(peer)
+        if frames is None:
+            frames = self._frames[peer] = []
+        frames.append(frame)
+        self._effects.undo(frames.pop)
+        self._effects.after_commit_once(self._flush)
+
+    def _flush(self) -> None:
+        """After the commit: hand this group's frames and acks to the network.
+
+        A hand-off that fails (the transport raised) is retried as a link coming back up
+        would be: everything the peer has not acknowledged is staged again, in order, by an
+        input of the next group, and the receiver's clock absorbs what it already has.
+        """
+        frames, self._frames = self._frames, {}
+        acks, self._acks = self._acks, {}
+        transport = self.transport
+        if transport is None:
+            return
+        for (peer, domain), upto in acks.items():
+            frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
+        failpoints = self._failpoints
+        for peer, batch in frames.items():
+            if not batch:
+                continue
+            try:
+                if failpoints.armed:
+                    failpoints.hit("channel.flush")
+                transport.send_many(peer, batch)
+                if failpoints.armed:
+                    failpoints.hit("channel.flushed")
+            except Exception as exc:
+                log.error(
+                    "server %s: handing %d frame(s) for server %s to the network failed "
+                    "(%s: %s); sending again what it has not acknowledged",
+                    self.me,
+                    len(batch),
+                    peer,
+                    type(exc).__name__,
+                    exc,
+                )
+                self.engine.submit(self._resend_input(peer))
+
+    # -- receiving ---------------------------------------------------------------------------------
+
+    def on_frame(self, peer: int, payload: bytes) -> None:
+        """Network thread: hand an authenticated frame to the engine (acks as lazy work)."""
+        ack = decode_ack(payload)
+        if ack is not None:
+            domain, upto = ack
+            self.engine.submit_lazy(lambda _engine: self.acknowledged(peer, domain, upto))
+        else:
+            self.engine.submit(lambda _engine: self.receive(peer, payload))
+
+    def acknowledged(self, peer: int, domain: str, upto: int) -> None:
+        """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""
+        self.protocol.acknowledged(peer, domain, upto)
+
+    def receive(self, peer: int, payload: bytes) -> None:
+        """Handle one authenticated data frame from ``peer`` (engine thread, in the group)."""
+        for event in self.protocol.receive(peer, payload):
+            if isinstance(event, Deliver):
+                self._arrived(event.message)
+            else:
+                self._ack((event.peer, event.domain), event.upto)
+
+    def _ack(self, link: tuple[int, str], upto: int) -> None:
+        acks = self._acks
+        old = acks.get(link, 0)
+        if upto > old:
+            acks[link] = upto
+            self._effects.undo(acks.__setitem__, link, old)
+            self._effects.after_commit_once(self._flush)
+
+    def _arrived(self, message: Message) -> None:
+        """A message is causally deliverable here: to a local agent, or on to the next domain."""
+        failpoints = self._failpoints
+        if failpoints.armed:
+            failpoints.hit("channel.deliver")
+        if message.target.server == self.me:
+            self.engine.deliver(message)
+        else:
+            hop = self.routes.get(message.target.server)
+            if hop is None:
+                raise ValueError(f"no route from server {self.me} to {message.target}")
+            # A router: re-stamped in the next domain, in this same transaction, with the
+            # other sends of the input that delivered it (sealed as one event).
+            if failpoints.armed:
+                failpoints.hit("channel.restamp")
+            self._hold(hop, message)
+
+    # -- links ------------------------------------------------------------------------------------
+
+    def _resend_input(self, peer: int) -> Callable[[Engine], None]:
+        return lambda _engine: self.resend(peer)
+
+    def resend(self, peer: int) -> None:
+        """The link to ``peer`` is (back) up: send everything it has not acknowledged, in order.
+
+        Also acknowledges again what this server delivered from ``peer``: acknowledgements are
+        cumulative and idempotent, and one lost with a connection would otherwise keep the
+        peer's queue full until the next message comes.
+        """
+        frames, acks = self.protocol.resend(peer)
+        # The queues include what this group staged for the peer: send it once, in order.
+        old = self._frames.get(peer)
+        self._frames[peer] = frames
+        if old is None:
+            self._effects.undo(self._frames.pop, peer, None)
+        else:
+            self._effects.undo(self._frames.__setitem__, peer, old)
+        self._effects.after_commit_once(self._flush)
+        for ack in acks:
+            self._ack((ack.peer, ack.domain), ack.upto)
+
+    def depths(self) -> dict[str, Any]:
+        """Queue depths for status views (engine thread)."""
+        outgoing, held_back = self.protocol.depths()
+        return {"outgoing": outgoing, "held_back": held_back}

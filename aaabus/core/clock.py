@@ -1,0 +1,786 @@
+"""The matrix clock of one server in one causality domain.
+
+The servers of a domain are numbered ``0..k-1`` (the domain's own indexes: the caller maps server
+ids to them). Server ``me`` keeps a k x k matrix ``H``; ``H[a][b]`` is what ``me`` knows of how many
+messages ``a`` has sent to ``b``. Row ``me`` is exact (these are our own sends) and so is column
+``me`` (what we have delivered); everything else is second-hand knowledge that travels in stamps.
+
+- send to ``j``: ``H[me][j] += 1`` and the message carries a stamp;
+- a message from ``i`` stamped ``Hm`` is deliverable when ``Hm[i][me] == H[i][me] + 1`` (the next on
+  its link) and ``Hm[a][me] <= H[a][me]`` for every other ``a`` (we hold every message sent to us
+  that the sender had heard of); delivering merges ``H = max(H, Hm)``;
+- ``Hm[i][me] <= H[i][me]`` is a duplicate (a resend after a crash or a lost ack).
+
+Two stamp encodings, each tied to a way of persisting the matrix:
+
+``"full"``
+    The report's baseline: every stamp carries the whole matrix, and the whole matrix is one ZODB
+    record rewritten on every change. Both costs grow as k^2; that is the point of keeping it.
+``"delta"``
+    The report's first optimisation, as the industrial kernel shipped it: a stamp carries only the
+    cells that changed since the last send to that destination. Instead of the kernel's scan of
+    the whole matrix on every send, changes are kept in a list ordered by the time they happened,
+    so a send walks back only over what changed since its previous send.
+
+With ``order="fifo"`` only the link counters matter: the stamp is one counter and the check is the
+FIFO/duplicate test alone.
+
+Delta storage. Each ZODB record a commit writes costs a fixed overhead (pickling, store, index)
+that dwarfs its size up to several KB, so the state is cut into as few records as a commit can
+touch. All of it -- matrix cells, change list, epoch -- lives in uint64 ``array`` pages
+(:class:`_Page`), no other record changes after creation:
+
+- causal: node ``a*k+b`` is the entry ``H[a][b]``, three cells (value; epoch << 16 | source;
+  prev << 32 | next). Node ``k*k`` is the change list's sentinel: it closes the circular list and
+  holds the epoch. A domain whose nodes fit :data:`_SINGLE_PAGE_BYTES` (k <= 18) is one page: every
+  transaction, whatever it does to the clock, rewrites exactly one record. Larger domains use pages
+  of ``2**_PAGE_BITS`` nodes, and a commit rewrites the pages of the nodes it changed: the
+  entries, their old neighbours in the list, and the sentinel's page.
+- fifo: two cells per server, ``H[me][b]`` then ``H[b][me]``, so that both directions of a link
+  share a page; one page up to k = 512.
+
+The epoch of our last send to ``b`` needs no storage of its own: row ``me`` changes only when we
+send (a stamp can never raise it, see ``_decode``), so it is the epoch of the entry ``H[me][b]``.
+
+The clock keeps no state outside ZODB persistent objects (only ``_v_`` tracing caches): an aborted
+transaction rolls the clock back together with the queues it was saved with. The clock is not
+thread-safe and two transactions that change it concurrently conflict: one writer at a time.
+
+Wire format of a stamp (little-endian, built with :mod:`struct`, never pickled)::
+
+    header  B version (=1) | B kind (1 full, 2 delta, 3 fifo) | H k | H sender | H receiver
+    full    k*k  q          -- the matrix, row-major
+    delta   n * (I key, q value)  -- key = a*k + b; n >= 1, the link counter always among them
+    fifo    q               -- the link counter Hm[sender][receiver]
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+import sys
+from array import array
+from typing import Any, Final
+
+import persistent
+
+from aaabus.errors import ClockError
+
+__all__ = [
+    "HEADER_SIZE",
+    "KIND_DELTA",
+    "KIND_FIFO",
+    "KIND_FULL",
+    "MAX_SIZE",
+    "STAMP_VERSION",
+    "ClockError",
+    "DomainClock",
+    "Verdict",
+]
+
+
+class Verdict(enum.Enum):
+    """What to do with a received message."""
+
+    DELIVER = "deliver"  # deliver now, then merge its stamp with deliver()
+    WAIT = "wait"  # something it depends on has not been delivered yet: hold it back
+    DUPLICATE = "duplicate"  # already delivered: drop it (and ack it again)
+
+
+STAMP_VERSION: Final = 1
+KIND_FULL: Final = 1
+KIND_DELTA: Final = 2
+KIND_FIFO: Final = 3
+_KIND_NAMES: Final = {KIND_FULL: "full", KIND_DELTA: "delta", KIND_FIFO: "fifo"}
+
+#: k must fit the header's uint16, and then every key a*k+b fits a delta entry's uint32.
+MAX_SIZE: Final = 0xFFFF
+
+_HEADER: Final = struct.Struct("<BBHHH")
+HEADER_SIZE: Final = _HEADER.size
+_ENTRY_SIZE: Final = struct.calcsize("<Iq")
+_FIFO_BODY: Final = struct.Struct("<q")
+_FIFO_STAMP: Final = struct.Struct("<BBHHHq")
+_BIG_ENDIAN: Final = sys.byteorder == "big"
+_NEVER_STORED: Final = b"\0" * 8
+
+# Delta storage (see the module docstring). Causal: three uint64 cells per node.
+_STRIDE: Final = 3
+# VAL: the entry's value. TAG: epoch << 16 | src, where epoch is the local epoch of the entry's
+# last change (0: never changed, so not in the change list) and src who is sure to know the value
+# (the sender of the message it came from, or me for my own sends); the sentinel's VAL is the
+# epoch of the last operation (epochs < 2**48: centuries of operations). LIST: prev << 32 | next,
+# the change list (node numbers < 2**32).
+_VAL, _TAG, _LIST = range(_STRIDE)
+_SRC_BITS: Final = 16
+_SRC_MASK: Final = (1 << _SRC_BITS) - 1
+_LOW: Final = 0xFFFFFFFF
+_HIGH: Final = _LOW << 32
+# Fifo: two cells per server, at 2*b: H[me][b] (sends) and H[b][me] (deliveries).
+_OUT, _IN = 0, 1
+# A domain whose cells fit this many bytes is one page (causal: k <= 18; fifo: k <= 512). The
+# constant cost of a record is worth some 6 KB of its size (FileStorage), so past this a commit is
+# cheaper with pages just big enough to amortise their pickle framing: the few nodes an operation
+# changes are scattered over the matrix anyway, bigger pages would rarely share them.
+_SINGLE_PAGE_BYTES: Final = 8192
+_PAGE_BITS: Final = 5
+#: Shift that maps every node of a single-page domain to page 0 (nodes < 2**32, see MAX_SIZE).
+_ONE_PAGE_BITS: Final = 32
+# Rough pickle overhead of one small ZODB record (class reference, state dict, framing).
+_RECORD_OVERHEAD: Final = 96
+
+_MAX_CACHED_STRUCT: Final = 64
+_delta_structs: dict[int, struct.Struct] = {}
+
+
+def _delta_struct(n: int) -> struct.Struct:
+    """The struct of a delta stamp with ``n`` entries (header included), cached for small n."""
+    s = _delta_structs.get(n)
+    if s is None:
+        s = struct.Struct("<BBHHH" + "Iq" * n)
+        if n <= _MAX_CACHED_STRUCT:
+            _delta_structs[n] = s
+    return s
+
+
+class _Page(persistent.Persistent):
+    """Consecutive nodes of the delta state, ``stride`` uint64 cells each, as one ZODB record.
+
+    ``array`` is not persistence-aware: whoever mutates ``d`` sets ``_p_changed`` itself.
+    """
+
+    d: array[int]
+
+    def __init__(self, cells: int) -> None:
+        self.d = array("Q", bytes(8 * cells))
+
+
+def _paginate(nodes: int, stride: int) -> tuple[int, tuple[_Page, ...]]:
+    """``(bits, pages)``: node ``x`` is at ``pages[x >> bits].d[(x & mask) * stride]``."""
+    if nodes * stride * 8 <= _SINGLE_PAGE_BYTES:
+        return _ONE_PAGE_BITS, (_Page(nodes * stride),)
+    per_page = 1 << _PAGE_BITS
+    full, rest = divmod(nodes, per_page)
+    sizes = [per_page] * full + ([rest] if rest else [])
+    return _PAGE_BITS, tuple(_Page(n * stride) for n in sizes)
+
+
+# Storage modes: the stamp encoding decides how the matrix is persisted, the order what is kept.
+_FULL_CAUSAL: Final = 0
+_FULL_FIFO: Final = 1
+_DELTA_CAUSAL: Final = 2
+_DELTA_FIFO: Final = 3
+_MODE_KIND: Final = (KIND_FULL, KIND_FIFO, KIND_DELTA, KIND_FIFO)
+
+
+# (mode, k, me, pages, bits, mask): see DomainClock._fast.
+_Fast = tuple[int, int, int, tuple[_Page, ...], int, int]
+
+
+class DomainClock(persistent.Persistent):
+    """Matrix clock of server ``me`` (an index in ``0..size-1``) in one causality domain.
+
+    ``stamps`` is ``"delta"`` (default) or ``"full"``; ``order`` is ``"causal"`` (default) or
+    ``"fifo"``. Usage on the receive side::
+
+        verdict = clock.check(src, stamp)     # pure
+        if verdict is Verdict.DELIVER:
+            clock.deliver(src, stamp)         # in the same transaction as queueing the message
+
+    :meth:`receive` does both with one decoding.
+    """
+
+    size: int
+    me: int
+    stamps: str
+    order: str
+    _mode: int
+    _kind: int
+    # "full": the whole matrix, row-major, in this very record.
+    _m: array[int]
+    # "delta": every changing cell, in pages (module docstring); node x is in _pages[x >> _bits].
+    _pages: tuple[_Page, ...]
+    _bits: int
+    # Volatile (never stored, lost when the clock is reloaded): caches and tracing.
+    _v_fast: _Fast
+    _v_touched: dict[int, persistent.Persistent]
+    _v_last_stamp_size: int
+    _v_decoded: tuple[bytes, int, Any]
+
+    def __init__(self, size: int, me: int, *, stamps: str = "delta", order: str = "causal") -> None:
+        if not 1 <= size <= MAX_SIZE:
+            raise ValueError(f"clock size {size} out of range: a domain has 1..{MAX_SIZE} servers")
+        if not 0 <= me < size:
+            raise ValueError(f"clock index {me} out of range for a domain of {size} servers")
+        if stamps not in ("delta", "full"):
+            raise ValueError(f"unknown stamp encoding {stamps!r}: expected 'delta' or 'full'")
+        if order not in ("causal", "fifo"):
+            raise ValueError(f"unknown order {order!r}: expected 'causal' or 'fifo'")
+        self.size = size
+        self.me = me
+        self.stamps = stamps
+        self.order = order
+        fifo = order == "fifo"
+        self._kind = KIND_FIFO if fifo else (KIND_FULL if stamps == "full" else KIND_DELTA)
+        if stamps == "full":
+            self._mode = _FULL_FIFO if fifo else _FULL_CAUSAL
+            self._m = array("q", bytes(8 * size * size))
+        elif fifo:
+            self._mode = _DELTA_FIFO
+            self._bits, self._pages = _paginate(size, 2)
+        else:
+            self._mode = _DELTA_CAUSAL
+            sentinel = size * size
+            self._bits, self._pages = _paginate(sentinel + 1, _STRIDE)
+            # The empty change list: the sentinel (the last node) is its own prev and next.
+            d = self._pages[-1].d
+            d[len(d) - _STRIDE + _LIST] = (sentinel << 32) | sentinel
+
+    def __repr__(self) -> str:
+        return (
+            f"DomainClock(size={self.size}, me={self.me}, "
+            f"stamps={self.stamps!r}, order={self.order!r})"
+        )
+
+    def _fast(self) -> _Fast:
+        """``(mode, k, me, pages, bits, mask)``, cached in a volatile attribute.
+
+        Every attribute read on a persistent object goes through its activation check (~3x a
+        plain read); the hot paths read this one tuple instead. Only immutable values and
+        references to persistent sub-objects are cached: ZODB keeps those objects identical for
+        the life of the connection, and ``_v_`` attributes vanish whenever the clock is reloaded.
+        """
+        try:
+            fast: _Fast = self._v_fast
+        except AttributeError:
+            mode = self._mode
+            if mode in (_DELTA_CAUSAL, _DELTA_FIFO):
+                bits = self._bits
+                fast = (mode, self.size, self.me, self._pages, bits, (1 << bits) - 1)
+            else:
+                fast = (mode, self.size, self.me, (), 0, 0)
+            self._v_fast = fast
+        return fast
+
+    # ----------------------------------------------------------------------------------- reading
+
+    def entry(self, a: int, b: int) -> int:
+        """``H[a][b]``: how many messages ``a`` sent to ``b``, as far as this server knows."""
+        mode, k, me, pages, bits, mask = self._fast()
+        if not (0 <= a < k and 0 <= b < k):
+            raise ClockError(f"entry ({a}, {b}) out of range for a domain of {k} servers")
+        if mode == _DELTA_CAUSAL:
+            key = a * k + b
+            return pages[key >> bits].d[(key & mask) * _STRIDE]
+        if mode == _DELTA_FIFO:
+            if a == me:
+                return pages[b >> bits].d[(b & mask) * 2 + _OUT]
+            if b == me:
+                return pages[a >> bits].d[(a & mask) * 2 + _IN]
+            return 0
+        return self._m[a * k + b]
+
+    def sent_to(self, dest: int) -> int:
+        """``H[me][dest]``: messages this server has stamped for ``dest``."""
+        return self.entry(self.me, dest)
+
+    def received_from(self, src: int) -> int:
+        """``H[src][me]``: messages from ``src`` this server has delivered."""
+        return self.entry(src, self.me)
+
+    # ------------------------------------------------------------------------------------ send
+
+    def max_stamp_size(self) -> int:
+        """The largest stamp this clock can make, in bytes (a delta listing every entry)."""
+        mode, k, *_ = self._fast()
+        if mode in (_DELTA_FIFO, _FULL_FIFO):
+            return _FIFO_STAMP.size
+        return HEADER_SIZE + (8 if mode == _FULL_CAUSAL else _ENTRY_SIZE) * k * k
+
+    def prepare_send(self, dest: int) -> bytes:
+        """Count one more message to ``dest`` and return its stamp.
+
+        Call it in the transaction that saves the message in the outgoing queue: if that
+        transaction aborts, the count and the delta bookkeeping roll back with it.
+        """
+        mode, k, me, pages, bits, mask = self._fast()
+        if not 0 <= dest < k or dest == me:
+            raise ClockError(
+                f"cannot stamp a message from {me} to {dest}: the destination must be another "
+                f"server of this domain (0..{k - 1})"
+            )
+        if mode == _DELTA_CAUSAL:
+            stamp = self._send_delta(k, me, pages, bits, mask, dest)
+        elif mode == _DELTA_FIFO:
+            page = pages[dest >> bits]
+            i = (dest & mask) * 2 + _OUT
+            link = page.d[i] + 1
+            page.d[i] = link
+            self._touch(page)
+            stamp = _FIFO_STAMP.pack(STAMP_VERSION, KIND_FIFO, k, me, dest, link)
+        else:
+            m = self._m
+            key = me * k + dest
+            m[key] += 1
+            self._touch(self)
+            if mode == _FULL_FIFO:
+                stamp = _FIFO_STAMP.pack(STAMP_VERSION, KIND_FIFO, k, me, dest, m[key])
+            else:
+                body = m
+                if _BIG_ENDIAN:
+                    body = array("q", m)
+                    body.byteswap()
+                stamp = _HEADER.pack(STAMP_VERSION, KIND_FULL, k, me, dest) + body.tobytes()
+        self._v_last_stamp_size = len(stamp)
+        return stamp
+
+    def prepare_sends(self, dests: list[int]) -> list[tuple[int, bytes]]:
+        """Count the messages of one event, one per entry of ``dests``, and stamp each.
+
+        ``(seq, stamp)`` per message, in the order of ``dests``: ``seq`` is the message's number
+        on its link (``H[me][dest]`` once it is counted). All the messages are counted *before*
+        any is stamped, so every stamp carries the sends of all its siblings: whatever a
+        receiver sends after delivering one of them is stamped with knowledge of the others,
+        and their receivers hold it back until they have them. That makes one reaction (the
+        caller's "event") one clock event. Each stamp's own link counter is the message's
+        ``seq``, so two messages to the same server keep their order and the delivery test is
+        the usual one. Same transaction rule as :meth:`prepare_send`.
+        """
+        mode, k, me, pages, bits, mask = self._fast()
+        for dest in dests:
+            if not 0 <= dest < k or dest == me:
+                raise ClockError(
+                    f"cannot stamp a message from {me} to {dest}: the destination must be "
+                    f"another server of this domain (0..{k - 1})"
+                )
+        if mode in (_DELTA_FIFO, _FULL_FIFO) or len(dests) == 1:
+            # FIFO stamps carry no knowledge of other links; one send is its own event.
+            sends = []
+            for dest in dests:
+                stamp = self.prepare_send(dest)
+                sends.append((self.sent_to(dest), stamp))
+            return sends
+        counts: dict[int, int] = {}
+        for dest in dests:
+            counts[dest] = counts.get(dest, 0) + 1
+        if mode == _DELTA_CAUSAL:
+            bodies = self._count_delta(k, me, pages, bits, mask, counts)
+            link_of = {dest: me * k + dest for dest in counts}
+        else:
+            m = self._m
+            for dest, n in counts.items():
+                m[me * k + dest] += n
+            self._touch(self)
+        out: list[tuple[int, bytes]] = []
+        seqs = {dest: self.entry(me, dest) - n for dest, n in counts.items()}
+        for dest in dests:
+            seqs[dest] += 1
+            seq = seqs[dest]
+            if mode == _DELTA_CAUSAL:
+                flat = bodies[dest]
+                link = link_of[dest]
+                # The link counter is the message's own number, not the total of the event.
+                flat = [seq if i % 2 and flat[i - 1] == link else v for i, v in enumerate(flat)]
+                stamp = _delta_struct(len(flat) >> 1).pack(
+                    STAMP_VERSION, KIND_DELTA, k, me, dest, *flat
+                )
+            else:
+                body = array("q", m)
+                body[me * k + dest] = seq
+                if _BIG_ENDIAN:
+                    body.byteswap()
+                stamp = _HEADER.pack(STAMP_VERSION, KIND_FULL, k, me, dest) + body.tobytes()
+            out.append((seq, stamp))
+        self._v_last_stamp_size = len(out[-1][1])
+        return out
+
+    def _count_delta(
+        self,
+        k: int,
+        me: int,
+        pages: tuple[_Page, ...],
+        bits: int,
+        mask: int,
+        counts: dict[int, int],
+    ) -> dict[int, list[int]]:
+        """Count ``counts[dest]`` sends to each ``dest`` in one epoch; each dest's stamp body.
+
+        The body for ``dest`` is what :meth:`_send_delta` would send after all the counts: every
+        entry changed since our previous send to ``dest``, less what ``dest`` is sure to know.
+        The counts share one epoch, so a later send to ``dest`` (which walks back to the epoch
+        of ``H[me][dest]``, this one) skips exactly the entries this event already sent it.
+        """
+        sentinel = k * k
+        sp = pages[sentinel >> bits]
+        if not sp._p_changed:
+            self._touch(sp)
+        sd = sp.d
+        si = (sentinel & mask) * _STRIDE
+        epoch = sd[si] + 1
+        sd[si] = epoch
+        last: dict[int, int] = {}
+        for dest, n in counts.items():
+            key = me * k + dest
+            d = pages[key >> bits].d
+            i = (key & mask) * _STRIDE
+            last[dest] = d[i + _TAG] | _SRC_MASK
+            self._change(pages, bits, mask, sentinel, key, d[i] + n, me, epoch)
+        bodies: dict[int, list[int]] = {}
+        for dest, before in last.items():
+            flat: list[int] = []
+            x = sd[si + _LIST] >> 32
+            while x != sentinel:
+                d = pages[x >> bits].d
+                i = (x & mask) * _STRIDE
+                tag = d[i + _TAG]
+                if tag <= before:
+                    break
+                if tag & _SRC_MASK != dest and x // k != dest:
+                    flat.append(x)
+                    flat.append(d[i])
+                x = d[i + _LIST] >> 32
+            bodies[dest] = flat
+        return bodies
+
+    # Which entries a delta stamp to ``dest`` carries, and why that is enough.
+    #
+    # Claim: when ``dest`` delivers our n-th message, its matrix is >= (entry by entry) our matrix
+    # as it was when we stamped that message. Then a delta check at ``dest`` gives the verdict a
+    # full stamp would, and a delta merge leaves the matrix a full merge would.
+    #
+    # By induction on n. ``dest`` delivers our messages in the order we stamped them, with no gap
+    # (the check demands Hm[me][dest] == H[me][dest] + 1, and a WAITing message is never merged),
+    # so when it delivers the n-th it has delivered and merged the (n-1)-th, and by induction holds
+    # >= our matrix at the (n-1)-th send (for n = 1: the all-zero matrix, "epoch 0"). An entry of
+    # ours falls in one of four cases:
+    #  1. unchanged since the (n-1)-th send: ``dest`` already holds >= it (induction);
+    #  2. changed since, and sent: the merge raises ``dest`` to it;
+    #  3. changed since, last changed by merging a message *from dest* (SRC == dest): our value
+    #     is then the one ``dest`` put in that stamp, so ``dest`` held >= it when it sent that
+    #     message. That send precedes our receipt, which precedes our n-th send, which precedes
+    #     its delivery at ``dest``; its matrix only grows (and its sends are committed before
+    #     they leave, so no crash can take that knowledge back). Hence it still holds >= it.
+    #     Only the *last* change counts: if another server raised the entry after ``dest`` did,
+    #     SRC is that server and the entry is sent. If ``dest`` raised it after another server,
+    #     ``dest`` knows the larger value, which covers the smaller one;
+    #  4. in row ``dest``: ``H[dest][b]`` counts ``dest``'s own sends, which ``dest`` knows
+    #     exactly; nobody can know a larger value, so it is never worth sending to ``dest``.
+    # The check itself only reads the entries present: the absent ones of column ``dest`` are
+    # cases 1, 3 or 4, all <= what ``dest`` holds, so they could not have made it wait.
+    #
+    # The change list: every entry that ever changed sits in a circular doubly linked list,
+    # closed by the sentinel node k*k, ordered by the time of its last change (moving to the tail
+    # on each change), with the epoch of that change. A send to ``dest`` walks back from the tail
+    # until it meets an epoch <= the epoch of the previous send to ``dest``: O(entries changed
+    # since then), never the whole matrix. That epoch is the one of the entry H[me][dest] before
+    # this send, since only our sends change row ``me``.
+
+    def _send_delta(
+        self, k: int, me: int, pages: tuple[_Page, ...], bits: int, mask: int, dest: int
+    ) -> bytes:
+        sentinel = k * k
+        sp = pages[sentinel >> bits]
+        if not sp._p_changed:
+            self._touch(sp)
+        sd = sp.d
+        si = (sentinel & mask) * _STRIDE
+        epoch = sd[si] + 1
+        sd[si] = epoch
+        key = me * k + dest
+        d = pages[key >> bits].d
+        i = (key & mask) * _STRIDE
+        last = d[i + _TAG] | _SRC_MASK  # every tag of an epoch <= the previous send's is <= last
+        self._change(pages, bits, mask, sentinel, key, d[i] + 1, me, epoch)
+        flat: list[int] = []
+        x = sd[si + _LIST] >> 32
+        while x != sentinel:
+            d = pages[x >> bits].d
+            i = (x & mask) * _STRIDE
+            tag = d[i + _TAG]
+            if tag <= last:
+                break
+            if tag & _SRC_MASK != dest and x // k != dest:
+                flat.append(x)
+                flat.append(d[i])
+            x = d[i + _LIST] >> 32
+        return _delta_struct(len(flat) >> 1).pack(STAMP_VERSION, KIND_DELTA, k, me, dest, *flat)
+
+    def _change(
+        self,
+        pages: tuple[_Page, ...],
+        bits: int,
+        mask: int,
+        sentinel: int,
+        key: int,
+        value: int,
+        src: int,
+        epoch: int,
+    ) -> None:
+        """Set entry ``key`` to ``value``, learned from ``src``, and move it to the list's tail.
+
+        The caller has touched the sentinel's page. Pages are touched only when not already
+        dirty: a second change to a page in the same transaction costs one attribute read.
+        """
+        page = pages[key >> bits]
+        d = page.d
+        i = (key & mask) * _STRIDE
+        d[i] = value
+        sd = pages[sentinel >> bits].d
+        si = (sentinel & mask) * _STRIDE + _LIST
+        tail = sd[si] >> 32
+        if key != tail:
+            if d[i + _TAG]:
+                # In the list but not last: unlink. Its successor is an entry, not the sentinel.
+                links = d[i + _LIST]
+                prev = links >> 32
+                nxt = links & _LOW
+                pp = pages[prev >> bits]
+                j = (prev & mask) * _STRIDE + _LIST
+                pp.d[j] = (pp.d[j] & _HIGH) | nxt
+                if not pp._p_changed:
+                    self._touch(pp)
+                np = pages[nxt >> bits]
+                j = (nxt & mask) * _STRIDE + _LIST
+                np.d[j] = (prev << 32) | (np.d[j] & _LOW)
+                if not np._p_changed:
+                    self._touch(np)
+            d[i + _LIST] = (tail << 32) | sentinel
+            tp = pages[tail >> bits]  # the sentinel's page when the list was empty
+            j = (tail & mask) * _STRIDE + _LIST
+            tp.d[j] = (tp.d[j] & _HIGH) | key
+            if not tp._p_changed:
+                self._touch(tp)
+            sd[si] = (key << 32) | (sd[si] & _LOW)
+        d[i + _TAG] = (epoch << _SRC_BITS) | src
+        if not page._p_changed:
+            self._touch(page)
+
+    # --------------------------------------------------------------------------------- receive
+
+    def check(self, src: int, stamp: bytes) -> Verdict:
+        """The verdict on a message from ``src`` carrying ``stamp``; changes nothing."""
+        decoded = self._decode(src, stamp)
+        # Remembered (volatile, not clock state) so that the usual check-then-deliver of the
+        # same bytes decodes them once.
+        self._v_decoded = (stamp, src, decoded)
+        return self._verdict(src, decoded)
+
+    def deliver(self, src: int, stamp: bytes) -> None:
+        """Merge the stamp of a message that :meth:`check` found deliverable.
+
+        Refuses (ClockError, clock untouched) a message that is not deliverable now: merging a
+        waiting message would let its causal successors overtake its predecessors.
+        """
+        try:
+            seen, seen_src, decoded = self._v_decoded
+        except AttributeError:
+            seen = None
+        if seen is not stamp or seen_src != src:
+            decoded = self._decode(src, stamp)
+        # The verdict itself is always recomputed: the clock may have moved since check().
+        verdict = self._verdict(src, decoded)
+        if verdict is not Verdict.DELIVER:
+            raise ClockError(
+                f"refusing to deliver a message from {src}: its verdict is {verdict.name}"
+            )
+        self._merge(src, decoded)
+
+    def receive(self, src: int, stamp: bytes) -> Verdict:
+        """:meth:`check`, then :meth:`deliver` when the verdict is DELIVER, decoding once."""
+        decoded = self._decode(src, stamp)
+        verdict = self._verdict(src, decoded)
+        if verdict is Verdict.DELIVER:
+            self._merge(src, decoded)
+        return verdict
+
+    def _decode(self, src: int, stamp: bytes) -> Any:
+        """Validate ``stamp`` completely and return it in the form the mode's code uses.
+
+        Everything that can be wrong with the bytes is found here, before any verdict, so that a
+        malformed stamp is always an error (never a DUPLICATE or a WAIT that hides it).
+        """
+        mode, k, me, pages, bits, mask = self._fast()
+        if not 0 <= src < k or src == me:
+            raise ClockError(
+                f"message source {src} is not another server of this domain (0..{k - 1}, me={me})"
+            )
+        if len(stamp) < HEADER_SIZE:
+            raise ClockError(f"stamp of {len(stamp)} bytes is shorter than its header")
+        version, kind, size, hsrc, hdest = _HEADER.unpack_from(stamp)
+        if version != STAMP_VERSION:
+            raise ClockError(f"stamp format version {version} unknown (expected {STAMP_VERSION})")
+        if kind != _MODE_KIND[mode]:
+            raise ClockError(
+                f"stamp encoding {_KIND_NAMES.get(kind, kind)!r} but this domain uses "
+                f"{_KIND_NAMES[_MODE_KIND[mode]]!r}"
+            )
+        if size != k:
+            raise ClockError(f"stamp is for a domain of {size} servers, this one has {k}")
+        if hsrc != src or hdest != me:
+            raise ClockError(
+                f"stamp is for the link {hsrc}->{hdest} but was presented on {src}->{me}"
+            )
+        if kind == KIND_FIFO:
+            if len(stamp) != _FIFO_STAMP.size:
+                raise ClockError(f"fifo stamp of {len(stamp)} bytes, expected {_FIFO_STAMP.size}")
+            return _FIFO_BODY.unpack_from(stamp, HEADER_SIZE)[0]
+        if kind == KIND_DELTA:
+            n, rest = divmod(len(stamp) - HEADER_SIZE, _ENTRY_SIZE)
+            if rest or n == 0:
+                raise ClockError(
+                    f"delta stamp body of {len(stamp) - HEADER_SIZE} bytes is not a non-empty "
+                    f"sequence of {_ENTRY_SIZE}-byte entries"
+                )
+            flat = _delta_struct(n).unpack(stamp)[5:]
+            keys = flat[0::2]
+            values = flat[1::2]
+            if max(keys) >= k * k:
+                bad = max(keys)
+                raise ClockError(f"delta stamp entry ({bad // k}, {bad % k}) is outside the matrix")
+            link_key = src * k + me
+            if link_key not in keys:
+                raise ClockError(f"delta stamp lacks the counter of the link {src}->{me}")
+            for key, value in zip(keys, values, strict=True):
+                # Nobody can know of more sends of ours than we made: if a stamp says so, our
+                # store has lost committed transactions (or the stamp is garbage). Merging it
+                # would make us skip sequence numbers and stall our receivers.
+                if key // k == me and value > pages[key >> bits].d[(key & mask) * _STRIDE]:
+                    raise ClockError(self._ahead_message(src, key % k, value))
+            return keys, values
+        expected = HEADER_SIZE + 8 * k * k
+        if len(stamp) != expected:
+            raise ClockError(f"full stamp of {len(stamp)} bytes, expected {expected}")
+        hm = array("q")
+        hm.frombytes(memoryview(stamp)[HEADER_SIZE:])
+        if _BIG_ENDIAN:
+            hm.byteswap()
+        lo = me * k
+        for b, (theirs, ours) in enumerate(zip(hm[lo : lo + k], self._m[lo : lo + k], strict=True)):
+            if theirs > ours:
+                raise ClockError(self._ahead_message(src, b, theirs))
+        return hm
+
+    def _ahead_message(self, src: int, b: int, value: int) -> str:
+        return (
+            f"stamp from {src} says {self.me} sent {value} messages to {b}, but it sent "
+            f"{self.entry(self.me, b)}: this server's store is behind the domain"
+        )
+
+    def _verdict(self, src: int, decoded: Any) -> Verdict:
+        mode, k, me, pages, bits, mask = self._fast()
+        if mode == _DELTA_CAUSAL:
+            keys, values = decoded
+            link_key = src * k + me
+            link = values[keys.index(link_key)]
+            have = pages[link_key >> bits].d[(link_key & mask) * _STRIDE]
+            if link <= have:
+                return Verdict.DUPLICATE
+            if link != have + 1:
+                return Verdict.WAIT
+            for key, value in zip(keys, values, strict=True):
+                if (
+                    key % k == me
+                    and value > pages[key >> bits].d[(key & mask) * _STRIDE]
+                    and key != link_key
+                ):
+                    return Verdict.WAIT
+            return Verdict.DELIVER
+        if mode == _FULL_CAUSAL:
+            hm = decoded
+            m = self._m
+            link_key = src * k + me
+            link = hm[link_key]
+            have = m[link_key]
+            if link <= have:
+                return Verdict.DUPLICATE
+            if link != have + 1:
+                return Verdict.WAIT
+            for a, (theirs, ours) in enumerate(zip(hm[me::k], m[me::k], strict=True)):
+                if theirs > ours and a != src:
+                    return Verdict.WAIT
+            return Verdict.DELIVER
+        have = self.entry(src, me)
+        if decoded <= have:
+            return Verdict.DUPLICATE
+        return Verdict.DELIVER if decoded == have + 1 else Verdict.WAIT
+
+    def _merge(self, src: int, decoded: Any) -> None:
+        mode, k, me, pages, bits, mask = self._fast()
+        if mode == _DELTA_CAUSAL:
+            keys, values = decoded
+            sentinel = k * k
+            sp = pages[sentinel >> bits]
+            if not sp._p_changed:
+                self._touch(sp)
+            sd = sp.d
+            si = (sentinel & mask) * _STRIDE
+            epoch = sd[si] + 1
+            sd[si] = epoch
+            for key, value in zip(keys, values, strict=True):
+                if value > pages[key >> bits].d[(key & mask) * _STRIDE]:
+                    self._change(pages, bits, mask, sentinel, key, value, src, epoch)
+        elif mode == _FULL_CAUSAL:
+            # The baseline's O(k^2) merge, and a rewrite of the whole record at commit.
+            self._touch(self)  # before the assignment below marks it changed behind our back
+            self._m = array("q", map(max, self._m, decoded))
+        elif mode == _DELTA_FIFO:
+            page = pages[src >> bits]
+            page.d[(src & mask) * 2 + _IN] = decoded
+            self._touch(page)
+        else:
+            self._m[src * k + me] = decoded
+            self._touch(self)
+
+    # --------------------------------------------------------------------------------- tracing
+
+    def last_stamp_size(self) -> int:
+        """Bytes of the last stamp :meth:`prepare_send` returned (0 if none since loading)."""
+        size: int = getattr(self, "_v_last_stamp_size", 0)
+        return size
+
+    def dirty_bytes(self) -> int:
+        """Estimate of the bytes the next commit will write for this clock (0 when unchanged).
+
+        Sums the size of the records changed in the current transaction, from ZODB's own
+        estimate of each record's size (``_p_estimated_size``, set when it was last loaded or
+        stored) or the known layout of records never stored. No pickling.
+        """
+        if self._p_jar is None or self._p_serial == _NEVER_STORED:
+            return sum(self._estimate(p) for p in self._pieces())
+        touched: dict[int, persistent.Persistent] | None = getattr(self, "_v_touched", None)
+        if not touched:
+            return 0
+        total = 0
+        for oid, piece in list(touched.items()):
+            if piece._p_changed:
+                total += piece._p_estimated_size or self._estimate(piece)
+            else:  # committed or rolled back since it was touched
+                del touched[oid]
+        return total
+
+    def _touch(self, piece: persistent.Persistent) -> None:
+        """Mark ``piece`` (a page or the clock itself) as changed.
+
+        Records it for :meth:`dirty_bytes`. Hot paths test ``_p_changed`` before calling.
+        """
+        if not piece._p_changed:
+            piece._p_changed = True
+            touched: dict[int, persistent.Persistent] | None = getattr(self, "_v_touched", None)
+            if touched is None:
+                touched = {}
+                self._v_touched = touched
+            touched[id(piece)] = piece
+
+    def _pieces(self) -> list[persistent.Persistent]:
+        pieces: list[persistent.Persistent] = [self]
+        if self._mode in (_DELTA_CAUSAL, _DELTA_FIFO):
+            pieces += self._pages
+        return pieces
+
+    def _estimate(self, piece: persistent.Persistent) -> int:
+        if isinstance(piece, _Page):
+            return 8 * len(piece.d) + _RECORD_OVERHEAD
+        # The clock record: the matrix in full mode, a reference per page in delta mode.
+        if self._mode in (_FULL_CAUSAL, _FULL_FIFO):
+            return 8 * self.size * self.size + _RECORD_OVERHEAD
+        return _RECORD_OVERHEAD + 40 * len(self._pages)

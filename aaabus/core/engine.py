@@ -1,0 +1,748 @@
+"""The engine: the one thread that runs reactions and owns the store.
+
+Every change to the store happens on this thread, inside *groups*: one ZODB transaction that
+applies the inputs handed over by other threads (received messages, acknowledgements, injected
+notifications) and then runs reactions while deliverable notifications are waiting, up to a bound
+(``max_batch`` reactions or ``max_group_s`` seconds). Each reaction is atomic on its own — its
+state changes, the consumption of its input and its sends all land together or not at all — and
+the group commit makes many of them durable with one fsync. Nothing a group produced leaves the
+server (network frames, acknowledgements) before its commit: that is the durability point.
+
+When a reaction raises, the group is aborted and replayed in *careful mode*, one reaction per
+transaction, so that the failing reaction is rolled back alone. The replay re-runs the reactions
+that preceded it, which is exactly what a crash followed by a restart would do, so it adds no new
+behaviour: reactions must already tolerate being re-run when their transaction did not commit.
+
+In-memory effects of a group (frames staged, agents initialised or unpickled, actions for after
+the commit, counters) are recorded in :class:`~aaabus.core.effects.TransactionEffects` with the way
+to undo them, so that the transaction itself -- abort or savepoint rollback -- takes them back
+together with the store. No code path undoes anything by hand.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import cloudpickle
+from persistent import Persistent
+
+from aaabus.config.trust import TrustPolicy
+from aaabus.core.effects import TransactionEffects
+from aaabus.core.failpoints import Failpoints
+from aaabus.errors import EngineStopped, ReactionFailed, StoreWriteFailed
+from aaabus.model.agent import Agent
+from aaabus.model.context import running
+from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
+from aaabus.model.notifications import (
+    AgentCreateReply,
+    AgentCreateRequest,
+    ExceptionNotification,
+    Notification,
+    UnknownAgent,
+)
+from aaabus.wire.message import Message, encode_note
+
+if TYPE_CHECKING:
+    from aaabus.core.store import Store
+    from aaabus.core.trace import Tracer
+
+log = logging.getLogger("aaabus.engine")
+
+#: Notifications that report an error: never answered with another error report, so that two
+#: parties can never bounce errors at each other forever.
+_ERROR_REPORTS = (ExceptionNotification, UnknownAgent)
+
+Input = Callable[["Engine"], None]
+T = TypeVar("T")
+
+
+class Channel(Protocol):
+    """What the engine needs from the channel side for messages to other servers.
+
+    Every method runs on the engine thread, inside the current group's transaction.
+    """
+
+    def knows(self, server: int) -> bool:
+        """Whether ``server`` is part of the bus."""
+        ...
+
+    def send(self, message: Message) -> None:
+        """Hold ``message`` for the next :meth:`seal` (same transaction)."""
+        ...
+
+    def seal(self) -> None:
+        """End of an event: stamp all its held sends as one clock event and queue them
+        persistently for their next hops (same transaction)."""
+        ...
+
+
+class AgentBox(Persistent):
+    """Storage of an agent whose class cannot be imported here (it came by value).
+
+    ZODB records classes by reference, which would not load after a restart; the box keeps the
+    agent cloudpickled instead and is refreshed after every reaction of the agent.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self.blob = cloudpickle.dumps(agent)
+
+
+def _importable(cls: type) -> bool:
+    module = sys.modules.get(cls.__module__)
+    if module is None:
+        try:
+            module = importlib.import_module(cls.__module__)
+        except Exception:
+            return False
+    obj: Any = module
+    for part in cls.__qualname__.split("."):
+        obj = getattr(obj, part, None)
+    return obj is cls
+
+
+#: Consecutive failures of one group (outside agent code) before the engine gives up.
+MAX_GROUP_FAILURES = 3
+
+
+class EngineStats:
+    """Counters of the engine thread; read by other threads without locking (ints are atomic).
+
+    ``reactions``, ``sent`` and ``errors`` count committed work only: a group that aborts takes
+    its counts back with its other effects, so that once a bus is idle the notifications sent by
+    all servers equal those delivered by all servers. ``commits`` and ``aborts`` count attempts.
+    """
+
+    def __init__(self) -> None:
+        self.reactions = 0
+        self.sent = 0
+        self.commits = 0
+        self.aborts = 0
+        self.errors = 0
+        self.commit_ns = 0
+        self.commit_total_ns = 0
+        self.started = time.time()
+
+
+#: Volatile attribute marking an agent object whose on_init ran (see Engine._initialised).
+_INITIALISED = "_v_aaabus_initialised"
+
+
+def _forget_initialised(agent: Agent) -> None:
+    agent.__dict__.pop(_INITIALISED, None)
+
+
+def _decrement(obj: object, name: str) -> None:
+    setattr(obj, name, getattr(obj, name) - 1)
+
+
+class Engine:
+    """Runs reactions, one at a time, in committed groups. See the module docstring.
+
+    Other threads talk to it only through :meth:`submit` (hand an input over) and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        server_id: int,
+        *,
+        channel: Channel | None = None,
+        max_batch: int = 64,
+        max_group_s: float = 0.005,
+        name: str | None = None,
+        on_exit: Callable[[], None] | None = None,
+        trust: TrustPolicy | None = None,
+    ) -> None:
+        self.store = store
+        #: What bodies and deployed agents may construct (aaabus.trust); the default trusts
+        #: everything, which suits only an engine fed by its own process (tests, simulation).
+        self.trust = trust or TrustPolicy(by_value=True)
+        self.server_id = server_id
+        self.channel = channel
+        self.max_batch = max_batch
+        self.max_group_s = max_group_s
+        self.stats = EngineStats()
+        #: In-memory effects of the open transaction, undone with it (see aaabus.core.effects).
+        self.effects = TransactionEffects(store.tm)
+        #: Failpoints of this engine and of its channel (see aaabus.core.failpoints).
+        self.failpoints = Failpoints()
+        #: Optional per-hop tracing (see aaabus.trace); set before start.
+        self.tracer: Tracer | None = None
+        self._me = AgentId.server_of(server_id)
+        self._factory = AgentId.factory(server_id)
+        self._inbox: collections.deque[Input] = collections.deque()
+        self._lazy: list[Input] = []
+        self.lazy_delay_s = 0.05
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._current = self._me
+        # Agents that came by value: unpickled once per boot (their box holds the durable copy).
+        self._boxed: dict[AgentId, Agent] = {}
+        # How the next groups run after a failure: `_careful` reactions one per transaction,
+        # inputs one savepoint each.
+        self._careful = 0
+        self._careful_inputs = False
+        self._failures = 0
+        self._ready: collections.deque[Message] = collections.deque()
+        self._ready_ok = False
+        self._listeners: list[Callable[[AgentId, Notification], None]] = []
+        self._thread = threading.Thread(
+            target=self._run, name=name or f"engine-{server_id}", daemon=True
+        )
+        self._failure: BaseException | None = None
+        self._on_exit = on_exit
+        self._context = _EngineContext(self)
+
+    # -- other threads ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, item: Input) -> None:
+        """Hand ``item`` to the engine thread; it runs inside the next group's transaction.
+
+        ``item(engine)`` must only touch the store, and record any in-memory effect in
+        :attr:`effects` (follow-up work goes to ``effects.after_commit``). If it raises, the
+        group is aborted and its inputs are applied again, one savepoint each: an item that
+        raises a second time is logged and dropped (an input that fails twice would fail
+        forever), one that raised by accident (a transient fault) is applied once, as if the
+        first attempt never happened.
+        """
+        with self._cond:
+            self._inbox.append(item)
+            self._cond.notify()
+
+    def call(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the engine thread, as ``#s.s.0``, inside the next group.
+
+        The future resolves with ``fn``'s result once the group has committed; if ``fn`` raises,
+        its own changes are rolled back (the rest of the group goes on) and the future fails.
+        """
+        future: Future[T] = Future()
+
+        def apply(engine: Engine) -> None:
+            if future.done():
+                return  # the group was replayed after fn had already failed: it failed
+            savepoint = engine.store.tm.savepoint()
+            engine._current = engine._me
+            try:
+                with running(engine._context):
+                    result = fn()
+            except Exception as exc:
+                savepoint.rollback()
+                future.set_exception(exc)
+                return
+            engine.effects.after_commit(lambda: future.set_result(result))
+
+        self.submit(apply)
+        return future
+
+    def submit_lazy(self, item: Input) -> None:
+        """Like :meth:`submit`, for work that may wait: it rides along with the next group.
+
+        Used for acknowledgements: applying one costs a commit of its own if done at once, while
+        delaying it only keeps a message in an outgoing queue a little longer (a crash meanwhile
+        means one more resend, absorbed as a duplicate). If nothing else happens, lazy work is
+        done after ``lazy_delay_s``.
+        """
+        with self._cond:
+            self._lazy.append(item)
+            if len(self._lazy) == 1:
+                self._cond.notify()  # let the waiting engine arm its timer
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Finish the group in flight (commit or abort) and stop the thread."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                raise TimeoutError(f"engine of server {self.server_id} did not stop in {timeout}s")
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The error that stopped the engine thread, if any (e.g. the disk is full)."""
+        return self._failure
+
+    def add_listener(self, listener: Callable[[AgentId, Notification], None]) -> None:
+        """Call ``listener(sender, note)`` after commit for notifications to ``#s.s.0``.
+
+        Runs on the engine thread: it must not block.
+        """
+        self._listeners.append(listener)
+
+    # -- engine thread --------------------------------------------------------------------------
+
+    def after_commit(self, action: Callable[[], object]) -> None:
+        """Run ``action`` once the current group has committed (dropped if it aborts)."""
+        self.effects.after_commit(action)
+
+    def run_in_transaction(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` as a boot-time operation with ``#s.s.0`` as sender, and commit it."""
+        self._current = self._me
+        try:
+            with running(self._context):
+                fn()
+            self._commit()
+        except BaseException:
+            self._abort()
+            raise
+
+    def _run(self) -> None:
+        try:
+            while True:
+                inputs = self._wait_for_work()
+                if inputs is None:
+                    return
+                self._group(inputs)
+        except BaseException as exc:  # the store failed: stop rather than acknowledge anything
+            self._failure = exc
+            # A failed write explains itself in one line; anything else is a bug: full trace.
+            expected = isinstance(exc, StoreWriteFailed | EngineStopped)
+            log.critical(
+                "engine of server %s stopped: %s", self.server_id, exc, exc_info=not expected
+            )
+            try:
+                self._abort()
+            except Exception:
+                log.debug("abort after failure failed", exc_info=True)
+        finally:
+            if self._on_exit is not None:
+                self._on_exit()
+
+    def _wait_for_work(self) -> list[Input] | None:
+        with self._cond:
+            lazy_deadline: float | None = None
+            while not self._inbox and not self.store.qin:
+                if self._stopping:
+                    return None
+                if self._lazy:
+                    now = time.monotonic()
+                    if lazy_deadline is None:
+                        lazy_deadline = now + self.lazy_delay_s
+                    if now >= lazy_deadline:
+                        break
+                    self._cond.wait(lazy_deadline - now)
+                else:
+                    self._cond.wait()
+            if self._stopping:
+                return None
+            inputs = self._lazy + list(self._inbox)
+            self._lazy = []
+            self._inbox.clear()
+            return inputs
+
+    def _group(self, inputs: list[Input]) -> None:
+        """One transaction: apply ``inputs``, run reactions, commit; recover from any failure.
+
+        Three kinds of failure, each ending in an abort (which takes back every effect of the
+        group, in the store and in memory) and a replay of the same inputs:
+
+        * an input raised: the inputs are applied again one savepoint each, so that one failing
+          twice is dropped alone (garbage from a peer) and one that failed once by accident is
+          simply applied;
+        * a reaction raised: the reactions are replayed one per transaction, each under a
+          savepoint, so that the failing one is rolled back alone (see :meth:`_react_one`);
+        * anything else (the commit, the engine's own steps): the group is replayed the same
+          careful way; after :data:`MAX_GROUP_FAILURES` failures in a row the engine stops.
+        """
+        reactions = 0
+        self._ready_ok = not self._careful
+        try:
+            if self._careful_inputs:
+                self._careful_inputs = False
+                self._apply_carefully(inputs)
+            else:
+                self._apply(inputs)
+        except Exception:
+            self._abort()
+            self._drop_input(dropped=False)
+            self._careful_inputs = True
+            self._requeue(inputs)
+            return
+        try:
+            self._ready_ok = False
+            # Messages that arrived deliverable while the input queue was empty are run at once,
+            # without ever being written to it: two records less in this commit.
+            while self._ready:
+                self._react_one(self._take_ready(), careful=False)
+                reactions += 1
+            limit = 1 if self._careful else self.max_batch
+            deadline = time.perf_counter() + self.max_group_s
+            qin = self.store.qin
+            while qin and reactions < limit:
+                self._react_one(qin.peek(), careful=bool(self._careful), from_qin=True)
+                reactions += 1
+                if time.perf_counter() > deadline:
+                    break
+            self._commit()
+        except ReactionFailed:
+            self._abort()
+            # Replay one reaction per transaction; the failing one is then alone in its own.
+            self._careful = reactions + 1
+            self._requeue(inputs)
+            return
+        except Exception as exc:
+            self._abort()
+            self._failures += 1
+            if self._failures >= MAX_GROUP_FAILURES:
+                raise EngineStopped(
+                    f"server {self.server_id} failed {self._failures} times in a row to run and "
+                    f"commit the same group ({type(exc).__name__}: {exc}); see the log"
+                ) from exc
+            log.error(
+                "server %s: group failed (%s: %s); replaying it carefully",
+                self.server_id,
+                type(exc).__name__,
+                exc,
+                exc_info=log.isEnabledFor(logging.DEBUG),
+            )
+            self._careful = reactions + 1
+            self._careful_inputs = True
+            self._requeue(inputs)
+            return
+        self._failures = 0
+        if self._careful:
+            self._careful = max(0, self._careful - reactions)
+
+    def _apply(self, inputs: list[Input]) -> None:
+        failpoints = self.failpoints
+        for item in inputs:
+            if failpoints.armed:
+                failpoints.hit("engine.input")
+            item(self)
+            self._seal()
+
+    def _apply_carefully(self, inputs: list[Input]) -> None:
+        """Apply inputs one savepoint each: a failing one is rolled back and dropped alone."""
+        failpoints = self.failpoints
+        for item in inputs:
+            savepoint = self.store.tm.savepoint()
+            try:
+                if failpoints.armed:
+                    failpoints.hit("engine.input")
+                item(self)
+                self._seal()
+            except Exception:
+                savepoint.rollback()
+                self._drop_input(dropped=True)
+
+    def _drop_input(self, dropped: bool) -> None:
+        """Log the input that just raised (a bug, garbage or a transient fault)."""
+        if dropped:
+            self.stats.errors += 1
+        log.log(
+            logging.ERROR if dropped else logging.INFO,
+            "server %s: %s an input that failed: %s",
+            self.server_id,
+            "dropping" if dropped else "will retry",
+            traceback.format_exc(limit=4).strip().splitlines()[-1],
+            exc_info=log.isEnabledFor(logging.DEBUG),
+        )
+
+    def _requeue(self, inputs: Iterable[Input]) -> None:
+        with self._cond:
+            self._inbox.extendleft(reversed(list(inputs)))
+
+    def _seal(self) -> None:
+        """End of an event (a reaction or an input): stamp its remote sends as one clock event."""
+        if self.channel is not None:
+            self.channel.seal()
+
+    def _commit(self) -> None:
+        # Sends made outside any reaction or input (boot-time operations) are one last event.
+        self._seal()
+        failpoints = self.failpoints
+        if failpoints.armed:
+            failpoints.hit("engine.commit")
+        tracer = self.tracer
+        clock_bytes = tracer.before_commit() if tracer is not None else 0
+        t0 = time.perf_counter_ns()
+        # The effects' after-commit actions run inside this call, once the store is durable.
+        self.store.commit()
+        self.stats.commit_ns = time.perf_counter_ns() - t0
+        self.stats.commit_total_ns += self.stats.commit_ns
+        self.stats.commits += 1
+        if tracer is not None:
+            tracer.committed(self.stats.commit_ns, clock_bytes)
+
+    def _abort(self) -> None:
+        self.store.abort()  # the effects of the group are undone with it
+        self.stats.aborts += 1
+
+    # -- one reaction ---------------------------------------------------------------------------
+
+    def deliver(self, msg: Message) -> None:
+        """Queue a message that became deliverable here (engine thread, in the group)."""
+        if self._ready_ok and not self.store.qin:
+            self._ready.append(msg)
+            self.effects.undo(self._ready.pop)
+        else:
+            self.store.qin.put(msg)
+
+    def _take_ready(self) -> Message:
+        msg = self._ready.popleft()
+        self.effects.undo(self._ready.appendleft, msg)
+        return msg
+
+    def _react_one(self, msg: Message, careful: bool, from_qin: bool = False) -> None:
+        # In careful mode the reaction gets a savepoint of its own, so that it can be rolled
+        # back alone without losing the inputs applied earlier in the same group.
+        savepoint = self.store.tm.savepoint() if careful else None
+        if from_qin:
+            self.store.qin.pop()
+        self._count("reactions")
+        failpoints = self.failpoints
+        target = msg.target
+        note: Any = None
+        self._current = target
+        try:
+            # Decoded inside the try: a body this server cannot unpickle (a class it cannot
+            # import, or garbage from a peer) fails this reaction alone, like a raising react.
+            note = self.trust.loads(msg.body)
+            with running(self._context):
+                if target.stamp == FACTORY_STAMP:
+                    self._factory_react(msg.sender, note, careful)
+                elif target.stamp == SERVER_STAMP:
+                    for listener in self._listeners:
+                        self.after_commit(lambda ln=listener: ln(msg.sender, note))  # type: ignore[misc]
+                else:
+                    agent = self._load(target)
+                    if agent is None:
+                        self._unknown_agent(msg.sender, target, note)
+                    else:
+                        if failpoints.armed:
+                            failpoints.hit("engine.react")
+                        agent.react(msg.sender, note)
+                        if failpoints.armed:
+                            failpoints.hit("engine.reacted")
+                        self._finish(target, agent)
+            # A reaction is one event: its remote sends are counted and stamped together.
+            self._seal()
+        except Exception as exc:
+            if savepoint is None:
+                raise ReactionFailed() from exc
+            savepoint.rollback()
+            self._report_failure(msg, note, exc)
+
+    def _count(self, name: str) -> None:
+        """Count one committed event in :attr:`stats` (taken back if the group aborts)."""
+        stats = self.stats
+        setattr(stats, name, getattr(stats, name) + 1)
+        self.effects.undo(_decrement, stats, name)
+
+    def _report_failure(self, msg: Message, note: Any, exc: Exception) -> None:
+        """Consume the input of a failed reaction and tell its sender (careful mode)."""
+        self.store.qin.pop()
+        self._count("reactions")
+        self._count("errors")
+        log.warning(
+            "server %s: reaction of %s to %s from %s raised %s: %s",
+            self.server_id,
+            msg.target,
+            type(note).__name__ if note is not None else "an undecodable notification",
+            msg.sender,
+            type(exc).__name__,
+            exc,
+        )
+        if isinstance(note, _ERROR_REPORTS) or msg.sender.stamp == SERVER_STAMP:
+            return
+        report = ExceptionNotification(msg.target, note, type(exc).__name__, str(exc))
+        self._send_from(msg.target, msg.sender, report)
+
+    def _unknown_agent(self, sender: AgentId, target: AgentId, note: Any) -> None:
+        if isinstance(note, _ERROR_REPORTS) or sender.stamp == SERVER_STAMP:
+            log.warning("server %s: %s for unknown agent %s dropped", self.server_id, note, target)
+            return
+        self._send_from(self._me, sender, UnknownAgent(target, note))
+
+    def _load(self, agent_id: AgentId) -> Agent | None:
+        entry = self.store.agents.get((agent_id.origin, agent_id.stamp))
+        if entry is None:
+            return None
+        if isinstance(entry, AgentBox):
+            agent = self._boxed.get(agent_id)
+            if agent is None:
+                agent = self._boxed[agent_id] = self.trust.loads(entry.blob)
+            # The reaction may change the unpickled agent in memory: if it is rolled back, the
+            # next reaction must start again from the box, which the rollback left as it was.
+            self.effects.undo(self._boxed.pop, agent_id, None)
+        else:
+            agent = entry
+        if not getattr(agent, _INITIALISED, False):
+            agent.on_init(False)
+            self._initialised(agent)
+        return agent
+
+    def _initialised(self, agent: Agent) -> None:
+        """Mark ``agent``'s in-memory state as initialised (its ``on_init`` ran on it).
+
+        The mark is a volatile attribute of the agent itself: ZODB drops it whenever it resets
+        the object (a rollback of a transaction that changed the agent, an eviction from the
+        cache), which is exactly when what ``on_init`` rebuilt in memory is gone too. It is also
+        taken back with the transaction in which ``on_init`` ran, so that a rolled-back
+        ``on_init`` (and whatever it sent) runs again on the replay.
+        """
+        setattr(agent, _INITIALISED, True)
+        self.effects.undo(_forget_initialised, agent)
+
+    def _finish(self, agent_id: AgentId, agent: Agent) -> None:
+        """After a reaction: refresh the box of an agent that came by value (unless deleted)."""
+        if agent_id in self._boxed:
+            self.store.agents[(agent_id.origin, agent_id.stamp)].blob = cloudpickle.dumps(agent)
+
+    def _delete(self, agent_id: AgentId) -> None:
+        """Remove the reacting agent now: the store and memory get it back if the group aborts."""
+        self.store.agents.pop((agent_id.origin, agent_id.stamp), None)
+        boxed = self._boxed.pop(agent_id, None)
+        if boxed is not None:
+            self.effects.undo(self._boxed.__setitem__, agent_id, boxed)
+        if self.failpoints.armed:
+            self.failpoints.hit("engine.delete")
+
+    # -- the factory (#s.s.1) --------------------------------------------------------------------
+
+    def _factory_react(self, sender: AgentId, note: Any, careful: bool) -> None:
+        if not isinstance(note, AgentCreateRequest):
+            if isinstance(note, AgentCreateReply | _ERROR_REPORTS):
+                log.info("factory of server %s got %r from %s", self.server_id, note, sender)
+                return
+            raise TypeError(f"the agent factory does not handle {type(note).__name__}")
+        agent_id = note.agent_id
+        key = (agent_id.origin, agent_id.stamp)
+        error = ""
+        if agent_id.server != self.server_id:
+            error = f"{agent_id} does not belong to server {self.server_id}"
+        elif key in self.store.agents:
+            error = f"agent {agent_id} already exists"
+        if not error:
+            # The creation and on_init(True) share a savepoint: if either fails, everything
+            # they did (the stored agent, what on_init sent, its in-memory marks) is undone.
+            # A failure is final only when the creation ran alone (careful mode), like the
+            # failure of any reaction: in a group it may be a fault of the moment, so the group
+            # is replayed first.
+            savepoint = self.store.tm.savepoint()
+            try:
+                self._create(agent_id, note.agent)
+            except Exception as exc:
+                if not careful:
+                    raise
+                savepoint.rollback()
+                error = f"{type(exc).__name__}: {exc}"
+            finally:
+                self._current = self._factory
+        if error:
+            log.warning("server %s: cannot create %s: %s", self.server_id, agent_id, error)
+        if note.reply and sender.stamp != SERVER_STAMP:
+            self._send_from(self._factory, sender, AgentCreateReply(agent_id, not error, error))
+
+    def _create(self, agent_id: AgentId, payload: bytes) -> None:
+        failpoints = self.failpoints
+        key = (agent_id.origin, agent_id.stamp)
+        agent = self.trust.loads(payload)
+        if not isinstance(agent, Agent):
+            raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
+        agent._aaabus_id = agent_id
+        by_value = not _importable(type(agent))
+        self.store.agents[key] = AgentBox(agent) if by_value else agent
+        if failpoints.armed:
+            failpoints.hit("factory.create")
+        self._current = agent_id
+        agent.on_init(True)
+        self._initialised(agent)
+        if failpoints.armed:
+            failpoints.hit("factory.on_init")
+        if by_value:
+            self._boxed[agent_id] = agent
+            self.effects.undo(self._boxed.pop, agent_id, None)
+            self._finish(agent_id, agent)
+
+    # -- sending (the ReactionContext the agents see) ----------------------------------------------
+
+    def _send_from(self, sender: AgentId, to: AgentId, note: Notification) -> None:
+        self.route(Message(sender, to, encode_note(note)))
+
+    def send(self, to: AgentId, note: Notification) -> None:
+        """Send ``note`` to ``to`` in the current group, as ``send_to`` does in a reaction.
+
+        Engine thread only (a boot service, or a function passed to :meth:`call`). The sender
+        is the agent reacting now, or the server itself (``#s.s.0``) outside a reaction.
+        Raises ``TypeError`` for a target that is not an :class:`AgentId`.
+        """
+        self._context.send(to, note)
+
+    def route(self, msg: Message) -> None:
+        """Queue ``msg`` in this group: locally into qin, else through the channel.
+
+        Engine thread only. A target on a server that is not part of the bus cannot exist: the
+        sender gets its ``UnknownAgent`` at once.
+        """
+        to = msg.target
+        if to.server == self.server_id:
+            self.store.qin.put(msg)
+        elif self.channel is not None and self.channel.knows(to.server):
+            self.channel.send(msg)
+        else:
+            self._unknown_agent(msg.sender, to, self.trust.loads(msg.body))
+            return
+        self._count("sent")
+        if self.failpoints.armed:
+            self.failpoints.hit("engine.send")
+
+
+class _EngineContext:
+    """The :class:`~aaabus.model.context.ReactionContext` the engine installs around a reaction."""
+
+    __slots__ = ("_engine",)
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    @property
+    def server_id(self) -> int:
+        return self._engine.server_id
+
+    @property
+    def current(self) -> AgentId:
+        return self._engine._current
+
+    def send(self, to: AgentId, note: Notification) -> None:
+        if not isinstance(to, AgentId):
+            raise TypeError(f"send_to() needs an AgentId, got {type(to).__name__}")
+        self._engine._send_from(self._engine._current, to, note)
+
+    def deploy(self, agent: Agent, server: int, reply: bool) -> AgentId:
+        engine = self._engine
+        record = engine.store.record
+        stamp = max(record.next_stamp, FIRST_USER_STAMP)
+        record.next_stamp = stamp + 1
+        agent_id = AgentId(engine.server_id, server, stamp)
+        # The caller's object learns its id now; if the deployment is rolled back (the reaction,
+        # or a call's group, is replayed), it must be deployable again.
+        agent._aaabus_id = agent_id
+        engine.effects.undo(setattr, agent, "_aaabus_id", None)
+        payload = cloudpickle.dumps(agent)
+        engine._send_from(
+            engine._current, AgentId.factory(server), AgentCreateRequest(agent_id, payload, reply)
+        )
+        return agent_id
+
+    def delete(self, agent_id: AgentId) -> None:
+        engine = self._engine
+        if agent_id != engine._current or agent_id.server != engine.server_id:
+            raise RuntimeError("an agent can only delete itself, from its own reaction")
+        engine._delete(agent_id)

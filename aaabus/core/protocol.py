@@ -1,0 +1,252 @@
+"""The channel's protocol rules, sans-IO: stamping, acknowledgements, resends, hold-back.
+
+In the manner of h11, :class:`LinkProtocol` owns the state of this server's links (the matrix
+clock of each domain, each link's outgoing queue, the held-back messages) and turns what happens
+into what to do: a message to send becomes a frame, a received frame becomes a sequence of
+:class:`Deliver` and :class:`SendAck` events, a link coming up becomes the frames to send again.
+It opens no socket, starts no thread, knows no engine and commits nothing: the caller
+(:class:`aaabus.core.channel.Channel`, on the engine thread, inside a ZODB transaction) carries
+the events out and the transaction makes them atomic. Its state objects are persistent (they live
+in the store), but they work the same detached, which is how the tests drive it.
+
+The rules:
+
+* a link is a (peer, domain) pair; its sequence number is the clock entry ``H[me][peer]``, bumped
+  by every stamp, which names a message uniquely across restarts of either side;
+* the messages one event (a reaction, an input) sends are stamped together: counted in the clock
+  before any is stamped, so that each carries its siblings (a reaction is one clock event);
+* a received frame is tested against the domain's clock: DELIVER (then the held-back messages
+  that became deliverable, in turn), WAIT (held back, once, keyed by (peer, seq)) or DUPLICATE
+  (ignored: a resend of something delivered);
+* acknowledgements are cumulative and cover only the unbroken run delivered from that peer,
+  ``H[peer][me]``: a frame ahead of a gap never vouches for the gap;
+* an acknowledgement up to ``n`` drops the link's queued messages through ``n``;
+* when a link comes (back) up, everything still queued for the peer is sent again, in order, and
+  what was delivered from it is acknowledged again (both idempotent).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from aaabus.core.clock import DomainClock, Verdict
+from aaabus.errors import ClockError
+from aaabus.wire.linkframes import data_frame_size, decode_data, encode_data
+from aaabus.wire.message import Message
+
+if TYPE_CHECKING:
+    from BTrees.OOBTree import OOBTree
+
+    from aaabus.core.failpoints import Failpoints
+    from aaabus.core.store import PersistentQueue
+    from aaabus.core.trace import Tracer
+
+__all__ = ["Deliver", "LinkProtocol", "SendAck"]
+
+# Bytes of a frame's session envelope (sequence number and MAC) on top of the data frame.
+_SESSION_ROOM = 64
+
+
+@dataclass(frozen=True)
+class Deliver:
+    """``message`` is causally deliverable here (to a local agent, or on to its next hop)."""
+
+    message: Message
+
+
+@dataclass(frozen=True)
+class SendAck:
+    """Tell ``peer`` that everything of its link in ``domain`` up to ``upto`` is stored here."""
+
+    peer: int
+    domain: str
+    upto: int
+
+
+class LinkProtocol:
+    """The link state of one server and the rules above (one thread at a time: the engine's)."""
+
+    def __init__(
+        self,
+        me: int,
+        members: Mapping[str, tuple[int, ...]],
+        clocks: Mapping[str, DomainClock],
+        waiting: Mapping[str, OOBTree],
+        qout: Mapping[tuple[int, str], PersistentQueue],
+        *,
+        max_frame: int = 16 << 20,
+        failpoints: Failpoints | None = None,
+        tracer: Tracer | None = None,
+    ) -> None:
+        """``members``: the servers of each domain of ``me``, in clock order; ``clocks``,
+        ``waiting`` (held-back messages) and ``qout`` (per (peer, domain)): the link state."""
+        self.me = me
+        self.max_frame = max_frame
+        self.clocks = clocks
+        self._index = {d: {sid: i for i, sid in enumerate(ms)} for d, ms in members.items()}
+        self._waiting = waiting
+        self._qout = qout
+        self._links_of: dict[int, list[str]] = {}
+        for peer, domain in qout:
+            self._links_of.setdefault(peer, []).append(domain)
+        self._failpoints = failpoints
+        self.tracer = tracer
+
+    def _hit(self, step: str) -> None:
+        if self._failpoints is not None and self._failpoints.armed:
+            self._failpoints.hit(step)
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    def check_size(self, domain: str, message: Message) -> None:
+        """Raise ``ValueError`` if ``message`` might not fit a frame in ``domain``.
+
+        Called when a reaction sends, before anything is counted, so that the sending reaction
+        fails and its sender hears of it: the bound allows for the largest stamp the domain's
+        clock can make, since the actual stamp is only made when the event is sealed.
+        """
+        size = data_frame_size(domain, self.clocks[domain].max_stamp_size(), message)
+        if size > self.max_frame - _SESSION_ROOM:
+            raise ValueError(
+                f"notification to {message.target} is up to {size} bytes on the wire, over the "
+                f"bus limit of {self.max_frame} (property aaabus.max_frame)"
+            )
+
+    def stamp_event(self, sends: list[tuple[int, str, Message]]) -> list[tuple[int, bytes]]:
+        """Stamp the messages one event sends, ``(peer, domain, message)`` each, as one clock
+        event; queue each on its link; ``(peer, frame)`` per message, in the order of ``sends``.
+
+        Per domain, every message is counted in the clock before any is stamped
+        (:meth:`DomainClock.prepare_sends`), so each stamp carries its siblings: whatever a
+        receiver of one sends afterwards is causally after all of them. Raises ``ValueError``
+        when a frame exceeds the bus limit (only a router re-stamping into a larger domain can
+        get past :meth:`check_size`); the clock has then counted the event, so the caller's
+        transaction must roll back (the input that delivered the message fails).
+        """
+        by_domain: dict[str, list[int]] = {}
+        for i, (_peer, domain, _message) in enumerate(sends):
+            by_domain.setdefault(domain, []).append(i)
+        frames: list[tuple[int, bytes]] = [(0, b"")] * len(sends)
+        tracer = self.tracer
+        for domain, positions in by_domain.items():
+            index = self._index[domain]
+            t0 = time.perf_counter_ns() if tracer is not None else 0
+            stamped = self.clocks[domain].prepare_sends([index[sends[i][0]] for i in positions])
+            if tracer is not None:
+                each = (time.perf_counter_ns() - t0) // len(positions)
+                for i, (_seq, stamp) in zip(positions, stamped, strict=True):
+                    tracer.stamped(domain, sends[i][0], len(stamp), each)
+            for i, (seq, stamp) in zip(positions, stamped, strict=True):
+                peer, _domain, message = sends[i]
+                frame = encode_data(seq, domain, stamp, message)
+                if len(frame) > self.max_frame - _SESSION_ROOM:
+                    raise ValueError(
+                        f"notification to {message.target} is {len(frame)} bytes on the wire "
+                        f"in domain {domain}, over the bus limit of {self.max_frame} "
+                        "(property aaabus.max_frame)"
+                    )
+                self._qout[peer, domain][seq] = (stamp, message)
+                frames[i] = (peer, frame)
+        return frames
+
+    def stamp(self, peer: int, domain: str, message: Message) -> bytes:
+        """Stamp ``message`` alone (an event that sends only it), queue it; its frame.
+
+        Same failure rule as :meth:`stamp_event`, after the early :meth:`check_size`.
+        """
+        self.check_size(domain, message)
+        return self.stamp_event([(peer, domain, message)])[0][1]
+
+    def acknowledged(self, peer: int, domain: str, upto: int) -> None:
+        """``peer`` has stored all we sent it in ``domain`` up to ``upto``: forget those."""
+        queue = self._qout.get((peer, domain))
+        if queue is not None:
+            queue.pop_through(upto)
+
+    # -- receiving -------------------------------------------------------------------------------
+
+    def receive(self, peer: int, payload: bytes) -> Iterator[Deliver | SendAck]:
+        """The events of one data frame from ``peer``, in the order they must be carried out.
+
+        A generator: each event is computed after the previous one was handled, so a caller
+        that re-stamps a delivered message (a router) sees the clocks as the rules left them.
+        Raises ``ValueError`` for a malformed frame, a domain not shared or a refused stamp.
+        """
+        try:
+            seq, domain, stamp, message = decode_data(payload)
+        except ValueError as exc:
+            raise ValueError(f"bad frame from server {peer}: {exc}") from None
+        clock = self.clocks.get(domain)
+        index = self._index.get(domain, {})
+        if clock is None or peer not in index:
+            raise ValueError(f"server {peer} sent a message in domain {domain!r} it does not share")
+        src = index[peer]
+        tracer = self.tracer
+        self._hit("channel.clock_test")
+        t0 = time.perf_counter_ns() if tracer is not None else 0
+        try:
+            verdict = clock.receive(src, stamp)
+        except ClockError as exc:
+            raise ValueError(f"bad stamp from server {peer}: {exc}") from None
+        if tracer is not None:
+            tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
+        if verdict is Verdict.WAIT:
+            self._hit("channel.hold_back")
+            waiting = self._waiting[domain]
+            key = (peer, seq)
+            if key not in waiting:
+                waiting[key] = (src, stamp, message)
+        elif verdict is Verdict.DELIVER:
+            yield Deliver(message)
+            if self._waiting[domain]:
+                yield from self._retry(domain)
+        # Acks are cumulative, so they may only cover an unbroken run: everything this link
+        # delivered, which is H[peer][me]. A held-back frame is stored too, but a frame ahead of
+        # a gap must not vouch for the gap (the sender would drop what we never got); it is
+        # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
+        yield SendAck(peer, domain, clock.received_from(src))
+
+    def _retry(self, domain: str) -> Iterator[Deliver | SendAck]:
+        """Deliver every held-back message of ``domain`` that has become deliverable."""
+        clock = self.clocks[domain]
+        waiting = self._waiting[domain]
+        progress = True
+        while progress and waiting:
+            progress = False
+            for key, (src, stamp, message) in list(waiting.items()):
+                verdict = clock.receive(src, stamp)
+                if verdict is Verdict.WAIT:
+                    continue
+                del waiting[key]
+                if verdict is Verdict.DELIVER:
+                    yield Deliver(message)
+                    yield SendAck(key[0], domain, clock.received_from(src))
+                    progress = True
+
+    # -- links -----------------------------------------------------------------------------------
+
+    def resend(self, peer: int) -> tuple[list[bytes], list[SendAck]]:
+        """The link to ``peer`` is (back) up: every frame it has not acknowledged, in order, and
+        the acknowledgements of what was delivered from it (one lost with a connection would
+        otherwise keep the peer's queue full until the next message comes)."""
+        frames = [
+            encode_data(seq, domain, stamp, message)
+            for domain in self._links_of.get(peer, ())
+            for seq, (stamp, message) in self._qout[peer, domain].items()
+        ]
+        acks = []
+        for domain in self._links_of.get(peer, ()):
+            delivered = self.clocks[domain].received_from(self._index[domain][peer])
+            if delivered:
+                acks.append(SendAck(peer, domain, delivered))
+        return frames, acks
+
+    def depths(self) -> tuple[dict[int, int], int]:
+        """Messages queued per peer (not yet acknowledged) and messages held back."""
+        outgoing: dict[int, int] = {}
+        for (peer, _domain), queue in self._qout.items():
+            outgoing[peer] = outgoing.get(peer, 0) + len(queue)
+        return outgoing, sum(len(w) for w in self._waiting.values())

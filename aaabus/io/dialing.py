@@ -1,0 +1,53 @@
+"""The dialling policy of a network: one :class:`Dial` per higher peer, redials with backoff.
+
+A server dials only the peers with higher ids (lower ids dial it). After a failed attempt or a
+lost link, the next attempt waits :meth:`Dial.next_delay`: exponential from
+:data:`BACKOFF_FIRST` to :data:`BACKOFF_MAX`, with jitter so that the servers that lost the same
+peer at once do not all redial in step. A link resets it once the first session frame from the
+peer passes its MAC (not merely when the handshake completes: a peer, or a relay, that completes
+handshakes and then breaks the session must not earn fast redials). Used by the network thread
+only (no lock).
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Generic, TypeVar
+
+__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "Dial"]
+
+#: Seconds before the first redial, doubled by each failure up to BACKOFF_MAX.
+BACKOFF_FIRST = 0.02
+BACKOFF_MAX = 1.0
+
+C = TypeVar("C")
+
+
+class Dial(Generic[C]):
+    """Dialling state for one higher peer: its connection attempt, failures, last error."""
+
+    __slots__ = ("conn", "failures", "last_error")
+
+    def __init__(self) -> None:
+        self.conn: C | None = None
+        self.failures = 0
+        self.last_error = ""
+
+    def next_delay(self) -> float:
+        """Seconds until the next attempt; counts one more failure."""
+        delay = min(BACKOFF_MAX, BACKOFF_FIRST * (2 ** min(self.failures, 16)))
+        self.failures += 1
+        # Jitter spreads the redials of many servers that lost the same peer at once.
+        return delay * random.uniform(0.5, 1.0)
+
+    def succeeded(self) -> None:
+        """The link works (a verified session frame): the next loss redials at once, and its first
+        error is worth a line."""
+        self.failures = 0
+        self.last_error = ""
+
+    def first_time(self, reason: str) -> bool:
+        """Whether ``reason`` differs from this peer's previous dial error (and remember it)."""
+        new = reason != self.last_error
+        self.last_error = reason
+        return new

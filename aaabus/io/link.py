@@ -1,0 +1,199 @@
+"""A blocking, authenticated connection carrying JSON objects: both ends of the admin protocol.
+
+The handshake is exactly the one of the links between servers (:mod:`aaabus.wire.frames`): a
+mutual HMAC challenge-response (a client proves the tool key derived from the bus key, see
+:mod:`aaabus.config.secret`), then every frame sequenced and MACed by a
+:class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's 32-bit
+id field, so clients take their ids in a reserved range, :data:`CLIENT_ID_BASE` (2**31) and above;
+:meth:`Link.accept` refuses any other connector id. Runs on the caller's thread (a tool's, or one
+admin connection thread of the server); blocking sockets, no selector, no store.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import socket
+import ssl
+import time
+from collections import deque
+from typing import Any
+
+from aaabus.config.secret import Credential, as_tool_key
+from aaabus.errors import AdminError, ServerBusy, ServerUnreachable, WireError
+from aaabus.wire.frames import (
+    HANDSHAKE_MAX_FRAME,
+    MAX_SERVER_ID,
+    AcceptorHandshake,
+    ConnectorHandshake,
+    FrameDecoder,
+    SessionCipher,
+)
+
+__all__ = ["CLIENT_ID_BASE", "Link"]
+
+#: Handshake ids from here up are clients (tools, programs), never servers.
+CLIENT_ID_BASE = 0x8000_0000
+
+
+class Link:
+    """A blocking, authenticated connection carrying JSON objects in session frames.
+
+    Used by both ends; not thread-safe (one request at a time).
+    """
+
+    def __init__(self, sock: socket.socket, deadline: float | None = None) -> None:
+        self.sock = sock
+        #: While set (the handshake), every read is bounded by this ``time.monotonic()`` value.
+        self._deadline = deadline
+        self._cipher: SessionCipher | None = None
+        # Until the peer has authenticated, frames are held to the handshake's tiny limit.
+        self._decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
+        self._frames: deque[bytes] = deque()
+
+    def _authenticated(self, cipher: SessionCipher, max_frame: int) -> None:
+        self._cipher = cipher
+        self._decoder.max_frame = max_frame + SessionCipher.OVERHEAD
+
+    @classmethod
+    def connect(
+        cls,
+        address: tuple[str, int],
+        secret: bytes | Credential,
+        server_id: int,
+        *,
+        timeout: float = 5.0,
+        max_frame: int = 16 << 20,
+        tls: ssl.SSLContext | None = None,
+    ) -> Link:
+        """Connect to the admin endpoint of ``server_id`` and authenticate both ways.
+
+        With ``tls`` (the dialing context of :func:`aaabus.io.tls.tls_contexts`) the connection
+        runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
+        ``secret``: the bus key (bytes) or a :class:`~aaabus.config.secret.Credential` (a bus key
+        or a tool key file's); either way the handshake proves the tool key, never the bus key.
+        Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
+        handshake fails (another bus's secret, another server on that port, a certificate the
+        server does not accept).
+        """
+        where = f"server {server_id} at {address[0]}:{address[1]}"
+        try:
+            sock = socket.create_connection(address, timeout=timeout)
+        except OSError as exc:
+            raise ServerUnreachable(
+                f"server {server_id} does not answer on {address[0]}:{address[1]} "
+                f"({exc.strerror or exc})"
+            ) from None
+        if tls is not None:
+            try:
+                sock = tls.wrap_socket(sock, server_hostname=address[0])
+            except ssl.SSLError as exc:
+                sock.close()
+                raise AdminError(f"{where}: TLS handshake failed ({exc.reason or exc})") from None
+            except OSError as exc:
+                sock.close()
+                raise ServerBusy(
+                    f"{where} is busy: it accepted the connection and dropped it during TLS "
+                    f"({exc.strerror or exc}); try again later"
+                ) from None
+        link = cls(sock)
+        answered = False
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            # A fresh random client id per connection: ids only have to differ from server ids.
+            client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
+            handshake = ConnectorHandshake(as_tool_key(secret), client_id, server_id)
+            sock.sendall(handshake.receive(link._read_raw()))
+            answered = True
+            handshake.receive(link._read_raw())
+            link._authenticated(handshake.cipher(), max_frame)
+            return link
+        except WireError as exc:
+            link.close()
+            raise AdminError(f"{where}: {exc}") from None
+        except OSError as exc:
+            link.close()
+            if answered:
+                # It challenged us and hung up on our answer: it refused our proof.
+                raise AdminError(
+                    f"{where} refused the authentication: it does not use this bus secret"
+                ) from None
+            # Something listens and took the connection, but dropped it (or kept silent)
+            # before its challenge: the server is up and turning connections away.
+            raise ServerBusy(
+                f"{where} is busy or expects TLS: it accepted the connection and dropped it "
+                f"before the handshake ({exc.strerror or exc}); try again later, or check the "
+                "config's aaabus.tls.* properties"
+            ) from None
+
+    @classmethod
+    def accept(
+        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int, deadline: float
+    ) -> tuple[Link, int]:
+        """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
+        the link and the client's id. ``secret``: the tool key (what clients prove). Raises
+        ``TimeoutError`` past the deadline, however slowly the bytes trickle in."""
+        link = cls(sock, deadline)
+        handshake = AcceptorHandshake(secret, server_id, None)
+        sock.sendall(handshake.start())
+        proof = handshake.receive(link._read_raw())
+        client_id = handshake.peer_id
+        assert client_id is not None
+        if client_id < CLIENT_ID_BASE:
+            # A server of the bus holds the secret too, but has no business here: no proof.
+            raise WireError(f"id {client_id} is a server id, not a client id")
+        sock.sendall(proof)
+        link._authenticated(handshake.cipher(), max_frame)
+        link._deadline = None
+        return link, client_id
+
+    def _read_raw(self) -> bytes:
+        while not self._frames:
+            if self._deadline is not None:
+                left = self._deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError("handshake deadline passed")
+                self.sock.settimeout(left)
+            data = self.sock.recv(65536)
+            if not data:
+                raise ConnectionResetError("connection closed by the other end")
+            self._frames.extend(self._decoder.feed(data))
+        return self._frames.popleft()
+
+    def send(self, obj: Any) -> None:
+        assert self._cipher is not None, "not authenticated"
+        payload = json.dumps(obj, separators=(",", ":")).encode()
+        self.sock.sendall(self._cipher.wrap_frame(payload))
+
+    def receive(self) -> Any:
+        """The next JSON object; raises ConnectionResetError at the end of the stream."""
+        assert self._cipher is not None, "not authenticated"
+        payload = self._cipher.unwrap(self._read_raw())
+        try:
+            return json.loads(payload)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise WireError(f"admin frame is not JSON ({exc})") from None
+
+    def request(self, obj: dict[str, Any]) -> dict[str, Any]:
+        self.send(obj)
+        answer = self.receive()
+        if not isinstance(answer, dict):
+            raise WireError("admin answer is not a JSON object")
+        return answer
+
+    def wait_closed(self, timeout: float) -> bool:
+        """Wait for the other end to close (True) or the deadline (False)."""
+        self.sock.settimeout(timeout)
+        try:
+            while self.sock.recv(65536):
+                pass
+        except TimeoutError:
+            return False
+        except OSError:
+            return True
+        return True
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()

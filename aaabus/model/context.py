@@ -1,0 +1,75 @@
+"""The context of the reaction being run: what ``send_to``, ``deploy`` and ``delete`` talk to.
+
+The engine thread sets it around every reaction and every boot-time service call; agent code never
+passes it around. A context variable (not a module global) keeps several servers in one process —
+the in-process simulation mode — from seeing each other's reactions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any, Protocol
+
+from aaabus.errors import OutsideReactionError
+from aaabus.model.ids import AgentId
+
+if TYPE_CHECKING:
+    from aaabus.model.notifications import Notification
+
+
+class ReactionContext(Protocol):
+    """What the engine offers to the code running inside one transaction.
+
+    Every operation is transactional: sends, deployments and deletions take effect only if the
+    enclosing reaction commits, and vanish if it raises.
+    """
+
+    @property
+    def server_id(self) -> int:
+        """The id of the agent server running this reaction."""
+        ...
+
+    @property
+    def current(self) -> AgentId:
+        """The agent whose reaction is running (``#s.s.0`` inside a boot service)."""
+        ...
+
+    def send(self, to: AgentId, note: Notification) -> None:
+        """Queue ``note`` for ``to``, sent by :attr:`current`."""
+        ...
+
+    # `agent` is an aaabus.model.agent.Agent (its only caller is Agent.deploy). Typed Any here
+    # because naming Agent would make this module and agent.py import each other.
+    def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:
+        """Allocate an id for ``agent`` and ask ``server``'s factory to create it."""
+        ...
+
+    def delete(self, agent_id: AgentId) -> None:
+        """Remove ``agent_id`` (an agent of this server) when the reaction commits."""
+        ...
+
+
+_current: ContextVar[ReactionContext | None] = ContextVar("aaabus_reaction", default=None)
+
+
+def current_context(operation: str) -> ReactionContext:
+    """Return the running context, or raise a clear error naming ``operation``."""
+    ctx = _current.get()
+    if ctx is None:
+        raise OutsideReactionError(
+            f"{operation} called outside a reaction: agents act only inside react(), "
+            "on_init() or a boot-time service"
+        )
+    return ctx
+
+
+@contextlib.contextmanager
+def running(ctx: ReactionContext) -> Iterator[None]:
+    """Make ``ctx`` the current context for the duration of the block (engine thread only)."""
+    token = _current.set(ctx)
+    try:
+        yield
+    finally:
+        _current.reset(token)

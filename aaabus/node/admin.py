@@ -1,0 +1,247 @@
+"""The admin endpoint of an agent server: its listener and connections.
+
+Each server process listens on one more TCP port, its **admin port**, for the tools of the bus
+(``aaabus status``, ``aaabus stop``, ``aaabus send``, :class:`aaabus.tools.client.Client`).
+The port is property ``aaabus.admin.port`` of the server, by default its first network port
++ 1000 (:data:`aaabus.config.admin_port.ADMIN_PORT_OFFSET`), bound on the server's ``hostname``.
+
+Authentication
+    Exactly the handshake of the links between servers (:mod:`aaabus.wire.frames`): a mutual HMAC
+    challenge-response on the tool key (derived from the bus key; it opens no link between
+    servers, see :mod:`aaabus.config.secret`), then every frame sequenced and MACed by a
+    :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's
+    32-bit id field, so clients take their ids in a reserved range (:mod:`aaabus.io.link`) and
+    above; the endpoint refuses any other connector id, and the network ports refuse client ids
+    (they only accept the configured peers). Nothing is read from a connection beyond the 256-byte
+    handshake limit before the peer has proven it holds the tool key.
+
+Protocol
+    After the handshake the client sends requests and the server answers each in order, one
+    session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
+    ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 pickle>}``,
+    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``,
+    ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
+    :meth:`AgentServer.arm_failpoints`). Answers are
+    ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``. Notifications and agents are
+    pickles, as between servers, and are unpickled only on an authenticated session and under the
+    server's trust policy (:mod:`aaabus.config.trust`); everything else is JSON, which carries no
+    code.
+
+Threads
+    One listener thread (``admin-<id>``) accepts connections and runs one short-lived thread per
+    connection. Until it authenticates, a connection waits in a waiting room
+    (:class:`~aaabus.io.gate.PendingTable`: at most :data:`MAX_PENDING`, and
+    :data:`MAX_PENDING_PER_ADDRESS` per address, the oldest evicted beyond) and has
+    :data:`HANDSHAKE_TIMEOUT` seconds from accept, enforced by the listener thread however slowly
+    its bytes trickle in; at most :data:`MAX_CONNECTIONS` authenticated sessions run at once,
+    more are answered "busy". Refusals are logged rate-limited
+    (:class:`~aaabus.io.gate.RefusalLog`), so a flood cannot fill the log. Whatever reads or
+    changes the store is handed to the engine thread (:mod:`aaabus.node.dispatch`, through the
+    narrow :class:`~aaabus.node.control.NodeControl`), so status figures are one consistent
+    snapshot and sends are committed by the engine like any other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+import socketserver
+import ssl
+import threading
+import time
+from typing import Any
+
+from aaabus.errors import AdminError, WireError
+from aaabus.io.gate import PendingTable, RefusalLog
+from aaabus.io.link import Link
+from aaabus.io.tls import tls_contexts
+from aaabus.node.control import NodeControl
+from aaabus.node.dispatch import answer
+from aaabus.node.rates import RateMeter
+
+__all__ = ["AdminEndpoint"]
+
+log = logging.getLogger("aaabus.admin")
+
+#: Concurrent authenticated admin sessions per server; more are told the server is busy.
+MAX_CONNECTIONS = 32
+#: Connections waiting to authenticate, in all and per address; beyond, the oldest is evicted.
+MAX_PENDING = 32
+MAX_PENDING_PER_ADDRESS = 16
+#: Seconds a connection has to complete the handshake, from accept (an absolute deadline).
+HANDSHAKE_TIMEOUT = 5.0
+#: Seconds an authenticated connection may stay idle between requests.
+IDLE_TIMEOUT = 300.0
+
+
+class _TCPServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+    block_on_close = False
+
+    endpoint: AdminEndpoint
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        return self.endpoint._admit(request, client_address)
+
+    def service_actions(self) -> None:
+        # Called by serve_forever between polls: samples for the reactions-per-second figure
+        # and enforces the handshake deadline, without a thread of their own.
+        self.endpoint.rates.sample()
+        self.endpoint._expire()
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: _TCPServer
+
+    def handle(self) -> None:
+        self.server.endpoint._serve(self.request, self.client_address)
+
+
+class AdminEndpoint:
+    """The admin listener of one server (see the module docstring)."""
+
+    def __init__(self, server: NodeControl, address: tuple[str, int]) -> None:
+        self.server = server
+        self.rates = RateMeter(server.reactions)
+        # ``_lock`` guards the connection sets: the listener thread admits and expires, the
+        # connection threads authenticate and leave.
+        self._lock = threading.Lock()
+        self._conns: set[socket.socket] = set()
+        self._pending: PendingTable[socket.socket] = PendingTable(
+            MAX_PENDING, MAX_PENDING_PER_ADDRESS
+        )
+        self._sessions = 0
+        self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
+        self._closing = False
+        # Clients prove the tool key, which opens no link between servers (aaabus.config.secret).
+        self._tool_key = server.keys.tool_key
+        self._tls = tls_contexts(server.config, server.server_id)[0]
+        try:
+            self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)
+        except OSError as exc:
+            raise AdminError(
+                f"admin port {address[1]} on {address[0]} of server {server.server_id} is not "
+                f"usable ({exc.strerror or exc}); set property aaabus.admin.port to a free port "
+                "or to off"
+            ) from None
+        self._tcp.endpoint = self
+        self._thread = threading.Thread(
+            target=self._tcp.serve_forever,
+            kwargs={"poll_interval": 0.25},
+            name=f"admin-{server.server_id}",
+            daemon=True,
+        )
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self._tcp.server_address[:2]
+        return str(host), int(port)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop accepting, then close every open connection (clients see the end of stream)."""
+        with self._lock:
+            self._closing = True
+            conns = list(self._conns)
+        # shutdown() waits for serve_forever to notice: only if it runs, and not from inside it.
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._tcp.shutdown()
+        self._tcp.server_close()
+        for sock in conns:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def _admit(self, sock: socket.socket, peer: Any) -> bool:
+        """Listener thread: take ``sock`` into the waiting room, evicting the oldest if full."""
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
+        with self._lock:
+            if self._closing:
+                return False
+            self._conns.add(sock)
+            evicted = self._pending.add(sock, address, time.monotonic())
+        for old in evicted:
+            _hang_up(old)
+            self._refusals.refused(address, "evicted: too many unauthenticated connections")
+        return True
+
+    def _expire(self) -> None:
+        """Listener thread: hang up on connections past their handshake deadline."""
+        with self._lock:
+            late = self._pending.added_before(time.monotonic() - HANDSHAKE_TIMEOUT)
+        for sock in late:
+            _hang_up(sock)
+
+    def _authenticated(self, sock: socket.socket) -> bool:
+        """Leave the waiting room for a session slot; False when every slot is taken."""
+        with self._lock:
+            self._pending.remove(sock)
+            if self._sessions >= MAX_CONNECTIONS:
+                return False
+            self._sessions += 1
+            return True
+
+    def _serve(self, sock: socket.socket, peer: Any) -> None:
+        server = self.server
+        where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        in_session = False
+        try:
+            deadline = time.monotonic() + HANDSHAKE_TIMEOUT
+            sock.settimeout(HANDSHAKE_TIMEOUT)
+            if self._tls is not None:
+                try:
+                    sock = self._wrap(sock)
+                except (ssl.SSLError, OSError) as exc:
+                    self._refusals.refused(where, f"TLS handshake failed ({exc})")
+                    return
+            try:
+                link, client = Link.accept(
+                    sock, self._tool_key, server.server_id, server.max_frame, deadline
+                )
+            except (WireError, OSError) as exc:
+                self._refusals.refused(where, str(exc) or type(exc).__name__)
+                return
+            in_session = self._authenticated(sock)
+            if not in_session:
+                link.send({"ok": False, "error": "busy: every admin session is taken"})
+                return
+            log.debug(
+                "server %s: admin client %s connected from %s", server.server_id, client, where
+            )
+            sock.settimeout(IDLE_TIMEOUT)
+            while True:
+                try:
+                    request = link.receive()
+                except (WireError, OSError):
+                    return  # the client left, idled out, or broke the session: nothing to say
+                link.send(answer(server, self.rates, request))
+        except OSError:
+            return
+        finally:
+            with self._lock:
+                self._conns.discard(sock)
+                self._pending.remove(sock)
+                if in_session:
+                    self._sessions -= 1
+            if isinstance(sock, ssl.SSLSocket):
+                sock.close()  # socketserver closes only the plain socket it accepted
+
+    def _wrap(self, sock: socket.socket) -> ssl.SSLSocket:
+        """Run the server side of TLS on an accepted connection (a socket :meth:`stop` sees)."""
+        assert self._tls is not None
+        wrapped = self._tls.wrap_socket(sock, server_side=True)
+        with self._lock:
+            # The waiting room and stop() now hold the wrapper: it is what must be shut down.
+            self._conns.discard(sock)
+            self._conns.add(wrapped)
+            self._pending.replace(sock, wrapped)
+        return wrapped
+
+
+def _hang_up(sock: socket.socket) -> None:
+    """Make the thread serving ``sock`` see the end of the stream (it closes the socket)."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)

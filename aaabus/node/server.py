@@ -1,0 +1,449 @@
+"""An agent server: the store, the engine and the channel of one server, put together.
+
+Usable in-process (tests, simulation) as well as from the ``aaabus-server`` command::
+
+    server = AgentServer(load_config("a3.xml"), 0)
+    server.start()
+    ...
+    server.stop()
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from BTrees.LOBTree import LOBTree
+from BTrees.OOBTree import OOBTree
+
+from aaabus.config.domains import Topology
+from aaabus.config.reader import BusConfig, ServiceConfig
+from aaabus.config.secret import load_server_keys, secret_path
+from aaabus.config.trust import policy_for
+from aaabus.core.channel import Channel
+from aaabus.core.engine import Engine
+from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
+from aaabus.core.store import STORE_KINDS, Store, open_store
+from aaabus.core.trace import Tracer
+from aaabus.errors import AaabusError, ConfigError, ServiceFailed
+from aaabus.io.network import Network
+from aaabus.io.tls import tls_contexts
+from aaabus.model.agent import Agent
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import Notification
+from aaabus.node.status import server_status
+
+if TYPE_CHECKING:
+    from aaabus.node.admin import AdminEndpoint
+    from aaabus.node.metrics import MetricsEndpoint
+
+log = logging.getLogger("aaabus.server")
+T = TypeVar("T")
+
+#: Store root keys of the client request ids already accepted (see :meth:`accept_once`).
+_SEEN = "client_requests"
+_SEEN_ORDER = "client_requests_order"
+
+
+@dataclass(frozen=True)
+class BootContext:
+    """What a boot-time service receives: ``service(ctx, args, first_time)``.
+
+    The service runs on the engine thread inside a transaction whose sender is ``#s.s.0``;
+    everything it sends or deploys is committed when it returns, or dropped if it raises.
+    """
+
+    server_id: int
+    config: BusConfig
+    send: Callable[[AgentId, Notification], None]
+
+
+def resolve_service(cfg: BusConfig, service: ServiceConfig) -> Callable[..., Any]:
+    """Import a service's ``module:attr``; a one-line ConfigError if that fails."""
+    module_name, _, attr = service.cls.partition(":")
+    where = cfg.where(service.line)
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise ConfigError(
+            f"service class {service.cls} cannot be imported ({type(exc).__name__}: {exc}); "
+            "check the module path and PYTHONPATH",
+            where,
+        ) from None
+    target: Any = module
+    for part in attr.split("."):
+        target = getattr(target, part, None)
+        if target is None:
+            raise ConfigError(
+                f"service class {service.cls}: module {module_name} has no attribute {attr}", where
+            )
+    if not callable(target):
+        raise ConfigError(f"service class {service.cls} is not callable", where)
+    return target
+
+
+class AgentServer:
+    """One agent server of the bus described by ``config``."""
+
+    def __init__(
+        self,
+        config: BusConfig,
+        server_id: int,
+        *,
+        storage: str | os.PathLike[str] | None = None,
+        store_kind: str | None = None,
+        endpoints: bool = False,
+        topology: Topology | None = None,
+    ) -> None:
+        """``endpoints``: also serve the admin port and, if configured, the metrics port (what
+        a server process does; off for in-process simulations of many servers).
+        ``topology``: the validated topology of ``config``, shared by the servers of one
+        process (default: built and validated here)."""
+        self.config = config
+        self.server_id = server_id
+        self.spec = config.server(server_id)
+        kind = store_kind or config.setting(server_id, "aaabus.store")
+        if kind not in STORE_KINDS:
+            raise ConfigError(f"store kind {kind!r}: expected one of {', '.join(STORE_KINDS)}")
+        self.store_kind = kind
+        self.segment_size = config.setting(server_id, "aaabus.store.segment_kb") << 10
+        self.pack_every = config.setting(server_id, "aaabus.store.pack_mb") << 20
+        self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
+        self.max_batch: int = config.setting(server_id, "aaabus.engine.max_batch")
+        self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
+        self.max_frame: int = config.setting(server_id, "aaabus.max_frame")
+        self.remember: int = config.setting(server_id, "aaabus.client.remember")
+        allow_cycles: bool = config.setting(server_id, "aaabus.test.allow_cycles")
+        # Validated at every boot: a cyclic domain graph would silently break causal order.
+        if topology is None or topology.cfg is not config or topology.allow_cycles != allow_cycles:
+            topology = Topology.from_config(config, allow_cycles=allow_cycles)
+        self.topology = topology
+        self.secret_path = secret_path(config, server_id)
+        #: This server's link keys, the tool key, its bus's identity (see aaabus.config.secret).
+        self.keys = load_server_keys(self.secret_path, server_id, config.servers)
+        #: What pickles from peers, tools and the store may construct (see aaabus.config.trust).
+        self.trust = policy_for(config, server_id)
+        trace_dir: str | None = config.setting(server_id, "aaabus.trace")
+        self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
+        # Import every service before touching the store: a typo must not leave half a boot.
+        self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
+        self.store: Store | None = None
+        self.engine: Engine | None = None
+        self.channel: Channel | None = None
+        self.network: Network | None = None
+        self.tracer: Tracer | None = None
+        self.stopped = threading.Event()
+        self.started_at = time.monotonic()
+        self.endpoints = endpoints
+        self.admin: AdminEndpoint | None = None
+        self.metrics: MetricsEndpoint | None = None
+        # stop() may come from a signal, the admin port and the owner at once: one at a time.
+        self._stop_lock = threading.Lock()
+        self._stop_requested = False
+        self._stopping = threading.Lock()
+        self.failpoints_allowed = False
+
+    def start(self) -> None:
+        """Open the store, run the boot services, start the engine. Raises AaabusError."""
+        self.store = open_store(
+            self.store_kind,
+            self.storage,
+            self.server_id,
+            self.trust,
+            self.keys.identity,
+            segment_size=self.segment_size,
+            pack_every=self.pack_every,
+        )
+        try:
+            self.engine = Engine(
+                self.store,
+                self.server_id,
+                max_batch=self.max_batch,
+                max_group_s=self.max_group_ms / 1000.0,
+                on_exit=self.stopped.set,
+                trust=self.trust,
+            )
+            # The variable being set at all (even empty) is the operator's opt-in to arming
+            # failpoints later through the admin port (see arm_failpoints).
+            failpoints = os.environ.get(FAILPOINTS_ENV)
+            self.failpoints_allowed = failpoints is not None
+            if failpoints:
+                self.engine.failpoints.arm_from_text(failpoints)
+            if self.trace_dir is not None:
+                self.tracer = self.engine.tracer = Tracer(
+                    self.trace_dir, self.server_id, self.engine.effects
+                )
+            self._boot()
+            self.engine.start()
+            if self.channel is not None and self.topology.neighbours(self.server_id):
+                self.network = self._make_network(self.engine, self.channel)
+                self.channel.transport = self.network
+                self.network.start()
+            self.started_at = time.monotonic()
+            if self.endpoints:
+                self._start_endpoints()
+        except BaseException:
+            self._stop_endpoints()
+            if self.network is not None:
+                self.network.stop()
+                self.network = None
+            if self.engine is not None and self.engine.alive:
+                self.engine.stop()
+            self.store.close()
+            self.store = None
+            raise
+        log.info("server %s started (%s)", self.server_id, self.store.description)
+
+    def _start_endpoints(self) -> None:
+        from aaabus.config.admin_port import admin_address
+        from aaabus.errors import AdminError
+        from aaabus.node.admin import AdminEndpoint
+
+        address, explicit = admin_address(self.config, self.server_id)
+        if address is not None:
+            try:
+                self.admin = AdminEndpoint(self, address)
+            except AdminError as exc:
+                if explicit:
+                    raise
+                # The default port is a convenience: a clash must not keep the bus down.
+                log.warning("%s; running without an admin endpoint", exc)
+            else:
+                self.admin.start()
+                log.info("server %s: admin endpoint on %s:%s", self.server_id, *address)
+        metrics_port: int | None = self.config.setting(self.server_id, "aaabus.metrics.port")
+        if metrics_port is not None:
+            from aaabus.node.metrics import MetricsEndpoint
+
+            host: str = self.config.setting(self.server_id, "aaabus.metrics.host")
+            self.metrics = MetricsEndpoint(self, host, metrics_port)
+            log.info(
+                "server %s: metrics on http://%s:%s/metrics", self.server_id, *self.metrics.address
+            )
+
+    def _stop_endpoints(self) -> None:
+        if self.admin is not None:
+            self.admin.stop()
+            self.admin = None
+        if self.metrics is not None:
+            self.metrics.stop()
+            self.metrics = None
+
+    def _boot(self) -> None:
+        assert self.engine is not None and self.store is not None
+        store = self.store
+        record = store.record
+        engine = self.engine
+        ctx = BootContext(
+            self.server_id,
+            self.config,
+            engine.send,
+        )
+
+        def boot() -> None:
+            # The channel's clocks and queues are created in the boot transaction, before any
+            # service can send through them.
+            self.channel = engine.channel = Channel(
+                engine, self.config, self.topology, tracer=self.tracer, max_frame=self.max_frame
+            )
+            if self.tracer is not None:
+                clocks = list(self.channel.clocks.values())
+                self.tracer.watch_clocks(lambda: sum(c.dirty_bytes() for c in clocks))
+            # Client request ids already accepted (accept_once): created once, kept forever.
+            root = store.conn.root()
+            if _SEEN not in root:
+                root[_SEEN] = OOBTree()
+                root[_SEEN_ORDER] = LOBTree()
+            record.boots += 1
+            for spec, service in self._services:
+                first_time = spec.cls not in record.services_started
+                record.services_started[spec.cls] = True
+                service(ctx, spec.args, first_time)
+
+        try:
+            engine.run_in_transaction(boot)
+        except AaabusError:
+            raise
+        except Exception as exc:
+            raise ServiceFailed(
+                f"a boot service of server {self.server_id} failed "
+                f"({type(exc).__name__}: {exc}); the server did not start"
+            ) from None
+
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
+        """Run ``fn`` on the engine thread as ``#s.s.0`` (any calling thread); wait for its commit.
+
+        Inside ``fn``, agent operations work as in a boot service: ``agent.deploy()``,
+        :meth:`BootContext.send`. Raises what ``fn`` raised (its changes rolled back).
+        """
+        return self._require_engine().call(fn).result(timeout)
+
+    def deploy(self, agent: Agent, server: int | None = None, timeout: float = 30.0) -> AgentId:
+        """Deploy ``agent`` from outside the bus; returns its id once the request is durable."""
+        return self.call(lambda: agent.deploy(server), timeout)
+
+    def send(self, to: AgentId, note: Notification, timeout: float = 30.0) -> None:
+        """Send ``note`` to ``to`` from ``#s.s.0``; returns once it is durable here."""
+        engine = self._require_engine()
+        self.call(lambda: engine.send(to, note), timeout)
+
+    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+        """One consistent snapshot of this server's figures (:mod:`aaabus.node.status`)."""
+        return server_status(self, timeout)
+
+    def reactions(self) -> int:
+        """Reactions run since the engine started (0 before); any thread."""
+        return self.engine.stats.reactions if self.engine else 0
+
+    def accept_once(
+        self, request_id: str, fn: Callable[[], str], timeout: float = 30.0
+    ) -> tuple[str, bool]:
+        """Run ``fn`` as :meth:`call` does, unless request ``request_id`` was accepted before.
+
+        Returns ``(result, duplicate)``: ``fn``'s result, or the result remembered from the
+        first time. The request id is recorded in the same transaction as ``fn``'s effects, so
+        a client that retries after a lost answer gets exactly one effect. The last
+        ``aaabus.client.remember`` ids are remembered, in the store (they survive restarts).
+        """
+        engine = self._require_engine()
+        bound = self.remember
+
+        def once() -> tuple[str, bool]:
+            root = engine.store.conn.root()
+            seen: OOBTree = root[_SEEN]
+            order: LOBTree = root[_SEEN_ORDER]
+            hit = seen.get(request_id)
+            if hit is not None:
+                return hit[1], True
+            result = fn()
+            seq = order.maxKey() + 1 if order else 0
+            order[seq] = request_id
+            seen[request_id] = (seq, result)
+            # Keys are consecutive, so the count is a subtraction (len() of a BTree is a scan).
+            while seq - order.minKey() >= bound:
+                seen.pop(order.pop(order.minKey()), None)
+            return result, False
+
+        return self.call(once, timeout)
+
+    def send_now(self, to: AgentId, note: Notification) -> str:
+        """Engine thread only (inside :meth:`call`): send ``note`` from ``#s.s.0``."""
+        engine = self._require_engine()
+        if not isinstance(note, Notification):
+            raise TypeError(f"{type(note).__name__} is not an aaabus.Notification")
+        engine.send(to, note)
+        return ""
+
+    def deploy_now(self, agent: Agent, server: int | None) -> str:
+        """Engine thread only (inside :meth:`call`): deploy ``agent``; returns its id."""
+        if not isinstance(agent, Agent):
+            raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
+        return str(agent.deploy(server))
+
+    def arm_failpoints(self, text: str) -> None:
+        """Arm failpoints (``name:action[:skip[:times]],...``) from another thread: a testing
+        tool, refused unless the process was started with ``AAABUS_FAILPOINTS`` set.
+
+        Not through :meth:`call`: a transaction would itself go through the steps being armed.
+        The engine thread reads the registry's plain dicts; a hit racing with the arming is
+        counted before or after it, which is all a test needs.
+        """
+        if not self.failpoints_allowed:
+            raise ConfigError(
+                f"server {self.server_id}: failpoints are off (start the server with "
+                f"{FAILPOINTS_ENV} set, even empty, to allow arming them; tests only)"
+            )
+        self._require_engine().failpoints.arm_from_text(text, where="failpoints request")
+
+    def request_stop(self) -> None:
+        """Stop as on SIGTERM, from another thread; returns at once (see :attr:`stopped`)."""
+        with self._stop_lock:
+            if self._stop_requested:
+                return
+            self._stop_requested = True
+        threading.Thread(target=self.stop, name=f"stop-{self.server_id}", daemon=True).start()
+
+    def add_listener(self, listener: Callable[[AgentId, Notification], None]) -> None:
+        """Receive, after commit, the notifications agents send to ``#s.s.<this server>``.
+
+        Called on the engine thread: hand the data over, do not block.
+        """
+        self._require_engine().add_listener(listener)
+
+    def _make_network(self, engine: Engine, channel: Channel) -> Network:
+        me = self.spec
+        peers: dict[int, tuple[str, int]] = {}
+        for peer in self.topology.neighbours(self.server_id):
+            other = self.config.servers[peer]
+            shared = next(d for d in other.domains if d in me.domains)
+            peers[peer] = (other.hostname, other.port_in(shared))
+            # Where to dial a peer, if not where it listens (a NAT, a tunnel, a test proxy).
+            override: tuple[str, int] | None = self.config.setting(
+                self.server_id, f"aaabus.dial.{peer}"
+            )
+            if override is not None:
+                peers[peer] = override
+
+        def on_up(peer: int) -> None:
+            engine.submit(lambda _engine: channel.resend(peer))
+
+        ssl_server, ssl_client = tls_contexts(self.config, self.server_id)
+        return Network(
+            my_id=self.server_id,
+            listen=[(me.hostname, net.port) for net in me.networks],
+            peers=peers,
+            secret=self.keys.link_key,
+            on_frame=channel.on_frame,
+            on_up=on_up,
+            max_frame=self.max_frame,
+            ssl_server=ssl_server,
+            ssl_client=ssl_client,
+            log=logging.getLogger(f"aaabus.network.s{self.server_id}"),
+            name=f"net-{self.server_id}",
+        )
+
+    def _require_engine(self) -> Engine:
+        if self.engine is None:
+            raise RuntimeError(f"server {self.server_id} is not started")
+        return self.engine
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self.engine.failure if self.engine is not None else None
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop taking frames, finish the group in flight, stop the engine, close the store.
+
+        Idempotent and safe from any thread. The admin endpoint closes last: a client that
+        asked for the stop sees its connection end once the store is closed.
+        """
+        with self._stop_lock:
+            self._stop_requested = True
+        with self._stopping:
+            if self.store is None:
+                self._stop_endpoints()
+                self.stopped.set()
+                return
+            try:
+                if self.network is not None:
+                    self.network.stop(timeout)
+                    self.network = None
+                if self.engine is not None:
+                    self.engine.stop(timeout)
+            finally:
+                if self.store is not None:
+                    self.store.close()
+                    self.store = None
+                if self.tracer is not None:
+                    self.tracer.close()
+                    self.tracer = None
+                self.stopped.set()
+                log.info("server %s stopped", self.server_id)
+                self._stop_endpoints()

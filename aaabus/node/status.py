@@ -1,0 +1,118 @@
+"""The status snapshot of a running server: what ``aaabus status`` and the metrics page show.
+
+:func:`server_status` reads the engine, channel and network of a :class:`StatusSource` (the
+:class:`~aaabus.node.server.AgentServer` is one) on the engine thread, between two reactions, so
+that the figures describe one instant. It is called from an admin connection thread or a metrics
+scrape thread and blocks until the engine thread has answered (``timeout``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
+
+from aaabus.config.domains import Topology
+from aaabus.config.reader import ServerConfig
+from aaabus.core.channel import Channel
+from aaabus.core.engine import Engine
+from aaabus.errors import AdminError
+from aaabus.io.network import Network
+
+__all__ = ["StatusSource", "server_status"]
+
+T = TypeVar("T")
+
+
+class StatusSource(Protocol):
+    """The parts of a server a status snapshot reads (all set by the server, read-only here)."""
+
+    @property
+    def server_id(self) -> int: ...
+    @property
+    def spec(self) -> ServerConfig: ...
+    @property
+    def topology(self) -> Topology: ...
+    @property
+    def store_kind(self) -> str: ...
+    @property
+    def started_at(self) -> float: ...
+    @property
+    def engine(self) -> Engine | None: ...
+    @property
+    def channel(self) -> Channel | None: ...
+    @property
+    def network(self) -> Network | None: ...
+    def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T: ...
+
+
+def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]:
+    """One consistent snapshot of a running server's figures (see docs/operations.md).
+
+    Queue depths, clocks, counters and the storage size are read together on the engine thread,
+    between two reactions, so that they describe the same instant.
+    """
+    engine = server.engine
+    channel = server.channel
+    if engine is None or channel is None:
+        raise AdminError(f"server {server.server_id} is not started")
+    network = server.network
+    me = server.server_id
+
+    def read() -> dict[str, Any]:
+        store = engine.store
+        depths = channel.depths()
+        clocks: dict[str, int] = {}
+        sent_remote = received_remote = 0
+        for name, clock in channel.clocks.items():
+            clocks[name] = clock.size
+            for j in range(clock.size):
+                if j != clock.me:
+                    sent_remote += clock.sent_to(j)
+                    received_remote += clock.received_from(j)
+        stats = engine.stats
+        return {
+            "queues": {
+                "input": len(store.qin),
+                "held_back": depths["held_back"],
+                "outgoing": {str(peer): n for peer, n in sorted(depths["outgoing"].items())},
+            },
+            "messages": {
+                "sent": stats.sent,
+                "delivered": stats.reactions,
+                "sent_remote": sent_remote,
+                "received_remote": received_remote,
+            },
+            "reactions": stats.reactions,
+            "commits": stats.commits,
+            "errors": stats.errors,
+            "boots": store.record.boots,
+            "clocks": clocks,
+            "clock_cells": sum(k * k for k in clocks.values()),
+            **_storage_figures(store.disk()),
+        }
+
+    snapshot = server.call(read, timeout)
+    spec = server.spec
+    neighbours = server.topology.neighbours(me)
+    return {
+        "id": me,
+        "name": spec.name,
+        "up": True,
+        "pid": os.getpid(),
+        "uptime_s": round(time.monotonic() - server.started_at, 3),
+        "domains": list(spec.domains),
+        "router": server.topology.is_router(me),
+        "store": server.store_kind,
+        "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
+        **snapshot,
+    }
+
+
+def _storage_figures(disk: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "storage_bytes": disk["file_bytes"],
+        "storage_live_bytes": disk["live_bytes"],
+        "storage_compacted_at": disk["compacted_at"],
+    }

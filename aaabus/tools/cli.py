@@ -1,0 +1,525 @@
+"""Command-line entry points: ``aaabus-server`` and ``aaabus``.
+
+Every user error (bad config, bad flag, unusable storage, ...) ends as ONE line on stderr and exit
+status 2; tracebacks are kept for bugs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import importlib
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from types import FrameType
+from typing import Any, NoReturn
+
+from aaabus.errors import AaabusError
+from aaabus.tools.readiness import READY_LINE
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but its errors are one line like every other error of ours."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _fail(prog: str, exc: AaabusError) -> int:
+    print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+    return exc.exit_code
+
+
+def _setup_logging(level: str, prefix: str) -> None:
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=getattr(logging, level.upper(), logging.INFO),
+        format=f"[{prefix}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+
+
+def _dump_threads_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints the stack of every thread to stderr (deadlock hunting).
+
+    faulthandler writes from the signal handler itself, so it works even when every Python
+    thread is stuck on a lock.
+    """
+    if hasattr(signal, "SIGUSR1"):
+        faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+
+
+# -- aaabus-server ------------------------------------------------------------------------------
+
+
+def _server_parser(prog: str) -> _Parser:
+    parser = _Parser(prog=prog, description="Run one agent server of a bus in the foreground.")
+    parser.add_argument("--id", type=int, required=True, help="server id, as in the config")
+    parser.add_argument("--config", required=True, help="the bus description (a3.xml)")
+    parser.add_argument("--storage", help="storage directory (default: ./s<id>)")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("AAABUS_LOG", "WARNING"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: $AAABUS_LOG or WARNING)",
+    )
+    return parser
+
+
+def run_server(args: argparse.Namespace, prog: str) -> int:
+    from aaabus.config.reader import load_config
+    from aaabus.node.server import AgentServer
+
+    _setup_logging(args.log_level, f"s{args.id}")
+    _dump_threads_on_sigusr1()
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    try:
+        config = load_config(args.config)
+        server = AgentServer(config, args.id, storage=args.storage, endpoints=True)
+        server.start()
+    except AaabusError as exc:
+        return _fail(prog, exc)
+    print(READY_LINE.format(id=args.id), flush=True)
+    # The engine stopping on its own (e.g. the disk is full) ends the process too, and so does
+    # a stop asked through the admin port (`aaabus stop`), which sets server.stopped.
+    while not stop.is_set() and not server.stopped.is_set():
+        stop.wait(0.2)
+    failure = server.failure
+    try:
+        server.stop()
+    except TimeoutError as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if failure is not None:
+        print(f"{prog}: error: server {args.id} stopped: {failure}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def server_main(argv: Sequence[str] | None = None) -> int:
+    prog = "aaabus-server"
+    args = _server_parser(prog).parse_args(argv)
+    return run_server(args, prog)
+
+
+# -- aaabus ------------------------------------------------------------------------------------
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    from aaabus.config.domains import Topology
+    from aaabus.config.reader import load_config
+
+    topology = Topology.from_config(load_config(args.config))
+    if args.json:
+        print(json.dumps(topology.to_json(), indent=2))
+    else:
+        print(topology.describe())
+    return 0
+
+
+def _cmd_topology(args: argparse.Namespace) -> int:
+    from aaabus.config.topology import generate
+
+    sys.stdout.write(
+        generate(
+            args.kind,
+            args.servers,
+            domain_size=args.domain_size,
+            base_port=args.base_port,
+            host=args.host,
+            properties=None if args.trust is None else {"aaabus.trust": args.trust},
+        )
+    )
+    return 0
+
+
+def _cmd_secret(args: argparse.Namespace) -> int:
+    from aaabus.config.reader import load_config
+    from aaabus.config.secret import make_secret, write_secret, write_server_keys, write_tool_key
+    from aaabus.errors import ConfigError
+
+    if (args.tool or args.server is not None) and args.out is None:
+        raise ConfigError("--tool and --server need --out FILE (derived keys are never printed)")
+    if args.tool and args.server is not None:
+        raise ConfigError("--tool and --server make different files: give one of them")
+    if args.tool:
+        write_tool_key(args.out, args.bus_key)
+    elif args.server is not None:
+        if args.config is None:
+            raise ConfigError("--server needs --config a3.xml (the servers it links to)")
+        config = load_config(args.config)
+        config.server(args.server)  # unknown id: one line
+        write_server_keys(args.out, args.bus_key, args.server, config.servers)
+    elif args.out is None:
+        sys.stdout.write(make_secret())
+    else:
+        write_secret(args.out)
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    from aaabus.config.domains import Topology
+    from aaabus.config.reader import load_config
+    from aaabus.tools.launch import Bus, local_server_ids
+
+    config = load_config(args.config)
+    Topology.from_config(config)  # refuse a bad topology before starting anything
+    ids = local_server_ids([(sid, spec.hostname) for sid, spec in config.servers.items()])
+    if not ids:
+        print("aaabus launch: no server of this config lives on this host", file=sys.stderr)
+        return 2
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    lock = threading.Lock()
+    bus_ref: list[Any] = []
+
+    def on_usr1(signum: int, frame: FrameType | None) -> None:
+        # Pass the thread-dump request on to every server: their stacks come back as log lines.
+        for proc in bus_ref[0].servers.values() if bus_ref else ():
+            if proc.running():
+                proc.proc.send_signal(signal.SIGUSR1)
+
+    if hasattr(signal, "SIGUSR1"):
+        signal.signal(signal.SIGUSR1, on_usr1)
+
+    def relay(line: str) -> None:
+        with lock:
+            print(line, flush=True)
+
+    bus = Bus(args.config, ids, args.storage_root, sink=relay, log_level=args.log_level)
+    bus_ref.append(bus)
+    bus.start(timeout=args.timeout)
+    relay(f"aaabus launch: {len(ids)} server(s) ready: {', '.join(map(str, ids))}")
+    failed: list[int] = []
+    reported: set[int] = set()
+    try:
+        while not stop.is_set():
+            stop.wait(0.5)
+            exited = {
+                sid: proc.proc.returncode
+                for sid, proc in bus.servers.items()
+                if proc.proc is not None and proc.proc.poll() is not None
+            }
+            # A server stopped cleanly (`aaabus stop`, exit 0) is left stopped; a crash stops all.
+            failed = [sid for sid, code in exited.items() if code != 0]
+            if failed:
+                relay(f"aaabus launch: server(s) {failed} failed; stopping the others")
+                break
+            for sid in sorted(set(exited) - reported):
+                relay(f"aaabus launch: server {sid} stopped")
+                reported.add(sid)
+            if len(exited) == len(bus.servers):
+                break
+    finally:
+        codes = bus.stop()
+    relay(f"aaabus launch: stopped ({codes})")
+    return 0 if all(code in (0, None) for code in codes.values()) and not failed else 1
+
+
+# -- status, stop, send ------------------------------------------------------------------------
+
+
+def _tool_credential(args: argparse.Namespace, config: Any) -> Any:
+    """The key file a tool proves itself with: ``--key`` (a tool key or the bus key), else the
+    bus key the config names."""
+    from aaabus.config.secret import load_credential, secret_path
+
+    return load_credential(args.key if args.key is not None else secret_path(config))
+
+
+def _bus_and_ids(args: argparse.Namespace) -> tuple[Any, list[int], Any]:
+    from aaabus.config.reader import load_config
+
+    config = load_config(args.config)
+    ids = sorted(config.servers) if args.id is None else [args.id]
+    for sid in ids:
+        config.server(sid)  # unknown id: one line, exit 2
+    return config, ids, _tool_credential(args, config)
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    from aaabus.tools.buswide import bus_status
+
+    config, ids, secret = _bus_and_ids(args)
+    servers = bus_status(config, ids, secret, timeout=args.timeout)
+    if args.wait:
+        # For scripts: after `aaabus launch ... &`, wait until every server answers.
+        deadline = time.monotonic() + args.wait
+        pause = threading.Event()
+        while not all(st["up"] for st in servers) and time.monotonic() < deadline:
+            pause.wait(0.1)
+            servers = bus_status(config, ids, secret, timeout=args.timeout)
+    if args.json:
+        print(json.dumps({"servers": servers}, indent=2))
+    else:
+        print(_status_table(servers))
+    busy = [st for st in servers if st.get("busy")]
+    for st in busy:
+        print(st["busy"], file=sys.stderr)
+    # A busy server is running but not answering: a monitoring script must not read "fine".
+    return 1 if busy or (args.wait and not all(st["up"] for st in servers)) else 0
+
+
+def _status_table(servers: list[dict[str, Any]]) -> str:
+    head = (
+        "id", "name", "up", "uptime", "domains", "router", "input", "held", "outgoing",
+        "sent", "delivered", "r/s", "clock", "storage",
+    )  # fmt: skip
+    rows: list[tuple[str, ...]] = [head]
+    for st in servers:
+        if not st["up"]:
+            state = "busy" if st.get("busy") else "down"
+            rows.append((str(st["id"]), "", state) + ("",) * (len(head) - 3))
+            continue
+        queues, msgs = st["queues"], st["messages"]
+        outgoing = ",".join(f"{p}:{n}" for p, n in queues["outgoing"].items()) or "-"
+        rows.append((
+            str(st["id"]), st["name"], "up", _duration(st["uptime_s"]), ",".join(st["domains"]),
+            "yes" if st["router"] else "no", str(queues["input"]), str(queues["held_back"]),
+            outgoing, str(msgs["sent"]), str(msgs["delivered"]), f"{st['reactions_per_s']:g}",
+            "+".join(f"{k}x{k}" for k in st["clocks"].values()), _storage(st),
+        ))  # fmt: skip
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+def _storage(st: dict[str, Any]) -> str:
+    """``live/file`` bytes (``file`` alone when the store cannot tell its live bytes)."""
+    live = st.get("storage_live_bytes")
+    size = _size(st["storage_bytes"])
+    return size if live is None else f"{_size(live)}/{size}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1024 or unit == "GB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    from aaabus.tools.buswide import stop_servers
+
+    config, ids, secret = _bus_and_ids(args)
+    outcome = stop_servers(config, ids, secret, timeout=args.timeout)
+    for sid, what in outcome.items():
+        print(f"server {sid}: {what}")
+    return 0 if all(what not in ("still stopping", "busy") for what in outcome.values()) else 1
+
+
+def _cmd_send(args: argparse.Namespace) -> int:
+    from aaabus.config.reader import load_config
+    from aaabus.errors import ConfigError
+    from aaabus.model.ids import AgentId
+    from aaabus.model.notifications import Notification
+    from aaabus.tools.client import Client
+
+    config = load_config(args.config)
+    text = args.to if args.to.startswith("#") else f"#{args.to}"
+    try:
+        to = AgentId.parse(text)
+    except ValueError as exc:
+        raise ConfigError(f"--to: {exc} (quote it in the shell: '#' starts a comment)") from None
+    if to.server not in config.servers:
+        raise ConfigError(f"--to {to}: server {to.server} is not in {args.config}")
+    cls: Any = _import_class(args.notification)
+    if not (isinstance(cls, type) and issubclass(cls, Notification)):
+        raise ConfigError(f"--notification {args.notification} is not a Notification class")
+    make: Callable[..., Any] = cls
+    try:
+        values = json.loads(args.args)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--args is not JSON ({exc})") from None
+    try:
+        if isinstance(values, dict):
+            note = make(**values)
+        elif isinstance(values, list):
+            note = make(*values)
+        else:
+            note = make(values)
+    except Exception as exc:
+        raise ConfigError(
+            f"--args do not make a {cls.__name__} ({type(exc).__name__}: {exc})"
+        ) from None
+    via = to.server if args.via is None else args.via
+    credential = _tool_credential(args, config)
+    with Client(config, via, secret=credential, timeout=args.timeout) as client:
+        performed = client.send(to, note, request_id=args.request_id)
+    if performed:
+        print(f"sent {cls.__name__} to {to} through server {via}")
+    else:
+        print(f"request {args.request_id} was already accepted by server {via}: not sent again")
+    return 0
+
+
+def _import_class(path: str) -> Any:
+    from aaabus.errors import ConfigError
+
+    module_name, _, attr = path.partition(":")
+    if not module_name or not attr:
+        raise ConfigError(f"--notification {path!r} is not of the form module:Class")
+    # Like `python -m`, look in the current directory too, where the user's modules are.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        target: Any = importlib.import_module(module_name)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except Exception as exc:
+        raise ConfigError(
+            f"--notification {path} cannot be imported ({type(exc).__name__}: {exc}); "
+            "check the module path and PYTHONPATH"
+        ) from None
+    return target
+
+
+def _cmd_server(args: argparse.Namespace) -> int:
+    return run_server(args, "aaabus server")
+
+
+KEY_HELP = (
+    "key file to authenticate with: a tool key (aaabus secret --tool) or the bus key "
+    "(default: the config's aaabus.secret, bus.key)"
+)
+
+
+def _main_parser() -> _Parser:
+    parser = _Parser(prog="aaabus", description="Tools of the aaabus agent bus.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = sub.add_parser("check", help="validate a3.xml and print domains, routers and routes")
+    check.add_argument("config")
+    check.add_argument("--json", action="store_true", help="print one JSON object")
+    check.set_defaults(func=_cmd_check)
+
+    topo = sub.add_parser("topology", help="write a generated a3.xml to stdout")
+    topo.add_argument("kind", choices=["flat", "bus", "star", "tree"])
+    topo.add_argument("--servers", type=int, required=True)
+    topo.add_argument("--domain-size", type=int, default=10)
+    topo.add_argument("--base-port", type=int, default=16300)
+    topo.add_argument("--host", default="127.0.0.1")
+    topo.add_argument(
+        "--trust",
+        metavar="MODULES",
+        help="comma-separated modules whose agents and notifications the servers may load "
+        "(property aaabus.trust, docs/security.md)",
+    )
+    topo.set_defaults(func=_cmd_topology)
+
+    secret = sub.add_parser("secret", help="make a new bus secret (aaabus secret --out bus.key)")
+    secret.add_argument(
+        "--out",
+        help="create this file (mode 0600, never overwritten); without it the key is printed",
+    )
+    secret.add_argument(
+        "--tool",
+        action="store_true",
+        help="write the tool key derived from the bus key instead: it lets its holder run "
+        "status, stop, send and Client requests, and cannot open a link as a server",
+    )
+    secret.add_argument(
+        "--server",
+        type=int,
+        metavar="ID",
+        help="write the key file of server ID instead: the keys of its links (to every server "
+        "of --config) and the tool key, not the bus key; set it as that server's aaabus.secret",
+    )
+    secret.add_argument("--config", help="with --server: the bus's a3.xml")
+    secret.add_argument(
+        "--from",
+        dest="bus_key",
+        default="bus.key",
+        help="with --tool or --server: the bus key file to derive from (default bus.key)",
+    )
+    secret.set_defaults(func=_cmd_secret)
+
+    launch = sub.add_parser(
+        "launch", help="start every server of a3.xml that lives on this host, relay their logs"
+    )
+    launch.add_argument("config")
+    launch.add_argument("--storage-root", default=".", help="stores go to DIR/s<id> (default .)")
+    launch.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for ready")
+    launch.add_argument(
+        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    launch.set_defaults(func=_cmd_launch)
+
+    status = sub.add_parser("status", help="show each server's figures, live")
+    status.add_argument("config")
+    status.add_argument("--key", help=KEY_HELP)
+    status.add_argument("--id", type=int, help="only this server (default: all)")
+    status.add_argument("--json", action="store_true", help='print {"servers": [...]}')
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds per server")
+    status.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for all to be up"
+    )
+    status.set_defaults(func=_cmd_status)
+
+    stop = sub.add_parser("stop", help="stop servers cleanly (as SIGTERM does)")
+    stop.add_argument("config")
+    stop.add_argument("--key", help=KEY_HELP)
+    stop.add_argument("--id", type=int, help="only this server (default: all)")
+    stop.add_argument("--timeout", type=float, default=30.0, help="seconds to wait")
+    stop.set_defaults(func=_cmd_stop)
+
+    send = sub.add_parser("send", help="send a notification to an agent from outside the bus")
+    send.add_argument("config")
+    send.add_argument("--key", help=KEY_HELP)
+    send.add_argument("--to", required=True, help="the target agent, e.g. '#0.1.16' (quoted)")
+    send.add_argument(
+        "--notification", required=True, help="its class, module:Class (importable here)"
+    )
+    send.add_argument("--args", default="{}", help="JSON: an object (keywords) or a list")
+    send.add_argument("--via", type=int, help="server to go through (default: the target's)")
+    send.add_argument("--request-id", help="id making a retried send idempotent")
+    send.add_argument("--timeout", type=float, default=30.0, help="seconds, retries included")
+    send.set_defaults(func=_cmd_send)
+
+    server = sub.add_parser("server", help="run one agent server (same as aaabus-server)")
+    for action in _server_parser("aaabus server")._actions:
+        if action.option_strings and action.dest != "help":
+            server._add_action(action)
+    server.set_defaults(func=_cmd_server)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _main_parser().parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except AaabusError as exc:
+        return _fail(f"aaabus {args.command}", exc)
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

