@@ -12,6 +12,7 @@ import pytest
 from aaabus import Agent, AgentId, Notification
 from aaabus.config.reader import load_config
 from aaabus.core.clock import DomainClock, Verdict
+from aaabus.errors import ClockError
 from aaabus.node.inprocess import InProcessBus
 from aaabus.node.status import server_status
 from examples._bus import Gate, wait_for, write_bus
@@ -34,10 +35,15 @@ def test_two_messages_to_one_server_in_one_event_keep_their_order(stamps: str) -
     a, b = DomainClock(2, 0, stamps=stamps), DomainClock(2, 1, stamps=stamps)
     (seq1, first), (seq2, second) = a.prepare_sends([1, 1])
     assert (seq1, seq2) == (1, 2)
-    assert b.receive(0, second) is Verdict.WAIT
-    assert b.receive(0, first) is Verdict.DELIVER
-    assert b.receive(0, second) is Verdict.DELIVER
-    assert b.receive(0, first) is Verdict.DUPLICATE
+    assert first == second  # one stamp for the event on this link; it counts both messages
+    assert b.event_end(0, first) == 2
+    assert b.receive(0, second, seq2) is Verdict.WAIT
+    assert b.receive(0, first, seq1) is Verdict.DELIVER
+    assert b.received_from(0) == 1  # the link entry counts what was delivered, not the event
+    assert b.receive(0, second, seq2) is Verdict.DELIVER
+    assert b.receive(0, first, seq1) is Verdict.DUPLICATE
+    with pytest.raises(ClockError, match="between 1 and that count"):
+        b.check(0, first, 3)
     # The next event's stamp still carries what the receiver needs, after a batch.
     ((seq3, third),) = a.prepare_sends([1])
     assert seq3 == 3 and b.receive(0, third) is Verdict.DELIVER

@@ -18,6 +18,12 @@ The rules:
 * a received frame is tested against the domain's clock: DELIVER (then the held-back messages
   that became deliverable, in turn), WAIT (held back, once, keyed by (peer, seq)) or DUPLICATE
   (ignored: a resend of something delivered);
+* the messages of one event on one link are delivered together, in order, with nothing in
+  between: a deliverable one whose event sent more to this server (the stamp's link counter,
+  :meth:`DomainClock.event_end`, is beyond its seq) is held until the rest has come. Delivered
+  alone, it could be acted on (by an agent here, or by this server as a router forwarding it
+  into another domain) before the rest arrives, and that act would overtake them although
+  they were sent in the same event as the message it follows;
 * acknowledgements are cumulative and cover only the unbroken run delivered from that peer,
   ``H[peer][me]``: a frame ahead of a gap never vouches for the gap;
 * an acknowledgement up to ``n`` drops the link's queued messages through ``n``;
@@ -188,26 +194,64 @@ class LinkProtocol:
         self._hit("channel.clock_test")
         t0 = time.perf_counter_ns() if tracer is not None else 0
         try:
-            verdict = clock.receive(src, stamp)
+            verdict = clock.check(src, stamp, seq)
+            run = self._run(domain, peer, src, seq, stamp) if verdict is Verdict.DELIVER else None
         except ClockError as exc:
             raise ValueError(f"bad stamp from server {peer}: {exc}") from None
+        if verdict is Verdict.DELIVER and run is None:
+            verdict = Verdict.WAIT  # the rest of its event on this link is still to come
         if tracer is not None:
             tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
-        if verdict is Verdict.WAIT:
+        waiting = self._waiting[domain]
+        if run is not None:
+            yield from self._deliver_run(domain, peer, src, [(seq, stamp, message), *run])
+            if waiting:
+                yield from self._retry(domain)
+        elif verdict is Verdict.WAIT:
             self._hit("channel.hold_back")
-            waiting = self._waiting[domain]
             key = (peer, seq)
             if key not in waiting:
                 waiting[key] = (src, stamp, message)
-        elif verdict is Verdict.DELIVER:
-            yield Deliver(message)
-            if self._waiting[domain]:
+            # It may complete an event whose first message on the link is held for it.
+            first = clock.received_from(src) + 1
+            head = waiting.get((peer, first)) if seq > first else None
+            if head is not None and clock.event_end(src, head[1]) >= seq:
                 yield from self._retry(domain)
         # Acks are cumulative, so they may only cover an unbroken run: everything this link
         # delivered, which is H[peer][me]. A held-back frame is stored too, but a frame ahead of
         # a gap must not vouch for the gap (the sender would drop what we never got); it is
         # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
         yield SendAck(peer, domain, clock.received_from(src))
+
+    def _run(
+        self, domain: str, peer: int, src: int, seq: int, stamp: bytes
+    ) -> list[tuple[int, bytes, Message]] | None:
+        """The held messages that must be delivered right after message ``seq`` from ``peer``
+        (deliverable): the rest of its event on this link, in order; None while one of them is
+        missing. A reaction is one clock event: delivering part of it, then acting, would let
+        that act overtake the rest (:meth:`DomainClock.prepare_sends`)."""
+        end = self.clocks[domain].event_end(src, stamp)
+        waiting = self._waiting[domain]
+        run = []
+        for later in range(seq + 1, end + 1):
+            held = waiting.get((peer, later))
+            if held is None:
+                return None
+            run.append((later, held[1], held[2]))
+        return run
+
+    def _deliver_run(
+        self, domain: str, peer: int, src: int, run: list[tuple[int, bytes, Message]]
+    ) -> Iterator[Deliver]:
+        """Deliver one event's messages on one link, in order, with nothing in between."""
+        clock = self.clocks[domain]
+        waiting = self._waiting[domain]
+        for seq, stamp, message in run:
+            # Each is the next on its link, and its stamp is its first sibling's (or one that
+            # knows no more): ClockError here would be a bug, and fails the input.
+            clock.deliver(src, stamp, seq)
+            waiting.pop((peer, seq), None)
+            yield Deliver(message)
 
     def _retry(self, domain: str) -> Iterator[Deliver | SendAck]:
         """Deliver every held-back message of ``domain`` that has become deliverable."""
@@ -217,14 +261,21 @@ class LinkProtocol:
         while progress and waiting:
             progress = False
             for key, (src, stamp, message) in list(waiting.items()):
-                verdict = clock.receive(src, stamp)
+                if key not in waiting:
+                    continue  # delivered in this pass, as part of an earlier one's event
+                peer, seq = key
+                verdict = clock.check(src, stamp, seq)
                 if verdict is Verdict.WAIT:
                     continue
-                del waiting[key]
-                if verdict is Verdict.DELIVER:
-                    yield Deliver(message)
-                    yield SendAck(key[0], domain, clock.received_from(src))
-                    progress = True
+                if verdict is Verdict.DUPLICATE:
+                    del waiting[key]
+                    continue
+                run = self._run(domain, peer, src, seq, stamp)
+                if run is None:
+                    continue
+                yield from self._deliver_run(domain, peer, src, [(seq, stamp, message), *run])
+                yield SendAck(peer, domain, clock.received_from(src))
+                progress = True
 
     # -- links -----------------------------------------------------------------------------------
 
