@@ -602,7 +602,7 @@ class DomainClock(persistent.Persistent):
 
     def receive(self, src: int, stamp: bytes, seq: int | None = None) -> Verdict:
         """:meth:`check`, then :meth:`deliver` when the verdict is DELIVER, decoding once."""
-        decoded = self._decode(src, stamp)
+        decoded = self._decoded(src, stamp)
         verdict = self._verdict(src, decoded, seq)
         if verdict is Verdict.DELIVER:
             self._merge(src, decoded, seq)

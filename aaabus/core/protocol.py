@@ -193,18 +193,27 @@ class LinkProtocol:
         tracer = self.tracer
         self._hit("channel.clock_test")
         t0 = time.perf_counter_ns() if tracer is not None else 0
+        run: list[tuple[int, bytes, Message]] | None = None
         try:
-            verdict = clock.check(src, stamp, seq)
-            run = self._run(domain, peer, src, seq, stamp) if verdict is Verdict.DELIVER else None
+            alone = clock.event_end(src, stamp) == seq
+            if alone:  # the usual case: its event sent nothing else here; test and merge
+                verdict = clock.receive(src, stamp, seq)
+            else:
+                verdict = clock.check(src, stamp, seq)
+                if verdict is Verdict.DELIVER:
+                    run = self._run(domain, peer, src, seq, stamp)
+                    if run is None:
+                        verdict = Verdict.WAIT  # the rest of its event here is still to come
         except ClockError as exc:
             raise ValueError(f"bad stamp from server {peer}: {exc}") from None
-        if verdict is Verdict.DELIVER and run is None:
-            verdict = Verdict.WAIT  # the rest of its event on this link is still to come
         if tracer is not None:
             tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
         waiting = self._waiting[domain]
-        if run is not None:
-            yield from self._deliver_run(domain, peer, src, [(seq, stamp, message), *run])
+        if verdict is Verdict.DELIVER:
+            if run is None:
+                yield Deliver(message)
+            else:
+                yield from self._deliver_run(domain, peer, src, [(seq, stamp, message), *run])
             if waiting:
                 yield from self._retry(domain)
         elif verdict is Verdict.WAIT:
