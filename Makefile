@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The whole suite on two workers (CI has 2 cores; tests pick free ports and never share a
+# directory), the slowest tests listed at the end so that the suite's time stays watched.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2 --durations=20
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).
 check: $(STAMP)
