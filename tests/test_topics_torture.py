@@ -27,12 +27,10 @@ from aaabus.testing.topictorture import (
 )
 from tests.support.harness import REPO_ROOT
 
-SMALL = {"kills": 3, "span": 2.5, "ttl": 6}
-
 
 @pytest.mark.slow
 def test_a_topic_crash_schedule_loses_duplicates_and_reorders_nothing(tmp_path: Path) -> None:
-    schedule = make_topic_schedule(schedule_seed(2026, 0), **SMALL)  # type: ignore[arg-type]
+    schedule = make_topic_schedule(schedule_seed(2026, 0), kills=3, span=2.5, ttl=6)
     outcome = run_topic_schedule(schedule, tmp_path, log=print)
     assert outcome.ok, outcome.problems
     assert outcome.kills >= len(schedule.faults) and outcome.router_kills >= 1

@@ -1,8 +1,10 @@
 """Crash schedules: a bank-and-gossip workload run across domains while servers and routers die.
 
 Shared by ``tests/test_torture.py`` (a few small schedules) and ``python -m perf torture`` (the
-long run). Its agents and services are in the installed package, so the server processes it
-starts load them wherever they run. One schedule is fixed by its seed: the layout of the domains,
+long run), on the machinery of :mod:`aaabus.testing.crash` (layouts, faults, processes, the end
+of a run read back in-process), which the topic schedules share. Its agents and services are in
+the installed package, so the server processes it starts load them wherever they run. One
+schedule is fixed by its seed: the layout of the domains,
 the workload (which account pays which, how much, along which chains) and the fault schedule
 (when, whom, how long down). Process timing is not reproducible, so which messages a kill catches
 in flight varies from run to run; what the seed fixes is everything we choose.
