@@ -4,10 +4,10 @@ Shared by ``tests/test_torture.py`` (a few small schedules) and ``python -m perf
 long run), on the machinery of :mod:`aaabus.testing.crash` (layouts, faults, processes, the end
 of a run read back in-process), which the topic schedules share. Its agents and services are in
 the installed package, so the server processes it starts load them wherever they run. One
-schedule is fixed by its seed: the layout of the domains,
-the workload (which account pays which, how much, along which chains) and the fault schedule
-(when, whom, how long down). Process timing is not reproducible, so which messages a kill catches
-in flight varies from run to run; what the seed fixes is everything we choose.
+schedule is fixed by its seed: the layout of the domains, the workload (which account pays
+which, how much, along which chains) and the fault schedule (when, whom, how long down). Process
+timing is not reproducible, so which messages a kill catches in flight varies from run to run;
+what the seed fixes is everything we choose.
 
 The workload
     :class:`Account` agents on every server hold a balance. A transfer debits the payer and sends
