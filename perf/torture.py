@@ -1,13 +1,21 @@
 """``python -m perf torture``: crash schedules judged by the independent checker, and wire fuzzing.
 
-Each schedule (see ``aaabus/testing/torture.py``) runs the bank-and-gossip workload on a bus of
-real server processes in several causality domains while servers and routers are SIGKILLed and
-restarted at moments fixed by the schedule's seed; afterwards the money must be conserved and
-the checker must find no loss, no duplicate and no causal violation. ``--fuzz-frames N`` adds a
-wire-fuzzing run of N frames against a live server (half before authentication, half after).
+Each schedule runs a workload on a bus of real server processes in several causality domains
+while servers and routers are SIGKILLed and restarted at moments fixed by the schedule's seed
+(``aaabus/testing/crash.py``). Two workloads (``--workload``):
 
-The last line printed is one JSON object; the exit status is 1 if any schedule failed a judge or
-any fuzzing frame crashed a server or broke its real traffic.
+* ``bank`` (default, ``aaabus/testing/torture.py``): transfers between accounts on every server;
+  afterwards the money must be conserved and the checker must find no loss, no duplicate and no
+  causal violation among the credits;
+* ``topics`` (``aaabus/testing/topictorture.py``): publishers and subscribers on every server
+  with overlapping wildcard filters, republishing part of what they receive; the checker judges
+  every subscription: no owed publication lost, none duplicated, no causal violation.
+
+``--fuzz-frames N`` adds a wire-fuzzing run of N frames against a live server (half before
+authentication, half after).
+
+The last line printed is one JSON object (``--json``: the only one); the exit status is 1 if any
+schedule failed a judge or any fuzzing frame crashed a server or broke its real traffic.
 """
 
 from __future__ import annotations
@@ -17,28 +25,78 @@ import json
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aaabus.testing.torture import make_schedule, run_schedule, schedule_seed
+from aaabus.testing.crash import schedule_seed
+from aaabus.testing.topictorture import make_topic_schedule, run_topic_schedule
+from aaabus.testing.torture import make_schedule, run_schedule
+
+Log = Callable[[str], None]
+
+#: The verdict counts: every one must be 0 for a run to pass.
+PROBLEM_COUNTS = ("lost", "duplicated", "misdelivered", "causal_violations", "fifo_violations")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """How to run one schedule of a workload, and which of its outcome's counts to add up."""
+
+    run: Callable[[int, Path, argparse.Namespace, Log], Any]
+    counts: tuple[str, ...]
+    default_ttl: int
+
+
+def _bank(seed: int, workdir: Path, args: argparse.Namespace, log: Log) -> Any:
+    schedule = make_schedule(seed, kills=args.kills, span=args.span, ttl=args.ttl)
+    return run_schedule(schedule, workdir, log=log)
+
+
+def _topics(seed: int, workdir: Path, args: argparse.Namespace, log: Log) -> Any:
+    schedule = make_topic_schedule(seed, kills=args.kills, span=args.span, ttl=args.ttl)
+    return run_topic_schedule(schedule, workdir, log=log)
+
+
+WORKLOADS = {
+    "bank": Workload(_bank, ("kills", "router_kills", "messages", "finished_in_process"), 40),
+    "topics": Workload(
+        _topics,
+        (
+            "kills",
+            "router_kills",
+            "starts",
+            "publications",
+            "owed",
+            "deliveries",
+            "finished_in_process",
+        ),
+        8,
+    ),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add this suite's options to its sub-command parser."""
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="bank")
     parser.add_argument("--schedules", type=int, default=10, help="crash schedules to run")
     parser.add_argument("--seed", type=int, default=1, help="base seed: fixes every schedule")
     parser.add_argument("--kills", type=int, default=5, help="faults per schedule")
     parser.add_argument("--span", type=float, default=4.0, help="seconds the faults spread over")
-    parser.add_argument("--ttl", type=int, default=40, help="length of each chain of transfers")
+    parser.add_argument(
+        "--ttl", type=int, help="length of causal chains (default: bank 40 transfers, topics 8)"
+    )
     parser.add_argument(
         "--minutes", type=float, default=0.0, help="stop starting schedules after this (0: none)"
     )
     parser.add_argument("--fuzz-frames", type=int, default=0, help="wire-fuzzing frames to send")
     parser.add_argument("--workdir", help="keep every schedule's stores and config here")
-    parser.add_argument("--quiet", action="store_true", help="print only the JSON line")
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument("--quiet", action="store_true", help="the same as --json")
 
 
-def _log(quiet: bool) -> Any:
+def _log(quiet: bool) -> Log:
     def log(line: str) -> None:
         if not quiet:
             print(line, file=sys.stderr, flush=True)
@@ -47,22 +105,17 @@ def _log(quiet: bool) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    log = _log(args.quiet)
+    quiet = args.json or args.quiet
+    log = _log(quiet)
+    workload = WORKLOADS[args.workload]
+    if args.ttl is None:
+        args.ttl = workload.default_ttl
     t0 = time.monotonic()
-    totals: dict[str, Any] = {
-        "schedules": 0,
-        "kills": 0,
-        "messages": 0,
-        "lost": 0,
-        "duplicated": 0,
-        "misdelivered": 0,
-        "causal_violations": 0,
-        "fifo_violations": 0,
-        "invariant_ok": True,
-        "finished_in_process": 0,
-        "failed_seeds": [],
-        "base_seed": args.seed,
-    }
+    totals: dict[str, Any] = {"workload": args.workload, "schedules": 0}
+    totals.update({key: 0 for key in (*workload.counts, *PROBLEM_COUNTS)})
+    totals.update({"failed_seeds": [], "base_seed": args.seed})
+    if args.workload == "bank":
+        totals["invariant_ok"] = True
     with tempfile.TemporaryDirectory(prefix="aaabus-torture-") as tmp:
         root = Path(args.workdir) if args.workdir else Path(tmp)
         for index in range(args.schedules):
@@ -70,29 +123,18 @@ def run(args: argparse.Namespace) -> int:
                 log(f"time budget of {args.minutes} min reached after {index} schedules")
                 break
             seed = schedule_seed(args.seed, index)
-            schedule = make_schedule(seed, kills=args.kills, span=args.span, ttl=args.ttl)
             workdir = root / f"schedule-{index:04d}-{seed}"
+            totals["schedules"] += 1
             try:
-                outcome = run_schedule(schedule, workdir, log=log)
+                outcome = workload.run(seed, workdir, args, log)
             except Exception as exc:  # a server died or would not start: a failed schedule
                 log(f"schedule seed={seed} FAILED: {type(exc).__name__}: {exc}")
-                totals["schedules"] += 1
-                totals["invariant_ok"] = False
                 totals["failed_seeds"].append(seed)
                 continue
-            totals["schedules"] += 1
-            for key in (
-                "kills",
-                "messages",
-                "lost",
-                "duplicated",
-                "misdelivered",
-                "causal_violations",
-                "fifo_violations",
-                "finished_in_process",
-            ):
+            for key in (*workload.counts, *PROBLEM_COUNTS):
                 totals[key] += getattr(outcome, key)
-            totals["invariant_ok"] = totals["invariant_ok"] and outcome.invariant_ok
+            if "invariant_ok" in totals:
+                totals["invariant_ok"] = totals["invariant_ok"] and outcome.invariant_ok
             if not outcome.ok:
                 totals["failed_seeds"].append(seed)
         if args.fuzz_frames > 0:
@@ -106,15 +148,32 @@ def run(args: argparse.Namespace) -> int:
             totals["fuzz"] = fuzz
     totals["seconds"] = round(time.monotonic() - t0, 1)
     fuzz_ok = "fuzz" not in totals or totals["fuzz"]["ok"]
-    ok = (
+    totals["ok"] = (
         not totals["failed_seeds"]
-        and totals["invariant_ok"]
+        and totals.get("invariant_ok", True)
         and fuzz_ok
-        and all(
-            totals[k] == 0
-            for k in ("lost", "duplicated", "misdelivered", "causal_violations", "fifo_violations")
-        )
+        and all(totals[k] == 0 for k in PROBLEM_COUNTS)
     )
-    totals["ok"] = ok
+    if not quiet:
+        print(_summary(totals))
     print(json.dumps(totals), flush=True)
-    return 0 if ok else 1
+    return 0 if totals["ok"] else 1
+
+
+def _summary(totals: dict[str, Any]) -> str:
+    if totals["workload"] == "topics":
+        traffic = (
+            f"{totals['publications']} publications, {totals['deliveries']} deliveries "
+            f"({totals['owed']} owed)"
+        )
+    else:
+        traffic = f"{totals['messages']} credits"
+    return (
+        f"{totals['workload']}: {totals['schedules']} schedules, {traffic}, "
+        f"{totals['kills']} kills ({totals['router_kills']} of routers); "
+        f"lost {totals['lost']}, duplicated {totals['duplicated']}, "
+        f"causal violations {totals['causal_violations']}, "
+        f"misdelivered {totals['misdelivered']}, fifo violations {totals['fifo_violations']}; "
+        f"{totals['seconds']} s; "
+        + ("ok" if totals["ok"] else f"FAILED, seeds {totals['failed_seeds']}")
+    )

@@ -14,6 +14,8 @@ import pytest
 
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.topicload import (
+    FILTERS,
+    TOPICS,
     CausalPeer,
     History,
     Start,
@@ -23,8 +25,6 @@ from aaabus.testing.topicload import (
 )
 from tests.support.topics import layout_config, wait_until
 
-TOPICS = ["t/a", "t/b", "u/c", "u/d/e", "v"]
-FILTERS = ["t/#", "t/+", "+/c", "u/#", "#", "u/d/+", "t/a", "v"]
 # A tree of four domains: routers 2 (three domains) and 4.
 TREE = [[0, 1, 2], [2, 3, 4], [4, 5], [2, 6]]
 # A tree of domains of two servers: a representative never sends twice into one domain in one

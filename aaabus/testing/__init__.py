@@ -6,8 +6,13 @@
   partition) to put between two servers;
 * :mod:`aaabus.testing.workload` — agents that record their vector-clock history for the checker,
   and a ping-pong with an exact counter; server processes load them by name;
-* :mod:`aaabus.testing.torture` — crash schedules over that workload and the wire fuzzer
-  (``python -m perf torture``).
+* :mod:`aaabus.testing.crash` — the crash-schedule machinery of any workload: layouts, seeded
+  kills and restarts of real server processes, the end of a run read back exactly in-process;
+* :mod:`aaabus.testing.torture` — crash schedules over the bank workload, and the wire fuzzer
+  (``python -m perf torture``);
+* :mod:`aaabus.testing.topicload` and :mod:`aaabus.testing.topictorture` — topic workloads, and
+  crash schedules judging the causal topic contract (``python -m perf torture --workload
+  topics``).
 
 Nothing in the runtime imports this package.
 """

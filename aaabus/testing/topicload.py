@@ -71,6 +71,12 @@ class TopicProbe(Agent):
             super().react(sender, note)
 
 
+#: Topics the causal workloads publish on, and filters their peers draw theirs from: every
+#: level of wildcard, overlapping (``#``, ``t/#`` and ``t/+`` all match ``t/a``), so that one
+#: subscriber often matches one publication through several of its filters.
+TOPICS = ("t/a", "t/b", "u/c", "u/d/e", "v")
+FILTERS = ("t/#", "t/+", "+/c", "u/#", "#", "u/d/+", "t/a", "v")
+
 #: One peer's record: label, filters, publications ``(mid, topic, vc)``, deliveries (mids).
 History = tuple[str, tuple[str, ...], list[tuple[str, str, dict[str, int]]], list[str]]
 
@@ -114,6 +120,7 @@ class CausalPeer(Agent):
         self.echo = echo
         self.vc: dict[str, int] = {}
         self.n = 0
+        self.starts = 0  # Start orders handled: a harness sending them counts them too
         self.published: PersistentList = PersistentList()  # (mid, topic, vc)
         self.delivered: PersistentList = PersistentList()  # mid, in delivery order
 
@@ -138,6 +145,7 @@ class CausalPeer(Agent):
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Start):
+            self.starts += 1
             rng = self._rng()
             for _ in range(note.count):
                 self._publish(note.ttl, rng)

@@ -1,11 +1,13 @@
 """Crash schedules: a bank-and-gossip workload run across domains while servers and routers die.
 
 Shared by ``tests/test_torture.py`` (a few small schedules) and ``python -m perf torture`` (the
-long run). Its agents and services are in the installed package, so the server processes it
-starts load them wherever they run. One schedule is fixed by its seed: the layout of the domains,
-the workload (which account pays which, how much, along which chains) and the fault schedule
-(when, whom, how long down). Process timing is not reproducible, so which messages a kill catches
-in flight varies from run to run; what the seed fixes is everything we choose.
+long run), on the machinery of :mod:`aaabus.testing.crash` (layouts, faults, processes, the end
+of a run read back in-process), which the topic schedules share. Its agents and services are in
+the installed package, so the server processes it starts load them wherever they run. One
+schedule is fixed by its seed: the layout of the domains, the workload (which account pays
+which, how much, along which chains) and the fault schedule (when, whom, how long down). Process
+timing is not reproducible, so which messages a kill catches in flight varies from run to run;
+what the seed fixes is everything we choose.
 
 The workload
     :class:`Account` agents on every server hold a balance. A transfer debits the payer and sends
@@ -33,9 +35,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import signal
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -52,6 +52,19 @@ from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.checker import Send, check
+from aaabus.testing.crash import (
+    LAYOUTS,
+    Fault,
+    drain_in_process,
+    draw_layout_and_faults,
+    pause,
+    routers_of,
+    run_under_faults,
+    schedule_seed,
+    servers_of,
+    stop_all,
+    write_bus_config,
+)
 from aaabus.testing.workload import Gossiper, merge_and_tick
 from aaabus.tools.launch import Bus, free_port_base
 
@@ -153,30 +166,6 @@ def bank_setup(ctx: BootContext, args: str, first_time: bool) -> None:
 
 # -- schedules ---------------------------------------------------------------------------------
 
-#: Domain layouts (members of D0, D1, ...): every one has routers, some have two in a row.
-LAYOUTS: dict[str, list[list[int]]] = {
-    # D0 [s0 s1]  D1 [s1 s2 s3]  D2 [s3 s4]: a line, two routers (s1, s3).
-    "line": [[0, 1], [1, 2, 3], [3, 4]],
-    # s2 joins three domains: a star whose hub is a router.
-    "star": [[0, 1, 2], [2, 3], [2, 4, 5]],
-    # a tree of four domains: routers s1 and s3, s3 in three domains.
-    "tree": [[0, 1], [1, 2, 3], [3, 4], [3, 5]],
-}
-
-
-@dataclass(frozen=True)
-class Fault:
-    """At ``at`` seconds into the run, SIGKILL ``victims``; restart them ``down`` seconds later.
-
-    ``ready`` says whether to wait for the restarted servers to be ready before the next fault:
-    when false, the next fault may hit a server while it is still recovering.
-    """
-
-    at: float
-    victims: tuple[int, ...]
-    down: float
-    ready: bool
-
 
 @dataclass(frozen=True)
 class Schedule:
@@ -194,15 +183,11 @@ class Schedule:
 
     @property
     def servers(self) -> list[int]:
-        return sorted({s for members in self.domains for s in members})
+        return servers_of(self.domains)
 
     @property
     def routers(self) -> list[int]:
-        count: dict[int, int] = {}
-        for members in self.domains:
-            for s in members:
-                count[s] = count.get(s, 0) + 1
-        return sorted(s for s, c in count.items() if c > 1)
+        return routers_of(self.domains)
 
     @property
     def accounts(self) -> int:
@@ -223,35 +208,9 @@ def make_schedule(
     chains: int = 3,
     ttl: int = 40,
 ) -> Schedule:
-    """The schedule of ``seed``: a layout, a workload and ``kills`` faults within ``span`` s.
-
-    The first fault always hits a router and at least one fault in three takes two servers down
-    together (a router and a random other one), so every schedule crashes routers in the middle
-    of re-stamping traffic for the next domain.
-    """
-    rng = random.Random(seed)
-    layout = sorted(LAYOUTS)[rng.randrange(len(LAYOUTS))]
-    domains = LAYOUTS[layout]
-    servers = sorted({s for members in domains for s in members})
-    routers = sorted({s for s in servers if sum(s in m for m in domains) > 1})
-    times = sorted(rng.uniform(0.1, span) for _ in range(kills))
-    faults = []
-    for i, at in enumerate(times):
-        if i == 0 or rng.random() < 0.3:
-            first = rng.choice(routers)
-            victims = {first}
-            if i > 0 or rng.random() < 0.5:
-                victims.add(rng.choice(servers))
-        else:
-            victims = {rng.choice(servers)}
-        faults.append(
-            Fault(
-                at=round(at, 3),
-                victims=tuple(sorted(victims)),
-                down=round(rng.uniform(0.0, 0.4), 3),
-                ready=rng.random() < 0.7,
-            )
-        )
+    """The schedule of ``seed``: a layout, a workload and ``kills`` faults within ``span`` s
+    (see :func:`~aaabus.testing.crash.draw_layout_and_faults`)."""
+    layout, faults = draw_layout_and_faults(random.Random(seed), kills, span)
     return Schedule(
         seed=seed,
         layout=layout,
@@ -259,7 +218,7 @@ def make_schedule(
         chains=chains,
         ttl=ttl,
         balance=1000,
-        faults=tuple(faults),
+        faults=faults,
     )
 
 
@@ -273,6 +232,7 @@ class Outcome:
     seed: int
     layout: str
     kills: int = 0
+    router_kills: int = 0
     messages: int = 0
     expected_messages: int = 0
     delivered_at_stop: int = 0
@@ -300,13 +260,6 @@ class Outcome:
 
 def write_config(schedule: Schedule, directory: Path) -> Path:
     """The a3.xml of ``schedule`` in ``directory``, on free ports, with the bank on server 0."""
-    directory.mkdir(parents=True, exist_ok=True)
-    domains = schedule.domains
-    ports = sum(len(m) for m in domains)
-    # Small groups: a kill then catches fewer reactions in one uncommitted group, so more
-    # distinct commit boundaries are crossed by the faults.
-    props = {"aaabus.engine.max_batch": "8"}
-    text = render(domains, len(schedule.servers), base_port=free_port_base(ports), properties=props)
     spec = {
         "servers": schedule.servers,
         "per_server": schedule.per_server,
@@ -316,70 +269,10 @@ def write_config(schedule: Schedule, directory: Path) -> Path:
         "ttl": schedule.ttl,
     }
     service = f"<service class=\"aaabus.testing.torture:bank_setup\" args='{json.dumps(spec)}'/>"
-    start = text.index('<server id="0"')
-    end = text.index("</server>", start)
-    text = text[:end] + "  " + service + "\n  " + text[end:]
-    path = directory / "a3.xml"
-    path.write_text(text)
-    ensure_secret(directory / "bus.key")
-    return path
-
-
-def _pause(seconds: float) -> None:
-    # Waiting out a fault schedule's own timing (when to kill, how long a server stays down):
-    # the delay IS the fault, nothing is being synchronised on.
-    if seconds > 0:
-        threading.Event().wait(seconds)
-
-
-def _check_alive(bus: Bus, down: set[int]) -> None:
-    for sid, proc in bus.servers.items():
-        if sid not in down and not proc.running():
-            tail = " | ".join(list(proc.lines)[-5:]) or "no output"
-            raise AssertionError(f"server {sid} died on its own during the schedule: {tail}")
-
-
-def stop_all(bus: Bus, timeout: float = 20.0) -> dict[int, int | None]:
-    """SIGTERM every server once and wait for each; the exit statuses.
-
-    Not :meth:`Bus.stop`: it signals every process a second time from ``ServerProcess.stop``,
-    and a second SIGTERM that lands while a server's interpreter is finalising (its handler
-    already reset to the default) kills a server that had stopped cleanly, reporting -15.
-    """
-    for proc in bus.servers.values():
-        if proc.running():
-            assert proc.proc is not None
-            proc.proc.send_signal(signal.SIGTERM)
-    codes: dict[int, int | None] = {}
-    deadline = time.monotonic() + timeout
-    for sid, proc in bus.servers.items():
-        assert proc.proc is not None
-        try:
-            codes[sid] = proc.proc.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            codes[sid] = None  # did not stop: bus.stop() below kills it
-    bus.stop()
-    return codes
-
-
-def run_faults(bus: Bus, faults: tuple[Fault, ...], t0: float) -> int:
-    """Apply ``faults`` to a running bus; returns the number of processes killed."""
-    kills = 0
-    for fault in faults:
-        _pause(t0 + fault.at - time.monotonic())
-        _check_alive(bus, set())
-        for sid in fault.victims:
-            bus[sid].kill()
-            kills += 1
-        _pause(fault.down)
-        for sid in fault.victims:
-            bus[sid].start()
-        if fault.ready:
-            for sid in fault.victims:
-                bus[sid].wait_ready(60)
-    for proc in bus.servers.values():
-        proc.wait_ready(60)
-    return kills
+    # Small groups: a kill then catches fewer reactions in one uncommitted group, so more
+    # distinct commit boundaries are crossed by the faults.
+    props = {"aaabus.engine.max_batch": "8"}
+    return write_bus_config(directory, schedule.domains, props, (0, service))
 
 
 @dataclass
@@ -453,24 +346,17 @@ def finish_in_process(
     Returns the final accounts and how many deliveries had been committed when the processes
     were stopped. Stops at the deadline even if credits are missing: the judges then say what.
     """
-    cfg = load_config(config)
-    # The store kind the server processes used (the config's, else the default).
-    kind = cfg.setting(min(cfg.servers), "aaabus.store")
-    bus = InProcessBus(cfg, store_kind=kind, storage_root=storage_root)
-    with bus:
-        deadline = time.monotonic() + timeout
-        first: int | None = None
-        while True:
-            accounts = [a for server in bus.servers.values() for a in _read_accounts(server)]
-            delivered = sum(len(a.received) for a in accounts)
-            if first is None:
-                first = delivered
-            sent = sum(len(a.sent) for a in accounts)
-            if (delivered >= schedule.messages and sent >= schedule.messages) or (
-                time.monotonic() > deadline
-            ):
-                return accounts, first
-            _pause(0.05)  # the traffic runs on the servers' threads; poll its committed state
+
+    def read(bus: InProcessBus) -> list[AccountState]:
+        return [a for server in bus.servers.values() for a in _read_accounts(server)]
+
+    def complete(accounts: list[AccountState]) -> bool:
+        delivered = sum(len(a.received) for a in accounts)
+        sent = sum(len(a.sent) for a in accounts)
+        return delivered >= schedule.messages and sent >= schedule.messages
+
+    first, accounts = drain_in_process(config, storage_root, read, complete, timeout)
+    return accounts, sum(len(a.received) for a in first)
 
 
 def run_schedule(
@@ -485,16 +371,12 @@ def run_schedule(
     outcome = Outcome(schedule.seed, schedule.layout, expected_messages=schedule.messages)
     config = write_config(schedule, workdir)
     storage = workdir / "stores"
-    bus = Bus(config, schedule.servers, storage)
-    try:
-        bus.start(timeout=60)
-        outcome.kills = run_faults(bus, schedule.faults, time.monotonic())
-        _check_alive(bus, set())
-    finally:
-        outcome.exit_codes = stop_all(bus)
-    bad_exits = {sid: code for sid, code in outcome.exit_codes.items() if code != 0}
-    if bad_exits:
-        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {bad_exits}")
+    faulted = run_under_faults(config, schedule.servers, storage, schedule.faults)
+    outcome.exit_codes = faulted.exit_codes
+    outcome.kills = len(faulted.killed)
+    outcome.router_kills = sum(sid in schedule.routers for sid in faulted.killed)
+    if faulted.bad_exits():
+        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}")
     accounts, outcome.delivered_at_stop = finish_in_process(
         config, storage, schedule, drain_timeout
     )
@@ -512,11 +394,6 @@ def run_schedule(
     return outcome
 
 
-def schedule_seed(base: int, index: int) -> int:
-    """The seed of the ``index``-th schedule of a run started with ``base``."""
-    return random.Random(f"{base}/{index}").randrange(1 << 31)
-
-
 __all__ = [
     "Account",
     "Credit",
@@ -526,6 +403,7 @@ __all__ = [
     "make_schedule",
     "run_schedule",
     "schedule_seed",
+    "stop_all",
 ]
 
 
@@ -555,7 +433,7 @@ def wait_progress(
                 raise AssertionError(f"server {proc.server_id} died: {tail}")
         if time.monotonic() > deadline:
             raise AssertionError(f"rally stuck at {got} (wanted {at_least}) after {timeout}s")
-        _pause(0.02)  # the file is written by another process: poll it
+        pause(0.02)  # the file is written by another process: poll it
 
 
 class FakePeer:

@@ -125,6 +125,10 @@ class ServerProcess:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    def is_ready(self) -> bool:
+        """Running, and it printed its ready line since it was last started."""
+        return self.running() and self._ready.is_set()
+
     def kill(self) -> None:
         """SIGKILL, as a crash would; waits for the process to be gone."""
         if self.running():

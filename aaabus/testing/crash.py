@@ -1,0 +1,305 @@
+"""Crash schedules, whatever the workload: layouts, seeded faults, a bus of real processes run
+through them, and the end of the run read back exactly in-process.
+
+Shared by the bank workload (:mod:`aaabus.testing.torture`) and the topic workload
+(:mod:`aaabus.testing.topictorture`). One schedule is a layout of domains (every one with
+routers) and a list of :class:`Fault` fixed by a seed; a workload adds its agents and its judge.
+
+The steps a workload reuses, in order:
+
+1. :func:`write_bus_config`: the ``a3.xml`` of a layout, on free ports;
+2. :func:`run_under_faults`: start the server processes, let the workload start its traffic
+   (``Traffic.begin``), apply the faults (SIGKILL, restart; ``Traffic.tick`` runs between them
+   on the same thread, so it never races a kill), then stop every process with one SIGTERM;
+3. :func:`drain_in_process`: reopen the stores with in-process servers on the same files and
+   ports and poll their committed state until the workload says it is complete. An engine
+   answers :meth:`~aaabus.AgentServer.call` only with committed state, so what is read is
+   exactly what the bus committed, not what a killed reaction wrote before its commit was lost.
+
+Everything here runs on the caller's thread; the servers' work runs in their processes (steps 1
+and 2) or on the in-process servers' threads (step 3). A server that dies on its own, or does
+not come back ready within a minute, raises :class:`AssertionError` or
+:class:`~aaabus.errors.LaunchError` out of :func:`run_under_faults`, after every process was
+stopped.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, TypeVar
+
+from aaabus.config.reader import load_config
+from aaabus.config.secret import ensure_secret
+from aaabus.config.topology import render
+from aaabus.node.inprocess import InProcessBus
+from aaabus.tools.launch import Bus, free_port_base
+
+__all__ = [
+    "LAYOUTS",
+    "Fault",
+    "Faulted",
+    "Traffic",
+    "drain_in_process",
+    "draw_layout_and_faults",
+    "routers_of",
+    "run_faults",
+    "run_under_faults",
+    "schedule_seed",
+    "servers_of",
+    "stop_all",
+    "write_bus_config",
+]
+
+T = TypeVar("T")
+
+#: Domain layouts (members of D0, D1, ...): every one has routers, some have two in a row.
+LAYOUTS: dict[str, list[list[int]]] = {
+    # D0 [s0 s1]  D1 [s1 s2 s3]  D2 [s3 s4]: a line, two routers (s1, s3).
+    "line": [[0, 1], [1, 2, 3], [3, 4]],
+    # s2 joins three domains: a star whose hub is a router.
+    "star": [[0, 1, 2], [2, 3], [2, 4, 5]],
+    # a tree of four domains: routers s1 and s3, s3 in three domains.
+    "tree": [[0, 1], [1, 2, 3], [3, 4], [3, 5]],
+}
+
+
+def servers_of(domains: list[list[int]]) -> list[int]:
+    return sorted({s for members in domains for s in members})
+
+
+def routers_of(domains: list[list[int]]) -> list[int]:
+    """The servers in more than one domain."""
+    return sorted(s for s in servers_of(domains) if sum(s in m for m in domains) > 1)
+
+
+@dataclass(frozen=True)
+class Fault:
+    """At ``at`` seconds into the run, SIGKILL ``victims``; restart them ``down`` seconds later.
+
+    ``ready`` says whether to wait for the restarted servers to be ready before the next fault:
+    when false, the next fault may hit a server while it is still recovering.
+    """
+
+    at: float
+    victims: tuple[int, ...]
+    down: float
+    ready: bool
+
+
+def draw_layout_and_faults(
+    rng: random.Random, kills: int, span: float
+) -> tuple[str, tuple[Fault, ...]]:
+    """A layout and ``kills`` faults within ``span`` s, drawn from ``rng``.
+
+    The first fault always hits a router and at least one fault in three takes two servers down
+    together (a router and a random other one), so every schedule crashes routers in the middle
+    of re-stamping traffic for the next domain.
+    """
+    layout = sorted(LAYOUTS)[rng.randrange(len(LAYOUTS))]
+    domains = LAYOUTS[layout]
+    servers = servers_of(domains)
+    routers = routers_of(domains)
+    times = sorted(rng.uniform(0.1, span) for _ in range(kills))
+    faults = []
+    for i, at in enumerate(times):
+        if i == 0 or rng.random() < 0.3:
+            first = rng.choice(routers)
+            victims = {first}
+            if i > 0 or rng.random() < 0.5:
+                victims.add(rng.choice(servers))
+        else:
+            victims = {rng.choice(servers)}
+        faults.append(
+            Fault(
+                at=round(at, 3),
+                victims=tuple(sorted(victims)),
+                down=round(rng.uniform(0.0, 0.4), 3),
+                ready=rng.random() < 0.7,
+            )
+        )
+    return layout, tuple(faults)
+
+
+def schedule_seed(base: int, index: int) -> int:
+    """The seed of the ``index``-th schedule of a run started with ``base``."""
+    return random.Random(f"{base}/{index}").randrange(1 << 31)
+
+
+def write_bus_config(
+    directory: Path,
+    domains: list[list[int]],
+    properties: dict[str, str],
+    service: tuple[int, str] | None = None,
+) -> Path:
+    """The a3.xml of ``domains`` in ``directory``, on free ports, with a bus key beside it.
+
+    ``service``: ``(server, xml)``, a ``<service .../>`` element added to that server.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ports = sum(len(m) for m in domains)
+    servers = len(servers_of(domains))
+    text = render(domains, servers, base_port=free_port_base(ports), properties=properties)
+    if service is not None:
+        sid, element = service
+        start = text.index(f'<server id="{sid}"')
+        end = text.index("</server>", start)
+        text = text[:end] + "  " + element + "\n  " + text[end:]
+    path = directory / "a3.xml"
+    path.write_text(text)
+    ensure_secret(directory / "bus.key")
+    return path
+
+
+def pause(seconds: float) -> None:
+    """Wait out a fault schedule's own timing (when to kill, how long a server stays down): the
+    delay IS the fault, nothing is being synchronised on."""
+    if seconds > 0:
+        threading.Event().wait(seconds)
+
+
+def check_alive(bus: Bus, down: set[int]) -> None:
+    """AssertionError naming the first server not in ``down`` that is not running."""
+    for sid, proc in bus.servers.items():
+        if sid not in down and not proc.running():
+            tail = " | ".join(list(proc.lines)[-5:]) or "no output"
+            raise AssertionError(f"server {sid} died on its own during the schedule: {tail}")
+
+
+def stop_all(bus: Bus, timeout: float = 20.0) -> dict[int, int | None]:
+    """SIGTERM every server once and wait for each; the exit statuses.
+
+    Not :meth:`Bus.stop`: it signals every process a second time from ``ServerProcess.stop``,
+    and a second SIGTERM that lands while a server's interpreter is finalising (its handler
+    already reset to the default) kills a server that had stopped cleanly, reporting -15.
+    """
+    for proc in bus.servers.values():
+        if proc.running():
+            assert proc.proc is not None
+            proc.proc.send_signal(signal.SIGTERM)
+    codes: dict[int, int | None] = {}
+    deadline = time.monotonic() + timeout
+    for sid, proc in bus.servers.items():
+        assert proc.proc is not None
+        try:
+            codes[sid] = proc.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            codes[sid] = None  # did not stop: bus.stop() below kills it
+    bus.stop()
+    return codes
+
+
+class Traffic(Protocol):
+    """What a workload does on the live bus, on the thread that applies the faults.
+
+    ``begin`` runs once every server is ready, before the first fault; ``tick`` runs every
+    ``interval`` seconds while the faults are applied (also while servers are down: it must use
+    only those that :meth:`~aaabus.tools.launch.ServerProcess.is_ready` says are ready).
+    """
+
+    interval: float
+
+    def begin(self, bus: Bus) -> None: ...
+
+    def tick(self, bus: Bus) -> None: ...
+
+
+def _wait(bus: Bus, until: float, traffic: Traffic | None) -> None:
+    """Until ``until`` (monotonic), ticking ``traffic`` every ``traffic.interval`` seconds."""
+    while True:
+        left = until - time.monotonic()
+        if left <= 0:
+            return
+        if traffic is None:
+            pause(left)
+            return
+        traffic.tick(bus)
+        pause(min(traffic.interval, until - time.monotonic()))
+
+
+def run_faults(
+    bus: Bus, faults: tuple[Fault, ...], t0: float, traffic: Traffic | None = None
+) -> list[int]:
+    """Apply ``faults`` to a running bus (their times count from ``t0``, monotonic); returns
+    the servers killed, one entry per kill."""
+    killed: list[int] = []
+    for fault in faults:
+        _wait(bus, t0 + fault.at, traffic)
+        check_alive(bus, set())
+        for sid in fault.victims:
+            bus[sid].kill()
+            killed.append(sid)
+        _wait(bus, time.monotonic() + fault.down, traffic)
+        for sid in fault.victims:
+            bus[sid].start()
+        if fault.ready:
+            for sid in fault.victims:
+                bus[sid].wait_ready(60)
+    for proc in bus.servers.values():
+        proc.wait_ready(60)
+    return killed
+
+
+@dataclass
+class Faulted:
+    """What :func:`run_under_faults` did: the servers killed (one entry per kill) and the exit
+    status of every server at the final SIGTERM (``None``: it had to be killed)."""
+
+    killed: list[int] = field(default_factory=list)
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+
+    def bad_exits(self) -> dict[int, int | None]:
+        return {sid: code for sid, code in self.exit_codes.items() if code != 0}
+
+
+def run_under_faults(
+    config: Path,
+    servers: list[int],
+    storage: Path,
+    faults: tuple[Fault, ...],
+    traffic: Traffic | None = None,
+) -> Faulted:
+    """Start ``servers`` of ``config`` (stores under ``storage``), begin ``traffic``, apply
+    ``faults`` from then on, and stop every process with one SIGTERM, also on error."""
+    bus = Bus(config, servers, storage)
+    done = Faulted()
+    try:
+        bus.start(timeout=60)
+        if traffic is not None:
+            traffic.begin(bus)
+        done.killed = run_faults(bus, faults, time.monotonic(), traffic)
+        check_alive(bus, set())
+    finally:
+        done.exit_codes = stop_all(bus)
+    return done
+
+
+def drain_in_process(
+    config: Path,
+    storage_root: Path,
+    read: Callable[[InProcessBus], T],
+    complete: Callable[[T], bool],
+    timeout: float,
+) -> tuple[T, T]:
+    """Resume the stopped bus in this process until ``complete(read(bus))`` or ``timeout``.
+
+    Returns the first state read (what the processes had committed when they stopped) and the
+    last one. Stops at the deadline even if the workload is incomplete: its judge says what is
+    missing.
+    """
+    cfg = load_config(config)
+    # The store kind the server processes used (the config's, else the default).
+    kind = cfg.setting(min(cfg.servers), "aaabus.store")
+    with InProcessBus(cfg, store_kind=kind, storage_root=storage_root) as bus:
+        deadline = time.monotonic() + timeout
+        first = state = read(bus)
+        while not complete(state) and time.monotonic() < deadline:
+            pause(0.05)  # the traffic runs on the servers' threads: poll its committed state
+            state = read(bus)
+        return first, state
