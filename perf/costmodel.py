@@ -40,8 +40,8 @@ The **busy** load (``CostModel(load="busy")``, delta stamps only) predicts inste
 notification costs a bus on which every server keeps sending: latency is then queueing, in
 proportion to the CPU each notification takes, and ``leg_ms(k)`` is the CPU per notification
 (every server's user + system time, summed) measured on a flat bus of k servers all talking to
-each other (``python -m perf groups --servers k --groups 1 --layouts flat --observe 0``, k = 10,
-20, 40, 60: ``BUSY_LEG_US``), with the clock bytes measured there (``BUSY_CLOCK_BYTES``): linear
+each other (``python -m perf groups --servers k --groups 1 --layouts flat --observe 0 --active
+0``, k = 10, 20, 40, 60: ``BUSY_LEG_US``), with the clock bytes measured there (``BUSY_CLOCK_BYTES``): linear
 between the points, continued past both ends. On a quiet bus a leg is mostly a commit's fsync
 wait and a big domain is cheap; on a busy one its clock work dominates (at 60 members a leg costs
 5.7 times one at 10). Validated on the structured workload (``perf groups``, RESULTS.md), which
@@ -73,8 +73,8 @@ FULL_BYTES_PER_K2 = 10.0
 #: (domain members, clock bytes per message) measured with delta stamps, spread traffic.
 DELTA_CLOCK_BYTES = ((10, 923.0), (50, 12_204.0), (100, 24_505.0))
 #: The busy bus (every server sending; ``python -m perf groups --groups 1 --layouts flat
-#: --observe 0``, delta stamps, RESULTS.md): (domain members, CPU µs per notification, all
-#: servers summed) and (domain members, clock bytes per notification).
+#: --observe 0 --active 0``, delta stamps, RESULTS.md): (domain members, CPU µs per
+#: notification, all servers summed) and (domain members, clock bytes per notification).
 BUSY_LEG_US = ((10, 789.0), (20, 1_311.0), (40, 2_592.0), (60, 4_465.0))
 BUSY_CLOCK_BYTES = ((10, 2_733.0), (20, 10_808.0), (40, 34_179.0), (60, 62_040.0))
 STAMPS = ("delta", "full")

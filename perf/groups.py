@@ -55,9 +55,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--active",
         type=int,
-        default=0,
-        help="talkers that drive exchanges, spread over the groups (default 0: every server); "
-        "the others only answer. Fewer active talkers, lighter load",
+        default=None,
+        help="talkers that drive exchanges, spread over the groups (default: one per group; 0: "
+        "every server); the others only answer",
     )
     parser.add_argument("--warmup", type=int, default=5, help="unmeasured exchanges first")
     parser.add_argument(
@@ -82,8 +82,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--load",
         choices=["idle", "busy"],
-        default="busy",
-        help="cost model the plan minimises (default busy: every talker keeps an exchange going)",
+        default=None,
+        help="cost model the plan minimises and the ranking is checked against (default: busy "
+        "with --active 0, else idle)",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="rounds over every layout, interleaved (1)"
@@ -267,6 +268,10 @@ def _rank(costs: dict[str, float]) -> list[str]:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.active is None:
+        args.active = args.groups
+    if args.load is None:
+        args.load = "busy" if args.active == 0 or args.active >= args.servers else "idle"
     _check(args)
     groups = groups_of(args.servers, args.groups, args.seed)
     t0 = time.monotonic()
@@ -317,6 +322,7 @@ def run(args: argparse.Namespace) -> int:
         "count": args.count,
         "repeat": args.repeat,
         "active": len(active_of(groups, args.active)),
+        "load": args.load,
         "max_domain_size": args.max_domain_size,
         "stamps": args.stamps,
         "plan": {k: plan.get(k) for k in ("domains", "largest_domain", "routers", "tree")},

@@ -38,6 +38,7 @@ def test_a_small_run_counts_every_exchange_and_the_clock_bytes(tmp_path: Path) -
     """8 real servers in 2 groups, flat and star (no observation, no Spark): every measured
     exchange is reported, most inside the groups, and each layout's clock bytes are counted."""
     argv = ["--servers", "8", "--groups", "2", "--count", "6", "--warmup", "2", "--observe", "0"]
+    argv += ["--active", "0"]  # every talker drives: 8 x 6 exchanges
     argv += ["--layouts", "flat,star", "--max-domain-size", "4", "--workdir", str(tmp_path)]
     proc = subprocess.run(
         [sys.executable, "-m", "perf", "groups", *argv, "--json"],
