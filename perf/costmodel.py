@@ -42,8 +42,8 @@ proportion to the CPU each notification takes, and ``leg_ms(k)`` is the CPU per 
 (every server's user + system time, summed) measured on a flat bus of k servers all talking to
 each other (``python -m perf groups --servers k --groups 1 --layouts flat --observe 0 --active
 0``, k = 10, 20, 40, 60: ``BUSY_LEG_US``), with the clock bytes measured there
-(``BUSY_CLOCK_BYTES``): linear between the points, continued past both ends. On a quiet bus a leg is mostly a commit's fsync
-wait and a big domain is cheap; on a busy one its clock work dominates (at 60 members a leg costs
+(``BUSY_CLOCK_BYTES``): linear between the points, continued past both ends. On a quiet bus a
+leg is mostly a commit's fsync wait and a big domain is cheap; on a busy one its clock work dominates (at 60 members a leg costs
 5.7 times one at 10). Validated on the structured workload (``perf groups``, RESULTS.md), which
 the calibration does not use.
 
