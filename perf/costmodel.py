@@ -43,9 +43,9 @@ proportion to the CPU each notification takes, and ``leg_ms(k)`` is the CPU per 
 each other (``python -m perf groups --servers k --groups 1 --layouts flat --observe 0 --active
 0``, k = 10, 20, 40, 60: ``BUSY_LEG_US``), with the clock bytes measured there
 (``BUSY_CLOCK_BYTES``): linear between the points, continued past both ends. On a quiet bus a
-leg is mostly a commit's fsync wait and a big domain is cheap; on a busy one its clock work dominates (at 60 members a leg costs
-5.7 times one at 10). Validated on the structured workload (``perf groups``, RESULTS.md), which
-the calibration does not use.
+leg is mostly a commit's fsync wait and a big domain is cheap; on a busy one its clock work
+dominates (at 60 members a leg costs 5.7 times one at 10). Checked on the structured workload
+(``perf groups --active 0``, RESULTS.md), which the calibration does not use.
 
 Checks against measurements not used in the calibration: a bus of 111 domains of 10 in a line
 (1,000 servers, delta stamps) predicts 2 x 111 legs x 0.84 ms = 187 ms per remote round trip;
