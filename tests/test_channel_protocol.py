@@ -14,7 +14,7 @@ import pickle
 import pytest
 from BTrees.OOBTree import OOBTree
 
-from aaabus.core.clock import DomainClock
+from aaabus.core.clock import DomainClock, Verdict
 from aaabus.core.protocol import Deliver, LinkProtocol, SendAck
 from aaabus.core.store import PersistentQueue
 from aaabus.model.ids import AgentId
@@ -214,3 +214,25 @@ def test_a_held_event_waits_for_its_causes_then_goes_out_whole() -> None:
     assert delivered(list(s2.receive(1, m3))) == []
     assert delivered(list(s2.receive(0, m1))) == []  # the rest of its event is missing
     assert delivered(list(s2.receive(0, m2))) == ["m1", "m2", "m3"]
+
+
+def test_a_large_event_on_one_link_costs_clock_checks_in_proportion_to_its_size() -> None:
+    """A producer pours 200 notifications to one server in one reaction (perf stream): held
+    until the last is in, the event must not be re-examined whole at every arrival (that made
+    the stream twelve times slower)."""
+    s0, s1 = protocol(0), protocol(1)
+    n = 200
+    frames = s0.stamp_event([(1, D, message(0, 1, f"m{i}")) for i in range(n)])
+    clock = s1.clocks[D]
+    checks = 0
+    real_check = clock.check
+
+    def counting_check(src: int, stamp: bytes, seq: int | None = None) -> Verdict:
+        nonlocal checks
+        checks += 1
+        return real_check(src, stamp, seq)
+
+    clock.check = counting_check  # type: ignore[method-assign]
+    out = [note for _, frame in frames for note in delivered(list(s1.receive(0, frame)))]
+    assert out == [f"m{i}" for i in range(n)]
+    assert checks <= 3 * n, checks

@@ -221,16 +221,35 @@ class LinkProtocol:
             key = (peer, seq)
             if key not in waiting:
                 waiting[key] = (src, stamp, message)
-            # It may complete an event whose first message on the link is held for it.
+            # It may complete an event whose first message on the link is held for it. Looked
+            # at only once the event's last message is here (in order, the one that completes
+            # it): scanning on every arrival would make an event of n messages cost n² checks.
             first = clock.received_from(src) + 1
             head = waiting.get((peer, first)) if seq > first else None
-            if head is not None and clock.event_end(src, head[1]) >= seq:
-                yield from self._retry(domain)
+            if head is not None:
+                end = clock.event_end(src, head[1])
+                if end >= seq and (peer, end) in waiting:
+                    yield from self._complete(domain, peer, src, first, head)
         # Acks are cumulative, so they may only cover an unbroken run: everything this link
         # delivered, which is H[peer][me]. A held-back frame is stored too, but a frame ahead of
         # a gap must not vouch for the gap (the sender would drop what we never got); it is
         # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
         yield SendAck(peer, domain, clock.received_from(src))
+
+    def _complete(
+        self, domain: str, peer: int, src: int, first: int, head: tuple[int, bytes, Message]
+    ) -> Iterator[Deliver | SendAck]:
+        """Deliver the held event that starts at ``first`` on the link from ``peer`` if it is
+        whole and deliverable, then whatever that unblocks."""
+        _src, stamp, message = head
+        if self.clocks[domain].check(src, stamp, first) is not Verdict.DELIVER:
+            return  # it waits for something else too: a later delivery retries it
+        run = self._run(domain, peer, src, first, stamp)
+        if run is None:
+            return
+        yield from self._deliver_run(domain, peer, src, [(first, stamp, message), *run])
+        if self._waiting[domain]:
+            yield from self._retry(domain)
 
     def _run(
         self, domain: str, peer: int, src: int, seq: int, stamp: bytes
