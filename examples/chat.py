@@ -13,9 +13,9 @@ Carol's server.
   message from Alice that Carol's server has not received: the server holds the answer back
   (``aaabus status`` shows it under "held") and delivers it right after the question.
 
-Alice posts to Carol *before* Bob. Causal order is about what happened before: had she sent to
-Bob first, her message to Carol would not be in the past of Bob's answer (even in the same
-reaction), and nothing would oblige Carol's server to wait for it.
+Alice posts to Bob *before* Carol, in one reaction. That does not matter: a reaction is one
+event, and all the messages it sends are stamped together, so her message to Carol is in the
+causal past of anything Bob sends after reading his, whatever the order of her sends.
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def run(order: str, root: Path) -> list[str]:
             ids = [bus[i].deploy(Member(name)) for i, name in enumerate(("Alice", "Bob", "Carol"))]
             alice, bob, carol = ids
             for i, member in enumerate(ids):
-                bus[i].send(member, Members([alice, carol, bob]))  # Carol first: see above
+                bus[i].send(member, Members([alice, bob, carol]))  # Bob first: see above
             bus[0].send(ids[0], Say("Where shall we meet?"))
             lines: list[str] = []
             if order == "fifo":

@@ -18,7 +18,13 @@ from aaabus.core.clock import DomainClock
 from aaabus.core.protocol import Deliver, LinkProtocol, SendAck
 from aaabus.core.store import PersistentQueue
 from aaabus.model.ids import AgentId
-from aaabus.wire.linkframes import decode_ack, decode_data, encode_ack, encode_data
+from aaabus.wire.linkframes import (
+    data_frame_size,
+    decode_ack,
+    decode_data,
+    encode_ack,
+    encode_data,
+)
 from aaabus.wire.message import Message
 
 D = "D"
@@ -143,3 +149,68 @@ def test_frames_the_rules_cannot_accept_are_refused() -> None:
     with pytest.raises(ValueError, match="bad frame"):
         list(receiver.receive(0, b"D" + b"\0" * 10))
     assert delivered(list(receiver.receive(0, frame))) == ["fits"]  # the clock was untouched
+
+
+def test_the_messages_of_one_event_are_stamped_together_whatever_their_order() -> None:
+    s0, s1, s2 = protocol(0), protocol(1), protocol(2)
+    sends = [(1, D, message(0, 1, "to 1")), (2, D, message(0, 2, "to 2, sent second"))]
+    (peer1, to_1), (peer2, to_2) = s0.stamp_event(sends)
+    assert (peer1, peer2) == (1, 2)
+    assert s0.depths() == ({1: 1, 2: 1}, 0)
+    assert delivered(list(s1.receive(0, to_1))) == ["to 1"]
+    after = s1.stamp(2, D, message(1, 2, "after it, from 1"))
+    # Sent before its sibling, the message to 1 still carries it: server 2 waits for it.
+    assert delivered(list(s2.receive(1, after))) == []
+    assert delivered(list(s2.receive(0, to_2))) == ["to 2, sent second", "after it, from 1"]
+
+
+def test_the_size_check_at_send_time_allows_for_the_largest_stamp() -> None:
+    sender = protocol(0, max_frame=1024)
+    largest = sender.clocks[D].max_stamp_size()
+    assert largest == 8 + 12 * 9  # header, then every entry of a 3x3 matrix (key, value)
+    # A body one byte too big for a frame with the largest stamp (1024 less the session's 64).
+    overhead = data_frame_size(D, largest, message(0, 1, "x" * 500)) - 500
+    tight = message(0, 1, "x" * (1024 - 64 + 1 - overhead))
+    with pytest.raises(ValueError, match=r"up to 961 bytes"):
+        sender.check_size(D, tight)
+    # The stamp it would get now is much smaller: it fits, but a reaction cannot know that.
+    ((_, frame),) = sender.stamp_event([(1, D, tight)])
+    assert len(frame) <= 1024 - 64
+
+
+@pytest.mark.parametrize("first_arrives", ["first", "last"])
+def test_an_events_messages_on_one_link_are_delivered_together(first_arrives: str) -> None:
+    """Server 0 sends m1 and m2 to server 1 in one event. Delivering m1 alone would let what
+    server 1 does next (say, tell server 2, which answers it) overtake m2, which the reaction's
+    single clock tick puts before it: m1 is held until m2 has come, then both go at once."""
+    s0, s1 = protocol(0), protocol(1)
+    sends = [
+        (1, D, message(0, 1, "m1")),
+        (2, D, message(0, 2, "to 2")),
+        (1, D, message(0, 1, "m2")),
+    ]
+    (_, f1), _, (_, f2) = s0.stamp_event(sends)
+    early, late = (f1, f2) if first_arrives == "first" else (f2, f1)
+    held = list(s1.receive(0, early))
+    assert delivered(held) == []
+    assert acked(held) == 0  # nothing delivered on the link yet
+    assert s1.depths()[1] == 1
+    both = list(s1.receive(0, late))
+    assert delivered(both) == ["m1", "m2"]
+    assert acked(both) == 2
+    assert s1.depths()[1] == 0
+    assert delivered(list(s1.receive(0, f1))) == []  # resends of either are duplicates
+    assert delivered(list(s1.receive(0, f2))) == []
+
+
+def test_a_held_event_waits_for_its_causes_then_goes_out_whole() -> None:
+    # Server 1's m3 to 2 knows of m1, which 0 sent to 2 in one event with m2.
+    s0, s1, s2 = protocol(0), protocol(1), protocol(2)
+    (_, to_1), (_, m1), (_, m2) = s0.stamp_event(
+        [(1, D, message(0, 1, "to 1")), (2, D, message(0, 2, "m1")), (2, D, message(0, 2, "m2"))]
+    )
+    assert delivered(list(s1.receive(0, to_1))) == ["to 1"]
+    m3 = s1.stamp(2, D, message(1, 2, "m3"))
+    assert delivered(list(s2.receive(1, m3))) == []
+    assert delivered(list(s2.receive(0, m1))) == []  # the rest of its event is missing
+    assert delivered(list(s2.receive(0, m2))) == ["m1", "m2", "m3"]

@@ -252,7 +252,7 @@ def test_send_keeps_a_copy_of_the_clock() -> None:
     [
         ([("m", "A", "B", {"A": 1}), ("m", "A", "C", {"A": 1})], "two different sends"),
         ([("m", "A", "B", {"B": 1})], "count the send itself"),
-        ([("m", "A", "B", {"A": 1}), ("k", "A", "C", {"A": 1, "C": 3})], "tick its own entry"),
+        ([("m", "A", "B", {"A": 1}), ("k", "A", "C", {"A": 1, "C": 3})], "every event"),
     ],
 )
 def test_impossible_records_are_refused(rows: list[Row], match: str) -> None:
@@ -457,3 +457,20 @@ def test_fifty_thousand_messages_check_quickly() -> None:
     order[first], order[first + 1] = order[first + 1], order[first]
     report = check(sends, deliveries)
     assert (agent, order[first], order[first + 1]) in report.causal_violations
+
+
+def test_sends_of_one_reaction_are_one_event() -> None:
+    # A sends to B then to C in one reaction (one clock); B, on receipt, sends to C.
+    sends = sends_of(
+        [
+            ("a1", "A", "B", {"A": 1}),
+            ("a2", "A", "C", {"A": 1}),
+            ("b1", "B", "C", {"A": 1, "B": 1}),
+        ]
+    )
+    assert check(sends, {"B": ["a1"], "C": ["a2", "b1"]}).ok
+    late = check(sends, {"B": ["a1"], "C": ["b1", "a2"]})
+    assert late.causal_violations == [("C", "b1", "a2")]
+    # Two siblings to one agent: neither is before the other, either order is causal.
+    twins = sends_of([("x", "A", "B", {"A": 1}), ("y", "A", "B", {"A": 1})])
+    assert check(twins, {"B": ["y", "x"]}).ok

@@ -8,6 +8,7 @@ a set-membership test, sharing nothing with the clock's matrices, epochs or stam
 from __future__ import annotations
 
 import os
+import random
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -236,6 +237,9 @@ class Msg:
     stamp: bytes
     past: frozenset[int]  # ids of every message whose send happened before this one's
     link_seq: int  # rank of this message on its link src->dest
+    # The messages sent in the same event (prepare_sends): not before this one, but known to
+    # whoever delivers it, like its past.
+    event: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -260,6 +264,21 @@ class Net:
         self.msgs.append(msg)
         self.pool.append(msg)
 
+    def send_event(self, src: int, dests: list[int]) -> None:
+        """One event sending to every server of ``dests``: siblings are counted together."""
+        stamped = self.clocks[src].prepare_sends(dests)
+        base = frozenset(self.past[src])
+        mids = frozenset(range(len(self.msgs), len(self.msgs) + len(dests)))
+        for i, (dest, (seq, stamp)) in enumerate(zip(dests, stamped, strict=True)):
+            link_seq = self.links[src, dest] = self.links.get((src, dest), 0) + 1
+            assert seq == link_seq
+            # Earlier siblings on the same link come first: the link counter orders them.
+            same_link = {m.mid for m in self.msgs[len(self.msgs) - i :] if m.dest == dest}
+            msg = Msg(len(self.msgs), src, dest, stamp, base | same_link, link_seq, mids)
+            self.msgs.append(msg)
+            self.pool.append(msg)
+        self.past[src] |= mids
+
     def expected(self, msg: Msg) -> Verdict:
         r = msg.dest
         done = {m.mid for m in self.delivered[r]}
@@ -275,31 +294,42 @@ class Net:
 
     def present(self, msg: Msg) -> None:
         r = msg.dest
-        clock = self.clocks[r]
-        verdict = clock.check(msg.src, msg.stamp)
+        verdict = self.clocks[r].check(msg.src, msg.stamp, msg.link_seq)
         # Exact: WAIT exactly when a predecessor to the same receiver is still missing.
         assert verdict is self.expected(msg), (msg, verdict)
-        if verdict is Verdict.WAIT:
+        if verdict is not Verdict.DUPLICATE:
             self.held[r][msg.mid] = msg
-        elif verdict is Verdict.DELIVER:
-            self._deliver(msg)
-            retry = True
-            while retry:  # retry held-back messages until none becomes deliverable
-                retry = False
-                for held in list(self.held[r].values()):
-                    v = clock.check(held.src, held.stamp)
-                    assert v is self.expected(held)
-                    if v is Verdict.DELIVER:
-                        self._deliver(held)
-                        retry = True
+        self._deliver_ready(r)
         transaction.commit()
+
+    def _deliver_ready(self, r: int) -> None:
+        """Deliver held messages until none can go, each with the rest of its event on its link
+        (the channel's rule): a message whose event sent later ones to ``r`` waits for them."""
+        clock = self.clocks[r]
+        retry = True
+        while retry:
+            retry = False
+            for held in list(self.held[r].values()):
+                if held.mid not in self.held[r]:
+                    continue  # delivered in this pass with an earlier sibling
+                v = clock.check(held.src, held.stamp, held.link_seq)
+                assert v is self.expected(held), (held, v)
+                if v is not Verdict.DELIVER:
+                    continue
+                end = clock.event_end(held.src, held.stamp)
+                rest = {m.link_seq: m for m in self.held[r].values() if m.src == held.src}
+                if any(seq not in rest for seq in range(held.link_seq + 1, end + 1)):
+                    continue
+                for seq in range(held.link_seq, end + 1):
+                    self._deliver(rest[seq])
+                retry = True
 
     def _deliver(self, msg: Msg) -> None:
         r = msg.dest
-        self.clocks[r].deliver(msg.src, msg.stamp)
+        self.clocks[r].deliver(msg.src, msg.stamp, msg.link_seq)
         self.held[r].pop(msg.mid, None)
         self.delivered[r].append(msg)
-        self.past[r] |= msg.past | {msg.mid}
+        self.past[r] |= msg.past | msg.event | {msg.mid}
 
 
 def make_net(k: int, stamps: str, order: str) -> Net:
@@ -318,11 +348,11 @@ def make_net(k: int, stamps: str, order: str) -> Net:
     )
 
 
+# What a script does, step by step (see run()); repeated kinds are drawn more often.
+KINDS = ["send", "forward", "forward", "event", "net", "newest", "newest", "dup", "aborted"]
 actions = st.lists(
     st.tuples(
-        st.sampled_from(
-            ["send", "forward", "forward", "net", "newest", "newest", "dup", "aborted"]
-        ),
+        st.sampled_from(KINDS),
         # 0..59 reduced modulo k (2..6) or k-1 is close to uniform.
         st.integers(0, 59),
         st.integers(0, 59),
@@ -340,6 +370,11 @@ def run(k: int, stamps: str, order: str, script: list[tuple[str, int, int]], see
         dest = (src + 1 + y % (k - 1)) % k
         if kind in ("send", "forward"):
             net.send(src, dest)
+            transaction.commit()
+        elif kind == "event":
+            # One reaction sending to up to three servers (maybe twice to one), in any order.
+            others = [(src + 1 + (x + y * i) % (k - 1)) % k for i in range(1 + x % 3)]
+            net.send_event(src, [dest, *others])
             transaction.commit()
         elif kind == "aborted":
             # A reaction that stamped a message and then failed: nothing of it may remain.
@@ -371,7 +406,23 @@ def assert_causal(net: Net) -> None:
                 assert later.mid not in earlier.past, (later, earlier)
 
 
-SETTINGS = settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def assert_exact_rows(net: Net) -> None:
+    """Row and column of ``me`` are exact: what each server sent, and delivered, per link."""
+    for clock in net.clocks:
+        for other in range(net.k):
+            if other != clock.me:
+                assert clock.sent_to(other) == net.links.get((clock.me, other), 0)
+                assert clock.received_from(other) == net.links.get((other, clock.me), 0)
+
+
+# Derandomized: the same examples on every run (a failure is reproducible by rerunning).
+SETTINGS = settings(
+    max_examples=400,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @pytest.mark.parametrize("stamps", ENCODINGS)
@@ -382,14 +433,67 @@ def test_causal_delivery_matches_the_oracle(
 ) -> None:
     net = run(k, stamps, "causal", script, seed)
     assert_causal(net)
-    for clock in net.clocks:  # row and column of me are exact
-        for other in range(k):
-            if other != clock.me:
-                assert clock.sent_to(other) == net.links.get((clock.me, other), 0)
-                assert clock.received_from(other) == net.links.get((other, clock.me), 0)
+    assert_exact_rows(net)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.parametrize("stamps", ENCODINGS)
+def test_the_first_of_two_siblings_on_a_link_waits_for_the_second(stamps: str) -> None:
+    """The event oracle's 1-in-90 failure, by hand: server 1 sends m0 and m1 to server 2 in one
+    event. Delivered alone, m0 let 2 tell 3, whose answer reached 2 before m1 although m1 is
+    in its past (one event: m1 was sent when m0 was). Now m0 waits for m1, then both go."""
+    net = make_net(4, stamps, "causal")
+    net.send_event(1, [2, 2])
+    m0, m1 = net.pool
+    net.pool.clear()
+    assert net.clocks[2].check(1, m0.stamp, 1) is Verdict.DELIVER
+    assert net.clocks[2].event_end(1, m0.stamp) == 2
+    net.present(m0)
+    assert net.delivered[2] == [] and list(net.held[2]) == [m0.mid]
+    net.present(m1)
+    assert net.delivered[2] == [m0, m1]
+    net.send(2, 3)
+    net.present(net.pool.pop())
+    net.send(3, 2)
+    answer = net.pool.pop()
+    assert m1.mid in answer.past
+    net.present(answer)
+    assert net.delivered[2] == [m0, m1, answer]
+    assert_causal(net)
+    assert_exact_rows(net)
+
+
+def seeded_script(seed: int) -> tuple[int, list[tuple[str, int, int]], int]:
+    """``(k, script, tail seed)`` drawn from ``seed`` as the strategies above draw them."""
+    rng = random.Random(seed)
+    k = rng.randint(2, 6)
+    steps = rng.randint(0, 80)
+    script = [(rng.choice(KINDS), rng.randint(0, 59), rng.randint(0, 59)) for _ in range(steps)]
+    return k, script, rng.randint(0, 1000)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stamps", ENCODINGS)
+def test_causal_delivery_matches_the_oracle_over_many_seeds(stamps: str) -> None:
+    """600 seeded scripts per encoding (about half a minute each). Before the channel delivered
+    an event's messages on one link together, about one seed in 100 failed (seeds 0, 124, 403,
+    550, 577 among the first 600, in both encodings)."""
+    for seed in range(600):
+        k, script, tail = seeded_script(seed)
+        try:
+            net = run(k, stamps, "causal", script, tail)
+            assert_causal(net)
+            assert_exact_rows(net)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed} (k={k}, {len(script)} steps): {exc}") from exc
+
+
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 @given(k=st.integers(19, 24), script=actions, seed=st.integers(0, 1000))
 def test_causal_delivery_matches_the_oracle_across_pages(
     k: int, script: list[tuple[str, int, int]], seed: int
@@ -397,15 +501,11 @@ def test_causal_delivery_matches_the_oracle_across_pages(
     """Past k = 18 the delta state spans several pages: same verdicts, same exact row and column."""
     net = run(k, "delta", "causal", script, seed)
     assert_causal(net)
-    for clock in net.clocks:
-        for other in range(k):
-            if other != clock.me:
-                assert clock.sent_to(other) == net.links.get((clock.me, other), 0)
-                assert clock.received_from(other) == net.links.get((other, clock.me), 0)
+    assert_exact_rows(net)
 
 
 @pytest.mark.parametrize("stamps", ENCODINGS)
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
 @given(k=st.integers(2, 6), script=actions, seed=st.integers(0, 1000))
 def test_fifo_order_is_per_link_and_exactly_once(
     stamps: str, k: int, script: list[tuple[str, int, int]], seed: int

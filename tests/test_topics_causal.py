@@ -103,20 +103,13 @@ def test_causal_order_over_a_tree_of_two_server_domains(tmp_path: Path, seed: in
     assert_causal(run_workload(tmp_path, PAIRS, seed, echo=0.5))
 
 
-# THE SIBLING-SENDS CASE, fixed by the clock change of branch `topics` ("a reaction is one
-# event"). A representative fanning a publication out to two servers U < V of one domain sends
-# to U, then to V, in one reaction; today's matrix clock counts these as two successive events,
-# so a publication p2 made on U after receiving p1 does not carry the send to V in its past, and
-# V may deliver p2 before p1 (the checker shows exactly that: "delivered p1 after p2", p1 from a
-# server of a three-server domain, p2 from a subscriber of the same domain that received p1).
-# Fan-outs into different domains are safe (the previous test): the path from U to V then goes
-# through the branching server itself. Remove this mark when that clock change is merged.
+# THE SIBLING-SENDS CASE. A representative fanning a publication out to two servers U < V of
+# one domain sends to U and to V in one reaction. Were those two successive clock events, a
+# publication p2 made on U after receiving p1 would not carry the send to V in its past, and V
+# could deliver p2 before p1. A reaction is one clock event (docs/architecture.md): both sends
+# are counted before either is stamped, so p2 carries the send to V. Before that change this
+# workload showed exactly that violation ("delivered p1 after p2") on these seeds.
 @pytest.mark.slow
-@pytest.mark.xfail(
-    reason="sibling sends of one reaction into one domain: needs the 'a reaction is one event' "
-    "clock (branch topics)",
-    strict=False,
-)
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_causal_order_over_a_tree_of_domains_with_three_server_domains(
     tmp_path: Path, seed: int

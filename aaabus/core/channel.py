@@ -6,9 +6,11 @@ this class carries their events out. Everything here runs inside the engine's cu
 ZODB transaction), so that stamping, queueing, acknowledging and delivering are atomic with the
 reactions around them:
 
-* **send**: a message for another server is stamped with the matrix clock of the domain of its
-  first hop and appended to that hop's persistent outgoing queue (``qout``), in the transaction of
-  the reaction that sent it. After the commit its frame is handed to the network thread.
+* **send**: a message for another server is held until the end of the event that sent it (a
+  reaction, or an input such as a router's forwarding); then :meth:`Channel.seal` counts all the
+  event's sends in the clock of their first hop's domain before stamping each (a reaction is one
+  clock event) and appends them to their hops' persistent outgoing queues (``qout``), in the
+  transaction of that event. After the commit the frames are handed to the network thread.
 * **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
   and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
   queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
@@ -83,6 +85,8 @@ class Channel:
         # Staged in memory, so every change is recorded in the engine's transaction effects,
         # which take it back if the group (or the reaction or input that staged it) rolls back.
         self._frames: dict[int, list[bytes]] = {}
+        # Sends of the current event, counted and stamped together by seal() at its end.
+        self._pending: list[tuple[Hop, Message, bool]] = []
         self._acks: dict[tuple[int, str], int] = {}
         self._effects = engine.effects
         self._failpoints = engine.failpoints
@@ -186,21 +190,46 @@ class Channel:
     # -- sending -----------------------------------------------------------------------------------
 
     def send(self, message: Message) -> None:
-        """Stamp ``message`` for its first hop and queue it (engine thread, in the group)."""
-        size = self._enqueue(self.routes[message.target.server], message)
-        traffic = self.traffic
-        if traffic is not None:
-            # Counted here, where it leaves its sender, and not in _enqueue: routers re-stamp
-            # what they forward through _enqueue, and the planner wants end-to-end counts.
-            traffic.record(message.target.server, size)
+        """Hold ``message`` for the seal of the current event (engine thread, in the group).
 
-    def _enqueue(self, hop: Hop, message: Message) -> int:
-        """Stamp and queue ``message`` for ``hop``; returns its frame size in bytes."""
-        frame = self.protocol.stamp(hop.server, hop.domain, message)
-        self._stage(hop.server, frame)
-        if self._failpoints.armed:
-            self._failpoints.hit("channel.send")
-        return len(frame)
+        Nothing is counted or stamped yet: :meth:`seal` does it for all the event's sends at
+        once. The size limit is checked here, with room for the largest stamp, so that the
+        sending reaction hears of an oversized notification as it sends it.
+        """
+        hop = self.routes[message.target.server]
+        self.protocol.check_size(hop.domain, message)
+        # Counted by the traffic recorder at the seal, where its frame size is known; only what
+        # leaves its sender (routers re-stamp what they forward through _hold too, and the
+        # planner wants end-to-end counts).
+        self._hold(hop, message, counted=True)
+
+    def _hold(self, hop: Hop, message: Message, counted: bool = False) -> None:
+        self._pending.append((hop, message, counted))
+        self._effects.undo(self._pending.pop)
+
+    def seal(self) -> None:
+        """End of an event (a reaction, an input): count and stamp all its sends as one.
+
+        Engine thread, in the group, before the commit. The protocol counts every send of the
+        event in its domain's clock before stamping any (:meth:`LinkProtocol.stamp_event`), so
+        each message carries the knowledge of all its siblings: whatever a receiver of one sends
+        afterwards is causally after all of them. The frames are then staged for the network,
+        in the order the messages were sent.
+        """
+        pending = self._pending
+        if not pending:
+            return
+        self._pending = []
+        self._effects.undo(setattr, self, "_pending", pending)
+        frames = self.protocol.stamp_event([(h.server, h.domain, m) for h, m, _ in pending])
+        failpoints = self._failpoints
+        traffic = self.traffic
+        for (_hop, message, counted), (peer, frame) in zip(pending, frames, strict=True):
+            self._stage(peer, frame)
+            if traffic is not None and counted:
+                traffic.record(message.target.server, len(frame))
+            if failpoints.armed:
+                failpoints.hit("channel.send")
 
     def _stage(self, peer: int, frame: bytes) -> None:
         frames = self._frames.get(peer)
@@ -288,10 +317,11 @@ class Channel:
             hop = self.routes.get(message.target.server)
             if hop is None:
                 raise ValueError(f"no route from server {self.me} to {message.target}")
-            # A router: re-stamped in the next domain, in this same transaction.
+            # A router: re-stamped in the next domain, in this same transaction, with the
+            # other sends of the input that delivered it (sealed as one event).
             if failpoints.armed:
                 failpoints.hit("channel.restamp")
-            self._enqueue(hop, message)
+            self._hold(hop, message)
 
     # -- links ------------------------------------------------------------------------------------
 

@@ -11,6 +11,14 @@ messages ``a`` has sent to ``b``. Row ``me`` is exact (these are our own sends) 
   that the sender had heard of); delivering merges ``H = max(H, Hm)``;
 - ``Hm[i][me] <= H[i][me]`` is a duplicate (a resend after a crash or a lost ack).
 
+One event (a reaction) may send several messages (:meth:`DomainClock.prepare_sends`): all are
+counted before any is stamped, so each stamp carries its siblings. Siblings on one link share a
+stamp whose link counter ``Hm[i][me]`` is the last of them; each travels with its own sequence
+number ``seq``, which takes the counter's place in the tests above (``check(src, stamp, seq)``),
+and delivering it sets ``H[i][me] = seq``. The receiver delivers them all at once (the caller's
+part: :meth:`DomainClock.event_end` says how many are coming), so that nothing it does after the
+first can precede the others.
+
 Two stamp encodings, each tied to a way of persisting the matrix:
 
 ``"full"``
@@ -183,9 +191,9 @@ class DomainClock(persistent.Persistent):
     ``stamps`` is ``"delta"`` (default) or ``"full"``; ``order`` is ``"causal"`` (default) or
     ``"fifo"``. Usage on the receive side::
 
-        verdict = clock.check(src, stamp)     # pure
-        if verdict is Verdict.DELIVER:
-            clock.deliver(src, stamp)         # in the same transaction as queueing the message
+        verdict = clock.check(src, stamp, seq)     # pure
+        if verdict is Verdict.DELIVER:             # and event_end(src, stamp) == seq, or the
+            clock.deliver(src, stamp, seq)         # rest of the event is delivered with it
 
     :meth:`receive` does both with one decoding.
     """
@@ -290,6 +298,13 @@ class DomainClock(persistent.Persistent):
 
     # ------------------------------------------------------------------------------------ send
 
+    def max_stamp_size(self) -> int:
+        """The largest stamp this clock can make, in bytes (a delta listing every entry)."""
+        mode, k, *_ = self._fast()
+        if mode in (_DELTA_FIFO, _FULL_FIFO):
+            return _FIFO_STAMP.size
+        return HEADER_SIZE + (8 if mode == _FULL_CAUSAL else _ENTRY_SIZE) * k * k
+
     def prepare_send(self, dest: int) -> bytes:
         """Count one more message to ``dest`` and return its stamp.
 
@@ -326,6 +341,117 @@ class DomainClock(persistent.Persistent):
                 stamp = _HEADER.pack(STAMP_VERSION, KIND_FULL, k, me, dest) + body.tobytes()
         self._v_last_stamp_size = len(stamp)
         return stamp
+
+    def prepare_sends(self, dests: list[int]) -> list[tuple[int, bytes]]:
+        """Count the messages of one event, one per entry of ``dests``, and stamp each.
+
+        ``(seq, stamp)`` per message, in the order of ``dests``: ``seq`` is the message's number
+        on its link, which the caller sends beside the stamp. All the messages are counted
+        *before* any is stamped, so every stamp carries the sends of all its siblings: whatever
+        a receiver sends after delivering one of them is stamped with knowledge of the others,
+        and their receivers hold it back until they have them. That makes one reaction (the
+        caller's "event") one clock event.
+
+        Siblings on one link carry the same stamp, whose link counter is the *last* of their
+        seqs: the receiver checks each with its own ``seq`` (``check(src, stamp, seq)``) and,
+        knowing from the counter that more of the event is on its way, delivers them all at once
+        when the last has come (:meth:`event_end`). Delivering the first alone would let what
+        its receiver does next overtake the others. Same transaction rule as
+        :meth:`prepare_send`.
+        """
+        mode, k, me, pages, bits, mask = self._fast()
+        for dest in dests:
+            if not 0 <= dest < k or dest == me:
+                raise ClockError(
+                    f"cannot stamp a message from {me} to {dest}: the destination must be "
+                    f"another server of this domain (0..{k - 1})"
+                )
+        if mode in (_DELTA_FIFO, _FULL_FIFO) or len(dests) == 1:
+            # FIFO stamps carry no knowledge of other links; one send is its own event.
+            sends = []
+            for dest in dests:
+                stamp = self.prepare_send(dest)
+                sends.append((self.sent_to(dest), stamp))
+            return sends
+        counts: dict[int, int] = {}
+        for dest in dests:
+            counts[dest] = counts.get(dest, 0) + 1
+        if mode == _DELTA_CAUSAL:
+            bodies = self._count_delta(k, me, pages, bits, mask, counts)
+            stamps = {
+                dest: _delta_struct(len(flat) >> 1).pack(
+                    STAMP_VERSION, KIND_DELTA, k, me, dest, *flat
+                )
+                for dest, flat in bodies.items()
+            }
+        else:
+            m = self._m
+            for dest, n in counts.items():
+                m[me * k + dest] += n
+            self._touch(self)
+            body = array("q", m)
+            if _BIG_ENDIAN:
+                body.byteswap()
+            matrix = body.tobytes()
+            stamps = {
+                dest: _HEADER.pack(STAMP_VERSION, KIND_FULL, k, me, dest) + matrix
+                for dest in counts
+            }
+        out: list[tuple[int, bytes]] = []
+        seqs = {dest: self.entry(me, dest) - n for dest, n in counts.items()}
+        for dest in dests:
+            seqs[dest] += 1
+            out.append((seqs[dest], stamps[dest]))
+        self._v_last_stamp_size = len(out[-1][1])
+        return out
+
+    def _count_delta(
+        self,
+        k: int,
+        me: int,
+        pages: tuple[_Page, ...],
+        bits: int,
+        mask: int,
+        counts: dict[int, int],
+    ) -> dict[int, list[int]]:
+        """Count ``counts[dest]`` sends to each ``dest`` in one epoch; each dest's stamp body.
+
+        The body for ``dest`` is what :meth:`_send_delta` would send after all the counts: every
+        entry changed since our previous send to ``dest``, less what ``dest`` is sure to know.
+        The counts share one epoch, so a later send to ``dest`` (which walks back to the epoch
+        of ``H[me][dest]``, this one) skips exactly the entries this event already sent it.
+        """
+        sentinel = k * k
+        sp = pages[sentinel >> bits]
+        if not sp._p_changed:
+            self._touch(sp)
+        sd = sp.d
+        si = (sentinel & mask) * _STRIDE
+        epoch = sd[si] + 1
+        sd[si] = epoch
+        last: dict[int, int] = {}
+        for dest, n in counts.items():
+            key = me * k + dest
+            d = pages[key >> bits].d
+            i = (key & mask) * _STRIDE
+            last[dest] = d[i + _TAG] | _SRC_MASK
+            self._change(pages, bits, mask, sentinel, key, d[i] + n, me, epoch)
+        bodies: dict[int, list[int]] = {}
+        for dest, before in last.items():
+            flat: list[int] = []
+            x = sd[si + _LIST] >> 32
+            while x != sentinel:
+                d = pages[x >> bits].d
+                i = (x & mask) * _STRIDE
+                tag = d[i + _TAG]
+                if tag <= before:
+                    break
+                if tag & _SRC_MASK != dest and x // k != dest:
+                    flat.append(x)
+                    flat.append(d[i])
+                x = d[i + _LIST] >> 32
+            bodies[dest] = flat
+        return bodies
 
     # Which entries a delta stamp to ``dest`` carries, and why that is enough.
     #
@@ -442,41 +568,75 @@ class DomainClock(persistent.Persistent):
 
     # --------------------------------------------------------------------------------- receive
 
-    def check(self, src: int, stamp: bytes) -> Verdict:
-        """The verdict on a message from ``src`` carrying ``stamp``; changes nothing."""
+    def check(self, src: int, stamp: bytes, seq: int | None = None) -> Verdict:
+        """The verdict on a message from ``src`` carrying ``stamp``; changes nothing.
+
+        ``seq`` is the message's number on its link, sent beside the stamp; None means the
+        stamp's own link counter (the last message its event sent here, see
+        :meth:`prepare_sends`), which is right for every message that had no sibling on its
+        link. A DELIVER for a message whose event sent more here (``seq < event_end``) means
+        "deliverable together with them": the caller holds it until they have all come.
+        """
         decoded = self._decode(src, stamp)
         # Remembered (volatile, not clock state) so that the usual check-then-deliver of the
         # same bytes decodes them once.
         self._v_decoded = (stamp, src, decoded)
-        return self._verdict(src, decoded)
+        return self._verdict(src, decoded, seq)
 
-    def deliver(self, src: int, stamp: bytes) -> None:
+    def deliver(self, src: int, stamp: bytes, seq: int | None = None) -> None:
         """Merge the stamp of a message that :meth:`check` found deliverable.
 
         Refuses (ClockError, clock untouched) a message that is not deliverable now: merging a
-        waiting message would let its causal successors overtake its predecessors.
+        waiting message would let its causal successors overtake its predecessors. The link
+        entry becomes ``seq`` (the messages delivered on the link), not the stamp's count of
+        the event's messages: the later siblings are still to be delivered.
         """
+        decoded = self._decoded(src, stamp)
+        # The verdict itself is always recomputed: the clock may have moved since check().
+        verdict = self._verdict(src, decoded, seq)
+        if verdict is not Verdict.DELIVER:
+            raise ClockError(
+                f"refusing to deliver a message from {src}: its verdict is {verdict.name}"
+            )
+        self._merge(src, decoded, seq)
+
+    def receive(self, src: int, stamp: bytes, seq: int | None = None) -> Verdict:
+        """:meth:`check`, then :meth:`deliver` when the verdict is DELIVER, decoding once."""
+        decoded = self._decoded(src, stamp)
+        verdict = self._verdict(src, decoded, seq)
+        if verdict is Verdict.DELIVER:
+            self._merge(src, decoded, seq)
+        return verdict
+
+    def event_end(self, src: int, stamp: bytes) -> int:
+        """The seq of the last message the event that sent ``stamp`` sent to this server.
+
+        That is the stamp's link counter. A message whose own seq is lower has later siblings
+        on its link, sent in the same event (:meth:`prepare_sends`): it must be delivered in
+        one go with them, so that nothing done after it can precede them.
+        """
+        return self._link(src, self._decoded(src, stamp))
+
+    def _decoded(self, src: int, stamp: bytes) -> Any:
+        """``_decode(src, stamp)``, or what :meth:`check` remembered of these very bytes."""
         try:
             seen, seen_src, decoded = self._v_decoded
         except AttributeError:
             seen = None
         if seen is not stamp or seen_src != src:
             decoded = self._decode(src, stamp)
-        # The verdict itself is always recomputed: the clock may have moved since check().
-        verdict = self._verdict(src, decoded)
-        if verdict is not Verdict.DELIVER:
-            raise ClockError(
-                f"refusing to deliver a message from {src}: its verdict is {verdict.name}"
-            )
-        self._merge(src, decoded)
+            self._v_decoded = (stamp, src, decoded)
+        return decoded
 
-    def receive(self, src: int, stamp: bytes) -> Verdict:
-        """:meth:`check`, then :meth:`deliver` when the verdict is DELIVER, decoding once."""
-        decoded = self._decode(src, stamp)
-        verdict = self._verdict(src, decoded)
-        if verdict is Verdict.DELIVER:
-            self._merge(src, decoded)
-        return verdict
+    def _link(self, src: int, decoded: Any) -> int:
+        """The stamp's link counter ``Hm[src][me]``."""
+        mode, k, me, *_ = self._fast()
+        if mode == _DELTA_CAUSAL:
+            keys, values = decoded
+            return int(values[keys.index(src * k + me)])
+        if mode == _FULL_CAUSAL:
+            return int(decoded[src * k + me])
+        return int(decoded)
 
     def _decode(self, src: int, stamp: bytes) -> Any:
         """Validate ``stamp`` completely and return it in the form the mode's code uses.
@@ -551,16 +711,23 @@ class DomainClock(persistent.Persistent):
             f"{self.entry(self.me, b)}: this server's store is behind the domain"
         )
 
-    def _verdict(self, src: int, decoded: Any) -> Verdict:
+    def _verdict(self, src: int, decoded: Any, seq: int | None) -> Verdict:
         mode, k, me, pages, bits, mask = self._fast()
+        count = self._link(src, decoded)
+        if seq is None:
+            seq = count
+        elif not 1 <= seq <= count:
+            raise ClockError(
+                f"message {seq} from {src} carries a stamp that counts {count} messages on its "
+                "link: the sequence number must be between 1 and that count"
+            )
+        link_key = src * k + me
         if mode == _DELTA_CAUSAL:
             keys, values = decoded
-            link_key = src * k + me
-            link = values[keys.index(link_key)]
             have = pages[link_key >> bits].d[(link_key & mask) * _STRIDE]
-            if link <= have:
+            if seq <= have:
                 return Verdict.DUPLICATE
-            if link != have + 1:
+            if seq != have + 1:
                 return Verdict.WAIT
             for key, value in zip(keys, values, strict=True):
                 if (
@@ -573,24 +740,23 @@ class DomainClock(persistent.Persistent):
         if mode == _FULL_CAUSAL:
             hm = decoded
             m = self._m
-            link_key = src * k + me
-            link = hm[link_key]
             have = m[link_key]
-            if link <= have:
+            if seq <= have:
                 return Verdict.DUPLICATE
-            if link != have + 1:
+            if seq != have + 1:
                 return Verdict.WAIT
             for a, (theirs, ours) in enumerate(zip(hm[me::k], m[me::k], strict=True)):
                 if theirs > ours and a != src:
                     return Verdict.WAIT
             return Verdict.DELIVER
         have = self.entry(src, me)
-        if decoded <= have:
+        if seq <= have:
             return Verdict.DUPLICATE
-        return Verdict.DELIVER if decoded == have + 1 else Verdict.WAIT
+        return Verdict.DELIVER if seq == have + 1 else Verdict.WAIT
 
-    def _merge(self, src: int, decoded: Any) -> None:
+    def _merge(self, src: int, decoded: Any, seq: int | None) -> None:
         mode, k, me, pages, bits, mask = self._fast()
+        link_key = src * k + me
         if mode == _DELTA_CAUSAL:
             keys, values = decoded
             sentinel = k * k
@@ -602,18 +768,23 @@ class DomainClock(persistent.Persistent):
             epoch = sd[si] + 1
             sd[si] = epoch
             for key, value in zip(keys, values, strict=True):
+                if key == link_key and seq is not None:
+                    value = seq  # the messages delivered on the link, not those of the event
                 if value > pages[key >> bits].d[(key & mask) * _STRIDE]:
                     self._change(pages, bits, mask, sentinel, key, value, src, epoch)
         elif mode == _FULL_CAUSAL:
             # The baseline's O(k^2) merge, and a rewrite of the whole record at commit.
             self._touch(self)  # before the assignment below marks it changed behind our back
-            self._m = array("q", map(max, self._m, decoded))
+            merged = array("q", map(max, self._m, decoded))
+            if seq is not None:
+                merged[link_key] = seq  # the messages delivered on the link (see above)
+            self._m = merged
         elif mode == _DELTA_FIFO:
             page = pages[src >> bits]
-            page.d[(src & mask) * 2 + _IN] = decoded
+            page.d[(src & mask) * 2 + _IN] = decoded if seq is None else seq
             self._touch(page)
         else:
-            self._m[src * k + me] = decoded
+            self._m[link_key] = decoded if seq is None else seq
             self._touch(self)
 
     # --------------------------------------------------------------------------------- tracing

@@ -76,7 +76,12 @@ class Channel(Protocol):
         ...
 
     def send(self, message: Message) -> None:
-        """Stamp ``message`` and queue it persistently for its next hop (same transaction)."""
+        """Hold ``message`` for the next :meth:`seal` (same transaction)."""
+        ...
+
+    def seal(self) -> None:
+        """End of an event: stamp all its held sends as one clock event and queue them
+        persistently for their next hops (same transaction)."""
         ...
 
 
@@ -420,6 +425,7 @@ class Engine:
             if failpoints.armed:
                 failpoints.hit("engine.input")
             item(self)
+            self._seal()
 
     def _apply_carefully(self, inputs: list[Input]) -> None:
         """Apply inputs one savepoint each: a failing one is rolled back and dropped alone."""
@@ -430,6 +436,7 @@ class Engine:
                 if failpoints.armed:
                     failpoints.hit("engine.input")
                 item(self)
+                self._seal()
             except Exception:
                 savepoint.rollback()
                 self._drop_input(dropped=True)
@@ -451,7 +458,14 @@ class Engine:
         with self._cond:
             self._inbox.extendleft(reversed(list(inputs)))
 
+    def _seal(self) -> None:
+        """End of an event (a reaction or an input): stamp its remote sends as one clock event."""
+        if self.channel is not None:
+            self.channel.seal()
+
     def _commit(self) -> None:
+        # Sends made outside any reaction or input (boot-time operations) are one last event.
+        self._seal()
         failpoints = self.failpoints
         if failpoints.armed:
             failpoints.hit("engine.commit")
@@ -517,6 +531,8 @@ class Engine:
                         if failpoints.armed:
                             failpoints.hit("engine.reacted")
                         self._finish(target, agent)
+            # A reaction is one event: its remote sends are counted and stamped together.
+            self._seal()
         except Exception as exc:
             if savepoint is None:
                 raise ReactionFailed() from exc

@@ -13,9 +13,17 @@ The rules:
 
 * a link is a (peer, domain) pair; its sequence number is the clock entry ``H[me][peer]``, bumped
   by every stamp, which names a message uniquely across restarts of either side;
+* the messages one event (a reaction, an input) sends are stamped together: counted in the clock
+  before any is stamped, so that each carries its siblings (a reaction is one clock event);
 * a received frame is tested against the domain's clock: DELIVER (then the held-back messages
   that became deliverable, in turn), WAIT (held back, once, keyed by (peer, seq)) or DUPLICATE
   (ignored: a resend of something delivered);
+* the messages of one event on one link are delivered together, in order, with nothing in
+  between: a deliverable one whose event sent more to this server (the stamp's link counter,
+  :meth:`DomainClock.event_end`, is beyond its seq) is held until the rest has come. Delivered
+  alone, it could be acted on (by an agent here, or by this server as a router forwarding it
+  into another domain) before the rest arrives, and that act would overtake them although
+  they were sent in the same event as the message it follows;
 * acknowledgements are cumulative and cover only the unbroken run delivered from that peer,
   ``H[peer][me]``: a frame ahead of a gap never vouches for the gap;
 * an acknowledgement up to ``n`` drops the link's queued messages through ``n``;
@@ -32,7 +40,7 @@ from typing import TYPE_CHECKING
 
 from aaabus.core.clock import DomainClock, Verdict
 from aaabus.errors import ClockError
-from aaabus.wire.linkframes import decode_data, encode_data
+from aaabus.wire.linkframes import data_frame_size, decode_data, encode_data
 from aaabus.wire.message import Message
 
 if TYPE_CHECKING:
@@ -43,6 +51,9 @@ if TYPE_CHECKING:
     from aaabus.core.trace import Tracer
 
 __all__ = ["Deliver", "LinkProtocol", "SendAck"]
+
+# Bytes of a frame's session envelope (sequence number and MAC) on top of the data frame.
+_SESSION_ROOM = 64
 
 
 @dataclass(frozen=True)
@@ -96,30 +107,64 @@ class LinkProtocol:
 
     # -- sending ---------------------------------------------------------------------------------
 
-    def stamp(self, peer: int, domain: str, message: Message) -> bytes:
-        """Stamp ``message`` for ``peer`` in ``domain``, queue it on that link; its frame.
+    def check_size(self, domain: str, message: Message) -> None:
+        """Raise ``ValueError`` if ``message`` might not fit a frame in ``domain``.
 
-        Raises ``ValueError`` when the frame would exceed the bus limit: nothing is queued, but
-        the clock has counted the stamp, so the caller's transaction must roll back (the sending
-        reaction fails, and its sender hears of it).
+        Called when a reaction sends, before anything is counted, so that the sending reaction
+        fails and its sender hears of it: the bound allows for the largest stamp the domain's
+        clock can make, since the actual stamp is only made when the event is sealed.
         """
-        clock = self.clocks[domain]
-        dest = self._index[domain][peer]
-        tracer = self.tracer
-        t0 = time.perf_counter_ns() if tracer is not None else 0
-        stamp = clock.prepare_send(dest)
-        if tracer is not None:
-            tracer.stamped(domain, peer, len(stamp), time.perf_counter_ns() - t0)
-        seq = clock.sent_to(dest)
-        frame = encode_data(seq, domain, stamp, message)
-        if len(frame) > self.max_frame - 64:  # room for the session's sequence number and MAC
-            # Raised inside the sending reaction, which is rolled back: the sender hears of it.
+        size = data_frame_size(domain, self.clocks[domain].max_stamp_size(), message)
+        if size > self.max_frame - _SESSION_ROOM:
             raise ValueError(
-                f"notification to {message.target} is {len(frame)} bytes on the wire, over the "
+                f"notification to {message.target} is up to {size} bytes on the wire, over the "
                 f"bus limit of {self.max_frame} (property aaabus.max_frame)"
             )
-        self._qout[peer, domain][seq] = (stamp, message)
-        return frame
+
+    def stamp_event(self, sends: list[tuple[int, str, Message]]) -> list[tuple[int, bytes]]:
+        """Stamp the messages one event sends, ``(peer, domain, message)`` each, as one clock
+        event; queue each on its link; ``(peer, frame)`` per message, in the order of ``sends``.
+
+        Per domain, every message is counted in the clock before any is stamped
+        (:meth:`DomainClock.prepare_sends`), so each stamp carries its siblings: whatever a
+        receiver of one sends afterwards is causally after all of them. Raises ``ValueError``
+        when a frame exceeds the bus limit (only a router re-stamping into a larger domain can
+        get past :meth:`check_size`); the clock has then counted the event, so the caller's
+        transaction must roll back (the input that delivered the message fails).
+        """
+        by_domain: dict[str, list[int]] = {}
+        for i, (_peer, domain, _message) in enumerate(sends):
+            by_domain.setdefault(domain, []).append(i)
+        frames: list[tuple[int, bytes]] = [(0, b"")] * len(sends)
+        tracer = self.tracer
+        for domain, positions in by_domain.items():
+            index = self._index[domain]
+            t0 = time.perf_counter_ns() if tracer is not None else 0
+            stamped = self.clocks[domain].prepare_sends([index[sends[i][0]] for i in positions])
+            if tracer is not None:
+                each = (time.perf_counter_ns() - t0) // len(positions)
+                for i, (_seq, stamp) in zip(positions, stamped, strict=True):
+                    tracer.stamped(domain, sends[i][0], len(stamp), each)
+            for i, (seq, stamp) in zip(positions, stamped, strict=True):
+                peer, _domain, message = sends[i]
+                frame = encode_data(seq, domain, stamp, message)
+                if len(frame) > self.max_frame - _SESSION_ROOM:
+                    raise ValueError(
+                        f"notification to {message.target} is {len(frame)} bytes on the wire "
+                        f"in domain {domain}, over the bus limit of {self.max_frame} "
+                        "(property aaabus.max_frame)"
+                    )
+                self._qout[peer, domain][seq] = (stamp, message)
+                frames[i] = (peer, frame)
+        return frames
+
+    def stamp(self, peer: int, domain: str, message: Message) -> bytes:
+        """Stamp ``message`` alone (an event that sends only it), queue it; its frame.
+
+        Same failure rule as :meth:`stamp_event`, after the early :meth:`check_size`.
+        """
+        self.check_size(domain, message)
+        return self.stamp_event([(peer, domain, message)])[0][1]
 
     def acknowledged(self, peer: int, domain: str, upto: int) -> None:
         """``peer`` has stored all we sent it in ``domain`` up to ``upto``: forget those."""
@@ -148,27 +193,74 @@ class LinkProtocol:
         tracer = self.tracer
         self._hit("channel.clock_test")
         t0 = time.perf_counter_ns() if tracer is not None else 0
+        run: list[tuple[int, bytes, Message]] | None = None
         try:
-            verdict = clock.receive(src, stamp)
+            alone = clock.event_end(src, stamp) == seq
+            if alone:  # the usual case: its event sent nothing else here; test and merge
+                verdict = clock.receive(src, stamp, seq)
+            else:
+                verdict = clock.check(src, stamp, seq)
+                if verdict is Verdict.DELIVER:
+                    run = self._run(domain, peer, src, seq, stamp)
+                    if run is None:
+                        verdict = Verdict.WAIT  # the rest of its event here is still to come
         except ClockError as exc:
             raise ValueError(f"bad stamp from server {peer}: {exc}") from None
         if tracer is not None:
             tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
-        if verdict is Verdict.WAIT:
+        waiting = self._waiting[domain]
+        if verdict is Verdict.DELIVER:
+            if run is None:
+                yield Deliver(message)
+            else:
+                yield from self._deliver_run(domain, peer, src, [(seq, stamp, message), *run])
+            if waiting:
+                yield from self._retry(domain)
+        elif verdict is Verdict.WAIT:
             self._hit("channel.hold_back")
-            waiting = self._waiting[domain]
             key = (peer, seq)
             if key not in waiting:
                 waiting[key] = (src, stamp, message)
-        elif verdict is Verdict.DELIVER:
-            yield Deliver(message)
-            if self._waiting[domain]:
+            # It may complete an event whose first message on the link is held for it.
+            first = clock.received_from(src) + 1
+            head = waiting.get((peer, first)) if seq > first else None
+            if head is not None and clock.event_end(src, head[1]) >= seq:
                 yield from self._retry(domain)
         # Acks are cumulative, so they may only cover an unbroken run: everything this link
         # delivered, which is H[peer][me]. A held-back frame is stored too, but a frame ahead of
         # a gap must not vouch for the gap (the sender would drop what we never got); it is
         # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
         yield SendAck(peer, domain, clock.received_from(src))
+
+    def _run(
+        self, domain: str, peer: int, src: int, seq: int, stamp: bytes
+    ) -> list[tuple[int, bytes, Message]] | None:
+        """The held messages that must be delivered right after message ``seq`` from ``peer``
+        (deliverable): the rest of its event on this link, in order; None while one of them is
+        missing. A reaction is one clock event: delivering part of it, then acting, would let
+        that act overtake the rest (:meth:`DomainClock.prepare_sends`)."""
+        end = self.clocks[domain].event_end(src, stamp)
+        waiting = self._waiting[domain]
+        run = []
+        for later in range(seq + 1, end + 1):
+            held = waiting.get((peer, later))
+            if held is None:
+                return None
+            run.append((later, held[1], held[2]))
+        return run
+
+    def _deliver_run(
+        self, domain: str, peer: int, src: int, run: list[tuple[int, bytes, Message]]
+    ) -> Iterator[Deliver]:
+        """Deliver one event's messages on one link, in order, with nothing in between."""
+        clock = self.clocks[domain]
+        waiting = self._waiting[domain]
+        for seq, stamp, message in run:
+            # Each is the next on its link, and its stamp is its first sibling's (or one that
+            # knows no more): ClockError here would be a bug, and fails the input.
+            clock.deliver(src, stamp, seq)
+            waiting.pop((peer, seq), None)
+            yield Deliver(message)
 
     def _retry(self, domain: str) -> Iterator[Deliver | SendAck]:
         """Deliver every held-back message of ``domain`` that has become deliverable."""
@@ -178,14 +270,21 @@ class LinkProtocol:
         while progress and waiting:
             progress = False
             for key, (src, stamp, message) in list(waiting.items()):
-                verdict = clock.receive(src, stamp)
+                if key not in waiting:
+                    continue  # delivered in this pass, as part of an earlier one's event
+                peer, seq = key
+                verdict = clock.check(src, stamp, seq)
                 if verdict is Verdict.WAIT:
                     continue
-                del waiting[key]
-                if verdict is Verdict.DELIVER:
-                    yield Deliver(message)
-                    yield SendAck(key[0], domain, clock.received_from(src))
-                    progress = True
+                if verdict is Verdict.DUPLICATE:
+                    del waiting[key]
+                    continue
+                run = self._run(domain, peer, src, seq, stamp)
+                if run is None:
+                    continue
+                yield from self._deliver_run(domain, peer, src, [(seq, stamp, message), *run])
+                yield SendAck(peer, domain, clock.received_from(src))
+                progress = True
 
     # -- links -----------------------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """An independent checker of recorded bus histories: exactly-once and causal delivery.
 
 Test agents record what they did: every send (message id, sender, destination and the sender's
-vector clock at the send, after counting the send itself) and every delivery, in the order each
-agent saw them. :func:`check` judges such a history and says what went wrong:
+vector clock at the event that sent it, after counting that event) and every delivery, in the
+order each agent saw them. :func:`check` judges such a history and says what went wrong:
 
 * ``lost``: sent, never delivered at its destination;
 * ``duplicated``: delivered more than once at its destination;
@@ -14,8 +14,11 @@ agent saw them. :func:`check` judges such a history and says what went wrong:
 
 This module deliberately imports nothing from ``aaabus``: a checker sharing code with the
 implementation it checks would inherit its bugs. It relies only on the textbook vector clock
-rules the recording agents follow (send: ``vc[self] += 1``, the message carries a copy;
-delivery: ``vc = max(vc, msg.vc)`` then ``vc[self] += 1``).
+rules, with one event per reaction, that the recording agents follow: a reaction ticks once
+(``vc = max(vc, msg.vc)`` if it delivered a message, then ``vc[self] += 1``) and every message it
+sends carries a copy of that clock. The sends of one reaction are thus one event: none of them
+happened-before another, and all of them happened-before whatever a receiver of any of them
+does next. That is the bus's contract (a reaction's sends are stamped together).
 
 Choices worth knowing:
 
@@ -28,6 +31,8 @@ Choices worth knowing:
 * A delivery at the wrong agent takes no part in that agent's order checks (causal order is
   defined between messages addressed to the same destination). If the message never reached
   its real destination it is also ``lost``.
+* Sends of one event share their clock, so FIFO between two messages of one reaction to the
+  same destination is not judged here (the bus keeps it; :mod:`aaabus.core.clock` tests it).
 * Pair lists can be quadratic in the history length when an implementation is badly broken, so
   they stop growing at ``limit`` pairs each and :attr:`Report.truncated` is set.
 """
@@ -54,7 +59,8 @@ _EXAMPLES = 5
 
 @dataclass(frozen=True)
 class Send:
-    """One send event: ``vc`` is the sender's vector clock right after counting this send."""
+    """One send: ``vc`` is the sender's vector clock at the event (reaction) that sent it, after
+    counting that event; the sends of one event share it."""
 
     mid: str
     sender: str
@@ -148,9 +154,10 @@ def happened_before(vc1: Mapping[str, int], vc2: Mapping[str, int]) -> bool:
 
 def _index_sends(sends: Iterable[Send]) -> dict[str, Send]:
     by_mid: dict[str, Send] = {}
-    # (sender, vc[sender]) names one send: each send ticks the sender's own entry. The order
-    # checks below rely on that, so a recorder breaking it must fail loudly, not skew verdicts.
-    stamps: dict[tuple[str, int], str] = {}
+    # (sender, vc[sender]) names one event: each event ticks the sender's own entry, and the
+    # sends of one event carry the same clock. The order checks below rely on that, so a
+    # recorder breaking it must fail loudly, not skew verdicts.
+    events: dict[tuple[str, int], Send] = {}
     for s in sends:
         known = by_mid.get(s.mid)
         if known is not None:
@@ -160,11 +167,11 @@ def _index_sends(sends: Iterable[Send]) -> dict[str, Send]:
         own = s.vc.get(s.sender, 0)
         if own < 1:
             raise ValueError(f"send {s.mid!r}: vc[{s.sender!r}] must count the send itself")
-        other = stamps.setdefault((s.sender, own), s.mid)
-        if other != s.mid:
+        other = events.setdefault((s.sender, own), s)
+        if other.vc != s.vc:
             raise ValueError(
-                f"sends {other!r} and {s.mid!r} both carry vc[{s.sender!r}] = {own}: "
-                "the sender must tick its own entry on every send"
+                f"sends {other.mid!r} and {s.mid!r} both carry vc[{s.sender!r}] = {own} with "
+                "different clocks: the sender must tick its own entry on every event"
             )
         by_mid[s.mid] = s
     return by_mid
@@ -207,7 +214,7 @@ def _order_checks(agent: str, order: list[Send], causal: _Pairs, fifo: _Pairs | 
     componentwise max of the clocks delivered so far, m_j can only be late if
     ``vc_j[s_j] <= high[s_j]``; that is an O(1) test, and a necessary condition even for
     ill-formed clocks, so it never hides a violation. For well-formed clocks it is also
-    sufficient (the entry s_j counts the sends of s_j that m_j's send knows of), so in a clean
+    sufficient (the entry s_j counts the events of s_j that m_j's send knows of), so in a clean
     history no pair is ever examined. Only when it fires do we scan the earlier deliveries, to
     name every offending m_i and confirm each one with the full componentwise definition.
 

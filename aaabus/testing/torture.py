@@ -107,9 +107,7 @@ class Account(Agent):
         rng = random.Random(f"{self.seed}:{self.label}:{self.n}")
         name, dest = self.peers[rng.randrange(len(self.peers))]
         amount = rng.randint(1, 50)
-        vc = dict(self.vc)
-        vc[self.label] = vc.get(self.label, 0) + 1
-        self.vc = vc  # reassigned: a plain dict attribute is only saved when assigned
+        vc = self.vc  # ticked once by the reaction: all its sends are one event
         mid = f"{self.label}#{self.n}"
         self.n += 1
         self.balance -= amount
@@ -120,6 +118,9 @@ class Account(Agent):
         if isinstance(note, Roster):
             self.peers = [p for p in note.accounts if p[0] != self.label]
         elif isinstance(note, Start):
+            vc = dict(self.vc)
+            vc[self.label] = vc.get(self.label, 0) + 1
+            self.vc = vc  # reassigned: a plain dict attribute is only saved when assigned
             for _ in range(note.chains):
                 self._pay(note.ttl)
         elif isinstance(note, Credit):
@@ -997,6 +998,7 @@ class Scribe(Gossiper):
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Fire):
+            self._tick()
             for name, dest, then in note.plan:
                 self._chain(name, dest, then)
         elif isinstance(note, Chain):

@@ -135,11 +135,12 @@ class Kick(Notification):
 class Gossiper(Agent):
     """Sends and forwards gossip, recording its own history for the checker.
 
-    Keeps a vector clock over agent names (the checker's causal context): +1 on each send and each
-    delivery, merged with the message's on delivery. Every send (mid, destination, clock) and
-    every delivery (mid) is appended to the agent's own stored history, in the same transaction
-    as the reaction, so the history is exactly what the bus committed. Forwarding targets come
-    from a counter-seeded generator, so a run is reproducible.
+    Keeps a vector clock over agent names (the checker's causal context): +1 once per reaction
+    (a reaction is one event: its delivery and all its sends), merged with the message's on
+    delivery; every send of a reaction carries the clock of that reaction. Every send (mid,
+    destination, clock) and every delivery (mid) is appended to the agent's own stored history,
+    in the same transaction as the reaction, so the history is exactly what the bus committed.
+    Forwarding targets come from a counter-seeded generator, so a run is reproducible.
     """
 
     def __init__(self, label: str, seed: int) -> None:
@@ -160,12 +161,19 @@ class Gossiper(Agent):
         mid, vc = self._record_send(name)
         self.send_to(dest, Gossip(mid, vc, ttl))
 
-    def _record_send(self, dest_name: str) -> tuple[str, dict[str, int]]:
-        """Tick the vector clock for a send to ``dest_name``, record it; the message's id and
-        clock."""
+    def _tick(self) -> None:
+        """Count a reaction that delivered nothing (a start order from outside) as an event."""
         vc = dict(self.vc)
         vc[self.label] = vc.get(self.label, 0) + 1
-        self.vc = vc
+        self.vc = vc  # reassigned: a plain dict attribute is only saved when assigned
+
+    def _record_send(self, dest_name: str) -> tuple[str, dict[str, int]]:
+        """Record a send to ``dest_name`` of the current reaction; the message's id and clock.
+
+        A reaction is one event (the bus stamps all its sends together), so its sends carry
+        the clock the reaction ticked once, and no tick of their own.
+        """
+        vc = self.vc
         mid = f"{self.label}#{self.n}"
         self.n += 1
         self.sent.append((mid, dest_name, dict(vc)))
@@ -175,6 +183,7 @@ class Gossiper(Agent):
         if isinstance(note, Peers):
             self.peers = [p for p in note.peers if p[0] != self.label]
         elif isinstance(note, Kick):
+            self._tick()
             for _ in range(note.count):
                 self._send(note.ttl)
         elif isinstance(note, Gossip):

@@ -12,7 +12,15 @@ import struct
 from aaabus.model.ids import AgentId
 from aaabus.wire.message import Message, vet_body
 
-__all__ = ["ACK", "DATA", "decode_ack", "decode_data", "encode_ack", "encode_data"]
+__all__ = [
+    "ACK",
+    "DATA",
+    "data_frame_size",
+    "decode_ack",
+    "decode_data",
+    "encode_ack",
+    "encode_data",
+]
 
 # First byte of every frame.
 DATA = b"D"
@@ -48,6 +56,11 @@ def encode_data(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
     sender, target = message.sender, message.target
     head = _DATA.pack(DATA, seq, *sender, *target, len(name), len(stamp))
     return b"".join((head, name, stamp, message.body))
+
+
+def data_frame_size(domain: str, stamp_size: int, message: Message) -> int:
+    """The length of the data frame :func:`encode_data` makes for a stamp of ``stamp_size``."""
+    return _DATA.size + len(domain.encode()) + stamp_size + len(message.body)
 
 
 def decode_data(payload: bytes) -> tuple[int, str, bytes, Message]:
