@@ -121,6 +121,9 @@ class MqttListener:
         with self._lock:
             self._stopping = True
             connections = list(self._connections)
+        # shutdown() wakes the acceptor blocked in accept() (close() alone does not, on Linux).
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
         for conn in connections:
