@@ -42,7 +42,7 @@ class Device:
         self.connack: queue.Queue[Any] = queue.Queue()
         self.suback: queue.Queue[Any] = queue.Queue()
         self.client.on_message = lambda _c, _u, m: self.inbox.put(
-            (m.topic, m.payload, m.qos, bool(m.retain))
+            (m.topic, bytes(m.payload), m.qos, bool(m.retain))
         )
         self.client.on_connect = lambda _c, _u, flags, rc, _p: self.connack.put(
             (rc.value, flags.session_present)
@@ -72,7 +72,7 @@ class Device:
     def receive(self, count: int, timeout: float = 20.0) -> list[tuple[str, bytes, int, bool]]:
         """Exactly ``count`` messages (fails if fewer arrive by the deadline)."""
         deadline = time.monotonic() + timeout
-        out = []
+        out: list[tuple[str, bytes, int, bool]] = []
         while len(out) < count:
             out.append(self.inbox.get(timeout=max(0.01, deadline - time.monotonic())))
         return out
