@@ -15,7 +15,15 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-test: $(STAMP)
+# The MQTT tests drive the listener with the Debian mosquitto-clients tools too (apt, as root or
+# through sudo; they are skipped, with the reason, where that cannot install them).
+.PHONY: mqtt-tools
+mqtt-tools:
+	@command -v mosquitto_pub >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto-clients; } || \
+	  echo "mqtt-tools: mosquitto-clients not installed; the tests that need it are skipped"
+
+test: $(STAMP) mqtt-tools
 	$(PY) -m pytest -q
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).
