@@ -209,7 +209,3 @@ class MqttListener:
                 self.refused(old.address, "evicted: too many connections waiting for CONNECT")
                 old.close()
             conn.start()
-
-    def figures(self) -> dict[str, Any]:
-        with self._lock:
-            return {"connections": len(self._connections), "sessions_online": len(self._by_client)}
