@@ -17,6 +17,7 @@ import pytest
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import Device
+from tests.support.topics import wait_until
 from tests.test_mqtt_packets import connect_packet, publish_packet
 
 pytestmark = pytest.mark.slow
@@ -94,7 +95,7 @@ def test_bad_packet_closes_only_its_connection(
 def test_connect_of_mqtt_5_gets_connack_1_and_a_silent_client_is_closed_at_the_deadline(
     server: tuple[int, Bus],
 ) -> None:
-    port, _bus = server
+    port, bus = server
     v5 = raw(port, connect_packet(level=5))
     assert closed_after(v5) == bytes([0x20, 0x02, 0x00, 0x01])
     v5.close()
@@ -106,6 +107,10 @@ def test_connect_of_mqtt_5_gets_connack_1_and_a_silent_client_is_closed_at_the_d
     trickle = raw(port, connect_packet()[:5])  # half a CONNECT, then nothing
     assert closed_after(trickle) == b""
     trickle.close()
+    wait_until(
+        "the deadline is logged",
+        lambda: any("no CONNECT before the deadline" in line for line in bus[0].lines),
+    )
 
 
 def test_connect_flood_from_one_address_does_not_keep_a_device_out_or_fill_the_log(

@@ -106,7 +106,6 @@ class MqttListener:
         )
         self._connections: set[MqttConnection] = set()
         self._by_client: dict[str, MqttConnection] = {}
-        self._replaced: set[MqttConnection] = set()
         self._refusals = RefusalLog(log, f"server {sid}: MQTT port")
         self._count = 0
         self._stopping = False
@@ -160,15 +159,9 @@ class MqttListener:
         (MQTT: the newer connection wins)."""
         with self._lock:
             old = self._by_client.get(client_id)
-            if old is not None:
-                self._replaced.add(old)
         if old is not None:
             old.close()
             old.join(5.0)
-
-    def taken_over(self, conn: MqttConnection) -> bool:
-        with self._lock:
-            return conn in self._replaced
 
     def connected(self, conn: MqttConnection) -> None:
         with self._lock:
@@ -179,7 +172,6 @@ class MqttListener:
         with self._lock:
             self._pending.remove(conn)
             self._connections.discard(conn)
-            self._replaced.discard(conn)
             if self._by_client.get(conn.client_id) is conn:
                 del self._by_client[conn.client_id]
 

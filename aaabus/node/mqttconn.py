@@ -67,7 +67,6 @@ class ConnectionHost(Protocol):
     def refused(self, where: str, reason: str) -> None: ...
     def authenticate(self, user: str | None, password: str | None) -> bool: ...
     def take_over(self, client_id: str, conn: MqttConnection) -> None: ...
-    def taken_over(self, conn: MqttConnection) -> bool: ...
     def connected(self, conn: MqttConnection) -> None: ...
     def forget(self, conn: MqttConnection) -> None: ...
 
@@ -157,11 +156,10 @@ class MqttConnection:
         except Exception:  # a bug here must end one connection, not the listener
             log.exception("%s: unexpected error; connection closed", self.name)
         finally:
-            taken_over = self.closed.is_set() and self.listener.taken_over(self)
             self.close()
-            self._finish(graceful, taken_over)
+            self._finish(graceful)
 
-    def _finish(self, graceful: bool, taken_over: bool) -> None:
+    def _finish(self, graceful: bool) -> None:
         """After the socket is done: publish the will, end a clean session, leave the listener."""
         for thread in self._threads[1:]:
             thread.join(5.0)
@@ -174,7 +172,9 @@ class MqttConnection:
                             self.client_id, will.topic, will.payload, will.retain, None
                         )
                     )
-                if self.clean and not taken_over:
+                # Also when a newer connection took the client id over: it waits for this
+                # (take_over) before it opens its session, and a clean session ends here.
+                if self.clean:
                     self.listener.call(lambda: self.listener.sessions.drop_now(self.client_id))
             except Exception as exc:  # the server is stopping: a clean session dies with it
                 log.debug("%s: end of session not recorded (%s)", self.name, exc)
@@ -194,7 +194,12 @@ class MqttConnection:
                 if left <= 0:
                     raise MqttProtocolError("no CONNECT before the deadline")
                 self.sock.settimeout(left)
-            chunk = self.sock.recv(65536)
+            try:
+                chunk = self.sock.recv(65536)
+            except TimeoutError:
+                if deadline is not None:
+                    raise MqttProtocolError("no CONNECT before the deadline") from None
+                raise MqttProtocolError("keep-alive expired") from None
             if not chunk:
                 raise EOFError("closed by the device")
             buffer.extend(chunk)
@@ -204,7 +209,10 @@ class MqttConnection:
         deadline = time.monotonic() + self.listener.connect_s
         if isinstance(self.sock, ssl.SSLSocket):
             self.sock.settimeout(self.listener.connect_s)
-            self.sock.do_handshake()
+            try:
+                self.sock.do_handshake()
+            except TimeoutError:
+                raise MqttProtocolError("no TLS handshake before the CONNECT deadline") from None
         buffer = bytearray()
         first, packet = self._recv_packet(buffer, deadline)
         if first >> 4 != mp.CONNECT:
@@ -217,10 +225,7 @@ class MqttConnection:
             self._threads.append(thread)
             thread.start()
         while not self.closed.is_set():
-            try:
-                first, packet = self._recv_packet(buffer, None)
-            except TimeoutError:
-                raise MqttProtocolError("keep-alive expired") from None
+            first, packet = self._recv_packet(buffer, None)
             if self._handle(first, packet):
                 return True
         return False
