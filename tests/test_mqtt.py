@@ -67,6 +67,34 @@ def test_each_qos_delivers_every_publication_once_and_in_order(
         pub.close()
 
 
+def test_a_device_receives_at_the_lower_of_the_published_and_the_granted_qos(
+    mqtt_bus: Callable[..., tuple[int, Bus, Path]],
+) -> None:
+    port, _bus, config = mqtt_bus()
+    high = Device(port, "high")
+    low = Device(port, "low")
+    pub = Device(port, "pub")
+    try:
+        for device, qos in ((high, 2), (low, 1)):
+            device.connect()
+            device.subscribe("q/#", qos)
+        pub.connect()
+        for qos in (0, 1, 2):
+            pub.publish(f"q/{qos}", b"x", qos)
+        with Client(config, 0) as client:
+            client.publish("q/bus", b"y")  # the bus delivers exactly once: QoS 2 for MQTT
+        assert [(t, q) for t, _p, q, _r in high.receive(4)] == [
+            ("q/0", 0),
+            ("q/1", 1),
+            ("q/2", 2),
+            ("q/bus", 2),
+        ]
+        assert [q for _t, _p, q, _r in low.receive(4)] == [0, 1, 1, 1]
+    finally:
+        for device in (high, low, pub):
+            device.close()
+
+
 def test_retained_value_reaches_a_later_subscriber_and_an_empty_one_clears_it(
     mqtt_bus: Callable[..., tuple[int, Bus, Path]],
 ) -> None:

@@ -169,7 +169,7 @@ class MqttConnection:
                     will = self.will
                     self.listener.call(
                         lambda: self.listener.sessions.publish_now(
-                            self.client_id, will.topic, will.payload, will.retain, None
+                            self.client_id, will.topic, will.payload, will.retain, will.qos
                         )
                     )
                 # Also when a newer connection took the client id over: it waits for this
@@ -302,7 +302,7 @@ class MqttConnection:
         qos2_id = pid if qos == 2 else None
 
         def publish() -> bool:
-            return sessions.publish_now(cid, topic, payload, retain, qos2_id)
+            return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id)
 
         if qos == 0:
             self._engine(publish, None)

@@ -144,9 +144,16 @@ class MqttSessions:
                 self._send(self._rep(), Unsubscribe(topic_filter, record.box))
 
     def publish_now(
-        self, client_id: str, topic: str, payload: bytes, retain: bool, qos2_id: int | None
+        self,
+        client_id: str,
+        topic: str,
+        payload: bytes,
+        retain: bool,
+        qos: int,
+        qos2_id: int | None = None,
     ) -> bool:
-        """Publish on the bus; False (nothing published) for a QoS 2 retransmission."""
+        """Publish on the bus at ``qos``; False (nothing published) for a QoS 2 retransmission
+        (``qos2_id``: the packet id of an inbound QoS 2 PUBLISH)."""
         if qos2_id is not None:
             record = self._require(client_id)
             if qos2_id in record.inbound:
@@ -154,7 +161,7 @@ class MqttSessions:
             record.inbound.insert(qos2_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
-        self._send(self._rep(), Publish(topic, value, retain))
+        self._send(self._rep(), Publish(topic, value, retain, qos))
         return True
 
     def release_now(self, client_id: str, qos2_id: int) -> None:
@@ -184,8 +191,9 @@ class MqttSessions:
         out: list[Delivery] = []
         for seq, note in box.take(after, most):
             if isinstance(note, Publication):
-                granted = [record.filters.get(f, 0) for f in note.filters]
-                qos = max(granted, default=0)
+                # MQTT: the lower of the subscription's granted QoS and the publication's.
+                granted = max((record.filters.get(f, 0) for f in note.filters), default=0)
+                qos = min(granted, note.qos)
                 out.append(
                     Delivery(
                         seq,

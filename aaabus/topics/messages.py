@@ -32,6 +32,7 @@ class Carried(Notification):
     payload: Any
     publisher: AgentId
     retain: bool = False
+    qos: int = 2
 
 
 @dataclass
