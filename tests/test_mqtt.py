@@ -178,6 +178,31 @@ def test_persistent_session_keeps_subscriptions_and_backlog_across_a_sigkill(
     fresh.close()
 
 
+def test_a_newer_connection_takes_the_client_id_and_its_session_over(
+    mqtt_bus: Callable[..., tuple[int, Bus, Path]],
+) -> None:
+    port, _bus, _config = mqtt_bus()
+    first = Device(port, "same", clean=False, will=("gone/same", b"first", 1))
+    first.client.reconnect_delay_set(60, 60)  # paho would otherwise take the id back at once
+    watcher = Device(port, "watcher")
+    second = Device(port, "same", clean=False)
+    pub = Device(port, "pub")
+    try:
+        assert first.connect() == (0, False)
+        first.subscribe("t/#", 1)
+        watcher.connect()
+        watcher.subscribe("gone/#", 1)
+        assert second.connect() == (0, True)  # the session, subscriptions included
+        assert watcher.receive(1)[0][:2] == ("gone/same", b"first")  # the old one's will
+        pub.connect()
+        pub.publish("t/1", b"to the newer", 1)
+        assert second.receive(1)[0][:2] == ("t/1", b"to the newer")
+        assert first.nothing_more()
+    finally:
+        for device in (first, watcher, second, pub):
+            device.close()
+
+
 @needs_tools
 def test_credentials_file_admits_its_users_and_refuses_others_with_connack_5(
     mqtt_bus: Callable[..., tuple[int, Bus, Path]], tmp_path: Path
