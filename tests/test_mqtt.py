@@ -178,6 +178,52 @@ def test_persistent_session_keeps_subscriptions_and_backlog_across_a_sigkill(
     fresh.close()
 
 
+def test_qos2_stays_exactly_once_when_the_server_is_killed_mid_stream(
+    mqtt_bus: Callable[..., tuple[int, Bus, Path]],
+) -> None:
+    """QoS 2 flows open in both directions at the kill: after the restart the publisher resends
+    PUBLISH (DUP) for what it has no PUBREC for, PUBREL for what it has; the server resends
+    PUBREL or PUBLISH to the subscriber as its committed state says. Each publication once.
+
+    The devices reconnect by hand, once, after the restart: paho 2.2.0's automatic reconnection
+    demotes a message awaiting PUBCOMP to a fresh PUBLISH (DUP unset) when a reconnection
+    attempt fails before one succeeds, re-sending after its PUBREL what MQTT forbids it to
+    (3.1.1, 4.3.3): no broker can tell that from a new message.
+    """
+    port, bus, config = mqtt_bus()
+    with Client(config, 0) as client:
+        client.subscribe("exact/#", name="watch").close()  # counts what the bus published
+    sub = Device(port, "exact-sub", clean=False)
+    pub = Device(port, "exact-pub", clean=False)
+    total = 300
+    try:
+        sub.connect()
+        sub.subscribe("exact/#", 2)
+        pub.connect()
+        infos = [pub.client.publish(f"exact/{i % 5}", str(i).encode(), 2) for i in range(total)]
+        got = [p for _t, p, _q, _r in sub.receive(total // 3, timeout=60)]
+        for device in (sub, pub):
+            device.pause()
+        bus[0].kill()  # with QoS 2 flows open in both directions
+        bus[0].start().wait_ready(30)
+        for device in (sub, pub):
+            assert device.resume() == (0, True)
+        got += [p for _t, p, _q, _r in sub.receive(total - len(got), timeout=90)]
+        for info in infos:
+            info.wait_for_publish(60)
+        assert sub.nothing_more(1.0)
+    finally:
+        sub.close()
+        pub.close()
+    # One publisher: its publications arrive in order, each exactly once; the bus made each once.
+    assert got == [str(i).encode() for i in range(total)]
+    with Client(config, 0) as client, client.subscribe("exact/#", name="watch") as watch:
+        published = []
+        while (item := watch.get(timeout=3)) is not None:
+            published.append(item.payload)
+    assert published == got
+
+
 def test_a_newer_connection_takes_the_client_id_and_its_session_over(
     mqtt_bus: Callable[..., tuple[int, Bus, Path]],
 ) -> None:

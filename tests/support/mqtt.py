@@ -62,6 +62,17 @@ class Device:
         result: tuple[int, bool] = self.connack.get(timeout=timeout)
         return result
 
+    def pause(self) -> None:
+        """Stop paho's network thread: no packet is read or written, no reconnection tried."""
+        self.client.loop_stop()
+
+    def resume(self, timeout: float = 10.0) -> tuple[int, bool]:
+        """Reconnect once (paho resends its unfinished QoS flows) and restart the thread."""
+        self.client.reconnect()
+        self.client.loop_start()
+        result: tuple[int, bool] = self.connack.get(timeout=timeout)
+        return result
+
     def subscribe(self, topic_filter: str, qos: int, timeout: float = 10.0) -> None:
         self.client.subscribe(topic_filter, qos)
         self.suback.get(timeout=timeout)
