@@ -15,9 +15,17 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The MQTT tests drive the listener with the Debian mosquitto-clients tools too (apt, as root or
+# through sudo; they are skipped, with the reason, where that cannot install them).
+.PHONY: mqtt-tools
+mqtt-tools:
+	@command -v mosquitto_pub >/dev/null || { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto-clients; } || \
+	  echo "mqtt-tools: mosquitto-clients not installed; the tests that need it are skipped"
+
 # The whole suite on two workers (CI has 2 cores; tests pick free ports and never share a
 # directory), the slowest tests listed at the end so that the suite's time stays watched.
-test: $(STAMP)
+test: $(STAMP) mqtt-tools
 	$(PY) -m pytest -q -n 2 --durations=20
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).

@@ -60,6 +60,7 @@ __all__ = [
     "LogStoreDamaged",
     "MalformedPickle",
     "MetricsError",
+    "MqttProtocolError",
     "NetworkError",
     "OutsideReactionError",
     "PassStopped",
@@ -274,3 +275,12 @@ class StoreWriteFailed(FatalError):
 
 class EngineStopped(FatalError):
     """The engine cannot make progress: the same group failed to commit again and again."""
+
+
+class MqttProtocolError(AaabusError):
+    """A device sent what MQTT does not allow (malformed, oversized, out of order); the listener
+    closes that connection. ``code``: the CONNACK return code to send first, if any."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code

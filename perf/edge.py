@@ -9,7 +9,7 @@ topic ``a`` as soon as it reads the question; a site-C client subscribed to both
 A system under test only provides three MQTT endpoints, one per site (:class:`EdgeSystem`); the
 paho clients, the trials and the counting are the same for every system. Systems run side by side,
 their trials interleaved (trial 1 on each system, then trial 2...), so a busy machine hurts them
-alike. Today: ``mosquitto_bridges``; aaabus's MQTT listener plugs in by the same interface.
+alike: ``aaabus`` (:class:`AaabusSites`) and ``mosquitto_bridges``.
 
 Threads: the main thread runs the trials; each paho client has its network thread, which records
 arrivals under a condition the main thread waits on (with a deadline). Every broker and proxy
@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from aaabus.testing.proxy import FaultProxy
+from perf.aaabus_mqtt import WanLink, mqtt_bus
 from perf.brokers import Endpoint, find_binary, start_mosquitto, stop_group
 from perf.harness import scratch
 from perf.peers import PahoSession
@@ -117,8 +118,37 @@ class MosquittoBridges:
                 proxy.stop()
 
 
-#: The systems that exist today, by name (aaabus joins with its MQTT listener).
-SYSTEMS: dict[str, type[MosquittoBridges]] = {"mosquitto_bridges": MosquittoBridges}
+class AaabusSites:
+    """aaabus: each site a causality domain of three servers (A: 0-2, B: 3-5, C: 6-8), the sites
+    joined by two-server router domains over the WAN links (2-3 for A-B, 5-6 for B-C, so A-C
+    crosses both: 2D), each WAN link through a delaying proxy; one MQTT listener per site, on a
+    server that is not a router (0, 4, 8). Topics relay along the domain tree; causal order is
+    the topics' contract (docs/architecture.md), so the expected count of violations is 0."""
+
+    name = "aaabus"
+    LAYOUT = [[0, 1, 2], [2, 3], [3, 4, 5], [5, 6], [6, 7, 8]]
+    LISTENERS = {"A": 0, "B": 4, "C": 8}
+
+    @staticmethod
+    def missing() -> str | None:
+        return None
+
+    @contextlib.contextmanager
+    def sites(self, work: Path, wan: Wan) -> Iterator[dict[str, Endpoint]]:
+        links = (
+            WanLink(2, 3, wan.link("A", "B"), wan.jitter, seed=1),
+            WanLink(5, 6, wan.link("B", "C"), wan.jitter, seed=2),
+        )
+        listeners = {server: 100 for server in self.LISTENERS.values()}
+        with mqtt_bus(work, self.LAYOUT, listeners, links) as endpoints:
+            yield {site: endpoints[server] for site, server in self.LISTENERS.items()}
+
+
+#: The systems, by name.
+SYSTEMS: dict[str, type[MosquittoBridges] | type[AaabusSites]] = {
+    "aaabus": AaabusSites,
+    "mosquitto_bridges": MosquittoBridges,
+}
 
 
 @dataclass

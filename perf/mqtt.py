@@ -11,12 +11,13 @@ For each system (an MQTT endpoint; see :class:`MqttSystem`) and QoS 1 and 2:
 
 Systems today: ``rabbitmq_mqtt`` (a private RabbitMQ with its MQTT plugin; clean_session=False
 sessions get durable queues, and RabbitMQ syncs persistent messages before acknowledging them) and
-``mosquitto`` (a private Mosquitto, which never syncs: the floor). aaabus's MQTT listener plugs in
-by implementing :class:`MqttSystem`. Systems run interleaved (each repetition runs every system
-once) and each figure is the median over ``--repetitions``. A system whose broker is missing is
-skipped (stderr, ``"skipped"``); one that fails during a measurement is dropped from the remaining
-repetitions (``"failed"``, exit status 1). Runs in the main thread; paho clients have their network
-threads; brokers and client children are stopped by PID on exit, also on failure or Ctrl-C.
+``mosquitto`` (a private Mosquitto, which never syncs: the floor), and ``aaabus`` (two server
+processes, the MQTT listener of one; :class:`AaabusMqtt`). Systems run interleaved (each
+repetition runs every system once) and each figure is the median over ``--repetitions``. A
+system whose broker is missing is skipped (stderr, ``"skipped"``); one that fails during a
+measurement is dropped from the remaining repetitions (``"failed"``, exit status 1). Runs in the
+main thread; paho clients have their network threads; brokers and client children are stopped
+by PID on exit, also on failure or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agents.pingpong import summarise
+from perf.aaabus_mqtt import mqtt_bus
 from perf.brokers import Endpoint, find_binary, start_mosquitto, start_rabbitmq, stop_group
 from perf.harness import scratch
 from perf.peers import PahoSession, mqtt_stream
@@ -93,8 +95,25 @@ class Mosquitto:
                 stop_group(proc)
 
 
-#: The systems that exist today, in run order (aaabus joins with its MQTT listener).
-SYSTEMS: dict[str, type[RabbitMqtt] | type[Mosquitto]] = {
+class AaabusMqtt:
+    """Two aaabus server processes in one domain; the listener of s0 serves both paho clients
+    (publisher and subscriber on one server, as with a single broker). Every QoS 1/2
+    publication is committed (fsync'd) before its PUBACK/PUBREC, as RabbitMQ syncs."""
+
+    name = "aaabus"
+
+    def missing(self) -> str | None:
+        return None
+
+    @contextlib.contextmanager
+    def endpoint(self, work: Path, window: int) -> Iterator[Endpoint]:
+        with mqtt_bus(work, [[0, 1]], {0: max(window, 1)}) as endpoints:
+            yield endpoints[0]
+
+
+#: The systems, in run order.
+SYSTEMS: dict[str, type[RabbitMqtt] | type[Mosquitto] | type[AaabusMqtt]] = {
+    "aaabus": AaabusMqtt,
     "rabbitmq_mqtt": RabbitMqtt,
     "mosquitto": Mosquitto,
 }
@@ -286,6 +305,8 @@ def run(args: argparse.Namespace) -> int:
                 "systems": systems,
                 "runs": runs,
                 "ratios_vs_rabbitmq": ratios,
+                # The issue's flat figures: aaabus's ratios to RabbitMQ's MQTT plugin.
+                "ratios": ratios.get("aaabus") or {},
             }
         )
     )

@@ -40,7 +40,7 @@ def test_sites_lie_on_a_line() -> None:
 def test_unknown_system_is_one_clear_error(capsys: pytest.CaptureFixture[str]) -> None:
     for suite in ("edge", "mqtt"):
         with pytest.raises(SystemExit) as exc:
-            main([suite, "--systems", "aaabus"])
+            main([suite, "--systems", "nosuchbroker"])
         assert "unknown system" in str(exc.value) and "--systems" in str(exc.value)
 
 

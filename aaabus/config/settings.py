@@ -308,6 +308,66 @@ SETTINGS: tuple[Setting, ...] = (
         "a monitoring network.",
     ),
     Setting(
+        "aaabus.mqtt.port",
+        integer(0, 65535),
+        None,
+        "An MQTT 3.1.1 listener (docs/mqtt.md): devices publish and subscribe to the bus's topics. "
+        "Off when unset; `0` picks a free port (logged at INFO).",
+    ),
+    Setting("aaabus.mqtt.host", host, "127.0.0.1", "Where the MQTT listener listens."),
+    Setting(
+        "aaabus.mqtt.credentials",
+        path,
+        None,
+        "File of `user:scrypt$...` lines (`python -m aaabus.io.mqttauth USER` writes one) that "
+        "CONNECT's username/password are checked against. Never the bus secret.",
+    ),
+    Setting(
+        "aaabus.mqtt.anonymous",
+        boolean,
+        False,
+        "Accept a CONNECT without a username (only when no credentials file is set); for tests "
+        "and closed networks. Otherwise such a CONNECT gets CONNACK 0x05.",
+    ),
+    Setting(
+        "aaabus.mqtt.tls.cert",
+        path,
+        None,
+        "PEM certificate of the MQTT listener: TLS on `aaabus.mqtt.port` (plain TCP when unset).",
+    ),
+    Setting("aaabus.mqtt.tls.key", path, None, "PEM private key of `aaabus.mqtt.tls.cert`."),
+    Setting(
+        "aaabus.mqtt.max_packet",
+        integer(64, 268435455),
+        1 << 20,
+        "Largest MQTT packet accepted, in bytes; a larger one closes the connection.",
+    ),
+    Setting(
+        "aaabus.mqtt.connect_ms",
+        integer(10, 3600000),
+        5000,
+        "A connection that has not sent a complete CONNECT this long after accept is closed.",
+    ),
+    Setting(
+        "aaabus.mqtt.max_connections",
+        integer(1, 100000),
+        1000,
+        "Connections the MQTT listener holds at once; beyond, a new one is closed at accept.",
+    ),
+    Setting(
+        "aaabus.mqtt.per_address",
+        integer(1, 100000),
+        50,
+        "Connections still waiting for their CONNECT per remote address; beyond, the oldest is "
+        "closed (a flood of CONNECTs cycles through the table, a real client gets in).",
+    ),
+    Setting(
+        "aaabus.mqtt.inflight",
+        integer(1, 65535),
+        100,
+        "QoS 1/2 messages sent to one device and not yet acknowledged by it.",
+    ),
+    Setting(
         "aaabus.test.allow_cycles",
         boolean,
         False,

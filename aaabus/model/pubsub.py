@@ -22,11 +22,15 @@ class Publish(Notification):
 
     ``retain``: the representatives keep it as the topic's retained publication, handed to every
     later subscription whose filter matches (``payload=None`` with ``retain`` clears it).
+    ``qos``: the MQTT quality of service it was published with, which caps the QoS an MQTT
+    device receives it at (docs/mqtt.md); 2 for agents and clients, whose publications the bus
+    delivers exactly once. The bus itself delivers every publication exactly once whatever it is.
     """
 
     topic: str
     payload: Any
     retain: bool = False
+    qos: int = 2
 
 
 @dataclass
@@ -57,6 +61,7 @@ class Publication(Notification):
     subscriber, even when several of its filters match). ``retained``: a copy of the topic's
     retained publication, sent when the subscription was made (it may be older than live
     publications already received, and is outside the causal contract; see docs/architecture.md).
+    ``qos``: that of :class:`Publish`.
     """
 
     topic: str
@@ -64,3 +69,4 @@ class Publication(Notification):
     publisher: AgentId
     filters: tuple[str, ...] = ()
     retained: bool = False
+    qos: int = 2

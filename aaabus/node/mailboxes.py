@@ -126,31 +126,45 @@ class MailboxDesk:
         The answer: ``items`` (``[seq, base64 pickle]``, oldest first), ``dropped`` (items
         dropped at the backlog limit so far) and ``exists`` (whether the mailbox exists yet).
         """
+
+        def look() -> tuple[bool, dict[str, Any]]:
+            box = self._mailbox(name)
+            if box is None:
+                return False, {"items": [], "dropped": 0, "exists": False}
+            box.ack(after)
+            items: list[list[Any]] = []
+            size = 0
+            for seq, note in box.take(after, most):
+                body = encode_note(note)
+                size += len(body)
+                if items and size > MAX_FETCH_BYTES:
+                    break
+                items.append([seq, base64.b64encode(body).decode("ascii")])
+            return bool(items), {"items": items, "dropped": box.dropped, "exists": True}
+
+        return self.poll(look, wait)
+
+    def poll(self, look: Callable[[], tuple[bool, T]], wait: float) -> T:
+        """Run ``look`` on the engine thread (committed) until its first value is true or
+        ``wait`` seconds have passed; return its last second value.
+
+        Between two looks it waits for a mailbox of this server to grow. The counter is read
+        inside the same engine call as the look, so no wake-up falls between look and wait.
+        """
         deadline = time.monotonic() + wait
         while True:
 
-            def look() -> tuple[int, bool, int, list[list[Any]]]:
+            def counted() -> tuple[int, bool, T]:
                 generation = self._generation  # engine thread: the listener's thread too
-                box = self._mailbox(name)
-                if box is None:
-                    return generation, False, 0, []
-                box.ack(after)
-                items: list[list[Any]] = []
-                size = 0
-                for seq, note in box.take(after, most):
-                    body = encode_note(note)
-                    size += len(body)
-                    if items and size > MAX_FETCH_BYTES:
-                        break
-                    items.append([seq, base64.b64encode(body).decode("ascii")])
-                return generation, True, box.dropped, items
+                found, value = look()
+                return generation, found, value
 
-            generation, exists, dropped, items = self._call(look)
+            generation, found, value = self._call(counted)
             left = deadline - time.monotonic()
-            # Stopping: answer now (empty); the client's next fetch finds the server gone and
+            # Stopping: answer now; the client's next request finds the server gone and
             # reconnects, or finds it restarted.
-            if items or left <= 0 or self._stopping:
-                return {"items": items, "dropped": dropped, "exists": exists}
+            if found or left <= 0 or self._stopping:
+                return value
             with self._cond:
                 while self._generation == generation and left > 0 and not self._stopping:
                     self._cond.wait(left)

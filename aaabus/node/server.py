@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -39,6 +40,8 @@ from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.node.mailboxes import MailboxDesk
+from aaabus.node.mqtt import MqttListener
+from aaabus.node.mqttsessions import MqttSessions
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
 from aaabus.topics.representative import TopicRepresentative
@@ -150,6 +153,15 @@ class AgentServer:
         self.mailboxes = MailboxDesk(
             server_id, self.call, lambda: self._require_store().agents, self._send_from_server
         )
+        #: The sessions of MQTT devices (used by the MQTT listener, if there is one).
+        self.mqtt_sessions = MqttSessions(
+            server_id,
+            self.backlog,
+            lambda: self._require_store().agents,
+            lambda: self._require_store().conn.root(),
+            self._send_from_server,
+        )
+        self.mqtt: MqttListener | None = None
         self.channel: Channel | None = None
         self.network: Network | None = None
         self.tracer: Tracer | None = None
@@ -212,9 +224,20 @@ class AgentServer:
                 self.channel.transport = self.network
                 self.network.start()
             self.started_at = time.monotonic()
+            if self.config.setting(self.server_id, "aaabus.mqtt.port") is not None:
+                self.mqtt = MqttListener(
+                    self.config,
+                    self.server_id,
+                    self.mqtt_sessions,
+                    self.call,
+                    self.call_async,
+                    self.mailboxes.poll,
+                )
+                self.mqtt.start()
             if self.endpoints:
                 self._start_endpoints()
         except BaseException:
+            self._stop_mqtt()
             self._stop_endpoints()
             if self.network is not None:
                 self.network.stop()
@@ -259,6 +282,11 @@ class AgentServer:
             log.info(
                 "server %s: metrics on http://%s:%s/metrics", self.server_id, *self.metrics.address
             )
+
+    def _stop_mqtt(self) -> None:
+        if self.mqtt is not None:
+            self.mqtt.stop()
+            self.mqtt = None
 
     def _stop_endpoints(self) -> None:
         if self.admin is not None:
@@ -340,6 +368,11 @@ class AgentServer:
         :meth:`BootContext.send`. Raises what ``fn`` raised (its changes rolled back).
         """
         return self._require_engine().call(fn).result(timeout)
+
+    def call_async(self, fn: Callable[[], T]) -> Future[T]:
+        """:meth:`call` without waiting: the future resolves, on the engine thread, once the
+        group that ran ``fn`` has committed (callbacks must not block)."""
+        return self._require_engine().call(fn)
 
     def deploy(self, agent: Agent, server: int | None = None, timeout: float = 30.0) -> AgentId:
         """Deploy ``agent`` from outside the bus; returns its id once the request is durable."""
@@ -489,6 +522,8 @@ class AgentServer:
                 self.stopped.set()
                 return
             try:
+                # First: devices stop publishing while the engine can still commit what they sent.
+                self._stop_mqtt()
                 if self.network is not None:
                     self.network.stop(timeout)
                     self.network = None

@@ -39,6 +39,10 @@ __all__ = ["Mailbox"]
 class Mailbox(Agent):
     """The backlog of one outside consumer (see the module docstring)."""
 
+    #: Whether a reader found nothing new at its last look (and may be waiting): the next item
+    #: then wakes the readers. Class default for mailboxes stored before the attribute existed.
+    watched = True
+
     def __init__(
         self,
         label: str,
@@ -74,10 +78,11 @@ class Mailbox(Agent):
             self._append(note)
 
     def _append(self, note: Notification) -> None:
-        if not self.count:
-            # Wake the admin connections waiting on this mailbox: after the commit, through
-            # the server's listeners. Only on empty -> not empty: a reader that found items
-            # takes them without waiting, and one that waits has acknowledged everything.
+        if self.watched:
+            # Wake the readers waiting on this mailbox: after the commit, through the server's
+            # listeners. Only when a reader found nothing new at its last look: one that found
+            # items takes them and looks again without waiting.
+            self.watched = False
             self.send_to(AgentId.server_of(self.id.server), MailboxGrew(self.name))
         self.items[self.next_seq] = note
         self.next_seq += 1
@@ -90,14 +95,16 @@ class Mailbox(Agent):
     # -- the admin side (engine thread, inside Engine.call) ----------------------------------------
 
     def take(self, after: int, most: int) -> list[tuple[int, Notification]]:
-        """Up to ``most`` items numbered above ``after``, oldest first (nothing is removed)."""
+        """Up to ``most`` items numbered above ``after``, oldest first (nothing is removed).
+        Finding none arms the wake-up of the next item (see :attr:`watched`)."""
         out: list[tuple[int, Notification]] = []
-        if most <= 0 or not self.count:
-            return out
-        for seq, note in self.items.items(min=after + 1):
-            out.append((seq, note))
-            if len(out) >= most:
-                break
+        if most > 0 and self.count:
+            for seq, note in self.items.items(min=after + 1):
+                out.append((seq, note))
+                if len(out) >= most:
+                    break
+        if not out and not self.watched:
+            self.watched = True
         return out
 
     def ack(self, upto: int) -> None:

@@ -32,6 +32,7 @@ class Carried(Notification):
     payload: Any
     publisher: AgentId
     retain: bool = False
+    qos: int = 2
 
 
 @dataclass
@@ -86,7 +87,7 @@ class CloseMailbox(Notification):
 
 @dataclass
 class MailboxGrew(Notification):
-    """From a mailbox to its server (``#s.s.0``): its backlog was empty and is not any more;
-    wakes the admin connections waiting on it."""
+    """From a mailbox to its server (``#s.s.0``): an item arrived after a reader found nothing
+    new; wakes the connections waiting on it."""
 
     name: str

@@ -77,7 +77,7 @@ class TopicRepresentative(Agent):
 
     def react(self, sender: AgentId, note: Notification) -> None:
         if isinstance(note, Publish):
-            item = Carried(check_topic(note.topic), note.payload, sender, note.retain)
+            item = Carried(check_topic(note.topic), note.payload, sender, note.retain, note.qos)
             self._handle(item)
             self._relay(self.routes if item.retain else self._interested(item.topic), item)
         elif isinstance(note, Relay):
@@ -133,7 +133,9 @@ class TopicRepresentative(Agent):
                 for subscriber in subscribers:
                     chosen.setdefault(subscriber, []).append(topic_filter)
         for subscriber in sorted(chosen):
-            note = Publication(item.topic, item.payload, item.publisher, tuple(chosen[subscriber]))
+            note = Publication(
+                item.topic, item.payload, item.publisher, tuple(chosen[subscriber]), qos=item.qos
+            )
             self.send_to(subscriber, note)
 
     def _interested(self, topic: str) -> set[int]:
@@ -174,7 +176,9 @@ class TopicRepresentative(Agent):
         filters.insert(topic_filter)
         for topic, item in self.retained.items():
             if matches(topic_filter, topic):
-                note = Publication(topic, item.payload, item.publisher, (topic_filter,), True)
+                note = Publication(
+                    topic, item.payload, item.publisher, (topic_filter,), True, item.qos
+                )
                 self.send_to(subscriber, note)
 
     def _unsubscribe(self, subscriber: AgentId, topic_filter: str) -> None:

@@ -1,0 +1,97 @@
+"""MQTT credentials: a file of salted scrypt hashes that CONNECT's username/password are checked
+against (property ``aaabus.mqtt.credentials``). Never the bus secret: a device holds only its own
+password, and a stolen device opens no link between servers.
+
+The file has one ``user:scrypt$N$r$p$salt$hash`` line per user (hex salt and hash; ``#`` starts a
+comment). ``python -m aaabus.io.mqttauth USER`` reads a password from standard input and prints
+the line to append. scrypt is memory-hard, so a copied file is slow to attack; its cost is paid at
+each CONNECT (about 30 ms with the defaults), on the connection's own reader thread.
+
+Threads: a loaded :class:`Credentials` is read-only and shared by every connection thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import sys
+from pathlib import Path
+
+from aaabus.errors import ConfigError
+
+__all__ = ["Credentials", "hash_password"]
+
+_N, _R, _P = 1 << 14, 8, 1
+
+
+def _derive(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+    return hashlib.scrypt(password.encode("utf-8"), salt=salt, n=n, r=r, p=p, dklen=32)
+
+
+def hash_password(password: str, salt: bytes | None = None) -> str:
+    """The ``scrypt$N$r$p$salt$hash`` text of ``password`` (a fresh random salt by default)."""
+    salt = salt if salt is not None else os.urandom(16)
+    digest = _derive(password, salt, _N, _R, _P)
+    return f"scrypt${_N}${_R}${_P}${salt.hex()}${digest.hex()}"
+
+
+class Credentials:
+    """The users of one credentials file: ``check(user, password)``."""
+
+    def __init__(self, entries: dict[str, tuple[int, int, int, bytes, bytes]]) -> None:
+        self._entries = entries
+
+    @classmethod
+    def load(cls, path: Path) -> Credentials:
+        """Read ``path``; :class:`ConfigError` (one line, with the line number) if malformed."""
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(
+                f"MQTT credentials file unreadable ({exc}); check aaabus.mqtt.credentials",
+                str(path),
+            ) from None
+        entries: dict[str, tuple[int, int, int, bytes, bytes]] = {}
+        for number, line in enumerate(text.splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            user, _, hashed = line.partition(":")
+            parts = hashed.split("$")
+            try:
+                if not user or len(parts) != 6 or parts[0] != "scrypt":
+                    raise ValueError
+                n, r, p = int(parts[1]), int(parts[2]), int(parts[3])
+                entries[user] = (n, r, p, bytes.fromhex(parts[4]), bytes.fromhex(parts[5]))
+            except ValueError:
+                raise ConfigError(
+                    f"line {number} is not user:scrypt$N$r$p$salt$hash; write it with "
+                    "`python -m aaabus.io.mqttauth USER`",
+                    str(path),
+                ) from None
+        return cls(entries)
+
+    def check(self, user: str | None, password: str | None) -> bool:
+        """Whether ``user`` exists and ``password`` is its password (constant-time compare)."""
+        entry = self._entries.get(user or "")
+        if entry is None or password is None:
+            return False
+        n, r, p, salt, digest = entry
+        return hmac.compare_digest(_derive(password, salt, n, r, p), digest)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or ":" in argv[0] or not argv[0]:
+        print("usage: python -m aaabus.io.mqttauth USER  (password on stdin)", file=sys.stderr)
+        return 2
+    password = sys.stdin.readline().rstrip("\n")
+    if not password:
+        print("mqttauth: empty password on standard input; give one", file=sys.stderr)
+        return 2
+    print(f"{argv[0]}:{hash_password(password)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
