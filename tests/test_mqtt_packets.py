@@ -19,12 +19,12 @@ MAX = 1 << 16
 
 
 def connect_packet(
-    client_id: str = "dev", level: int = 4, flags: int = 0x02, extra: bytes = b""
+    client_id: str | bytes = "dev", level: int = 4, flags: int = 0x02, extra: bytes = b""
 ) -> bytes:
     """A CONNECT built by hand (the codec under test must not build its own input)."""
 
-    def text(s: str) -> bytes:
-        raw = s.encode()
+    def text(s: str | bytes) -> bytes:
+        raw = s if isinstance(s, bytes) else s.encode()
         return len(raw).to_bytes(2, "big") + raw
 
     body = text("MQTT") + bytes([level, flags]) + (60).to_bytes(2, "big") + text(client_id) + extra
@@ -81,6 +81,16 @@ def test_publish_round_trip_keeps_topic_payload_qos_retain_and_id() -> None:
         (bytes([0x20, 0x02, 0x00, 0x00]), "not one a client sends"),  # CONNACK
         (bytes([0xC0, 0x01, 0x00]), "with a body"),  # PINGREQ with a body
         (bytes([0x82, 0x02, 0x00, 0x01]), "without a topic filter"),  # SUBSCRIBE of nothing
+        (bytes([0x82, 0x08, 0x00, 0x01, 0x00, 0x03]) + b"a/\xff" + b"\x01", "filter is not valid"),
+        (bytes([0xA2, 0x07, 0x00, 0x02, 0x00, 0x03]) + b"a\x00b", "filter holds a NUL"),
+        (connect_packet(b"d\xff"), "client id is not valid"),
+        # User name flag set: the name, then a password of raw bytes (any bytes are fine there).
+        (
+            connect_packet(flags=0xC2, extra=b"\x00\x02\xc3\x28\x00\x02\xff\xfe"),
+            "user name is not valid",
+        ),
+        (connect_packet(flags=0x06, extra=b"\x00\x02w\x00\x00\x01m"), "will topic holds a NUL"),
+        (connect_packet(flags=0x82, extra=b"\x00\x09ab"), "user name runs past"),
     ],
 )
 def test_decode_refuses_what_mqtt_forbids(packet: bytes, reason: str) -> None:
@@ -128,6 +138,7 @@ def test_the_hashing_command_prints_a_line_the_file_accepts(
 def _valid_packets() -> list[bytes]:
     return [
         connect_packet(),
+        connect_packet("é-dev", flags=0xC6, extra=b"\x00\x01w\x00\x01m\x00\x02us\x00\x02\xff\xfe"),
         publish_packet(b"a/b", b"hello", qos=0),
         publish_packet(b"a/b", b"hello", qos=2, pid=9),
         bytes([0x82, 0x08, 0x00, 0x01, 0x00, 0x03]) + b"a/#" + b"\x01",

@@ -6,8 +6,9 @@ parsed by hand — so that a packet reaches the codec whole and within ``aaabus.
 and drives amqtt's ``async`` decoders synchronously over an in-memory buffer (they never wait:
 the buffer holds the whole packet). What amqtt checks loosely is checked here: the protocol name
 and level of CONNECT (3.1.1 only: amqtt would misread 5.0 as 3.1.1), the reserved flag bits of
-each packet type, and the strict UTF-8 of a PUBLISH topic (amqtt turns invalid UTF-8 into the
-text of a bytes literal instead of refusing it).
+each packet type, and the strict UTF-8 (without NUL) of every string a client sends: PUBLISH
+topics, SUBSCRIBE and UNSUBSCRIBE filters, a CONNECT's client id, will topic and user name
+(amqtt turns invalid UTF-8 into the text of a bytes literal instead of refusing it).
 
 Every refusal raises :class:`~aaabus.errors.MqttProtocolError`, one line; its ``code`` is the
 CONNACK return code when the protocol has one for it.
@@ -123,21 +124,65 @@ def _run(coro: Coroutine[Any, Any, Any]) -> Any:
     raise MqttProtocolError("decoder waited for input it should have had")
 
 
-def _strict_topic(packet: bytes) -> None:
+def _body(packet: bytes) -> int:
+    """Where the variable header starts: after the type byte and the remaining-length varint."""
     start = 1
     while packet[start] & 0x80:
         start += 1
-    start += 1
-    size = int.from_bytes(packet[start : start + 2], "big")
-    raw = packet[start + 2 : start + 2 + size]
-    if len(raw) != size:
-        raise MqttProtocolError("PUBLISH topic runs past the packet")
+    return start + 1
+
+
+def _field(packet: bytes, at: int, what: str) -> tuple[bytes, int]:
+    """The length-prefixed field at ``at`` and where the next one starts."""
+    size = int.from_bytes(packet[at : at + 2], "big")
+    raw = packet[at + 2 : at + 2 + size]
+    if at + 2 > len(packet) or len(raw) != size:
+        raise MqttProtocolError(f"{what} runs past the packet")
+    return raw, at + 2 + size
+
+
+def _text(raw: bytes, what: str) -> str:
+    """A string field, strictly: UTF-8 without NUL (MQTT 3.1.1, section 1.5.3)."""
     try:
-        topic = raw.decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise MqttProtocolError("PUBLISH topic is not valid UTF-8") from None
-    if not topic or "\0" in topic or "+" in topic or "#" in topic:
-        raise MqttProtocolError(f"PUBLISH topic {topic[:60]!r} is empty or has a wildcard or NUL")
+        raise MqttProtocolError(f"{what} is not valid UTF-8") from None
+    if "\0" in text:
+        raise MqttProtocolError(f"{what} holds a NUL character")
+    return text
+
+
+def _strict_topic(packet: bytes) -> None:
+    raw, _ = _field(packet, _body(packet), "PUBLISH topic")
+    topic = _text(raw, "PUBLISH topic")
+    if not topic or "+" in topic or "#" in topic:
+        raise MqttProtocolError(f"PUBLISH topic {topic[:60]!r} is empty or has a wildcard")
+
+
+def _strict_strings(kind: int, packet: bytes) -> None:
+    """The string fields amqtt would decode loosely, checked on the raw bytes: a CONNECT's
+    client id, will topic and user name; the filters of a SUBSCRIBE or UNSUBSCRIBE."""
+    at = _body(packet)
+    if kind == CONNECT:
+        if len(packet) < at + 10:
+            raise MqttProtocolError("CONNECT shorter than its variable header")
+        flags = packet[at + 7]
+        raw, at = _field(packet, at + 10, "CONNECT client id")
+        _text(raw, "CONNECT client id")
+        if flags & 0x04:  # will flag: a will topic (string), then a will message (bytes)
+            raw, at = _field(packet, at, "CONNECT will topic")
+            _text(raw, "CONNECT will topic")
+            _raw, at = _field(packet, at, "CONNECT will message")
+        if flags & 0x80:  # user name flag
+            raw, at = _field(packet, at, "CONNECT user name")
+            _text(raw, "CONNECT user name")
+        return
+    at += 2  # the packet identifier
+    while at < len(packet):
+        raw, at = _field(packet, at, "topic filter")
+        _text(raw, "topic filter")
+        if kind == SUBSCRIBE:
+            at += 1  # the requested QoS
 
 
 def decode(first: int, packet: bytes) -> Any:
@@ -153,6 +198,8 @@ def decode(first: int, packet: bytes) -> Any:
         if (flags >> 1) & 3 == 3:
             raise MqttProtocolError("PUBLISH with QoS 3")
         _strict_topic(packet)
+    if kind in (CONNECT, SUBSCRIBE, UNSUBSCRIBE):
+        _strict_strings(kind, packet)
     if cls is None:
         if len(packet) != 2:
             raise MqttProtocolError(f"packet type {kind} with a body")
