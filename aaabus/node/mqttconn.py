@@ -49,6 +49,8 @@ OUT_QUEUE = 4096
 #: How long one look at the backlog waits for something new (also how late a cumulative
 #: acknowledgement of the backlog may be committed when nothing else happens).
 LOOK_WAIT = 0.5
+#: How long a refused connection waits for its writer to send what was queued before it.
+FLUSH_SECONDS = 1.0
 _CLOSE = b""
 
 
@@ -150,6 +152,7 @@ class MqttConnection:
             if exc.code is not None and not self.client_id:
                 with contextlib.suppress(OSError):
                     self.sock.sendall(mp.connack(False, exc.code))
+            self._flush(FLUSH_SECONDS)
         except (OSError, ssl.SSLError, EOFError) as exc:
             if not self.closed.is_set():
                 log.debug("%s: connection ended (%s)", self.name, exc)
@@ -158,6 +161,17 @@ class MqttConnection:
         finally:
             self.close()
             self._finish(graceful)
+
+    def _flush(self, timeout: float) -> None:
+        """Let the writer send what is already queued before the socket is shut (reader thread,
+        on a refusal): a device refused for one packet still gets the CONNACK and acks of what
+        was accepted before it, which may be in the same TCP segment."""
+        writer = next((t for t in self._threads if t.name.endswith("-write")), None)
+        if writer is None or self.closed.is_set():
+            return
+        with contextlib.suppress(queue.Full):
+            self._out.put_nowait(_CLOSE)
+        writer.join(timeout)
 
     def _finish(self, graceful: bool) -> None:
         """After the socket is done: publish the will, end a clean session, leave the listener."""
