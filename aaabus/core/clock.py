@@ -436,22 +436,11 @@ class DomainClock(persistent.Persistent):
             i = (key & mask) * _STRIDE
             last[dest] = d[i + _TAG] | _SRC_MASK
             self._change(pages, bits, mask, sentinel, key, d[i] + n, me, epoch)
-        bodies: dict[int, list[int]] = {}
-        for dest, before in last.items():
-            flat: list[int] = []
-            x = sd[si + _LIST] >> 32
-            while x != sentinel:
-                d = pages[x >> bits].d
-                i = (x & mask) * _STRIDE
-                tag = d[i + _TAG]
-                if tag <= before:
-                    break
-                if tag & _SRC_MASK != dest and x // k != dest:
-                    flat.append(x)
-                    flat.append(d[i])
-                x = d[i + _LIST] >> 32
-            bodies[dest] = flat
-        return bodies
+        head = sd[si + _LIST] >> 32
+        return {
+            dest: _delta_entries(pages, bits, mask, sentinel, head, before, dest, k)
+            for dest, before in last.items()
+        }
 
     # Which entries a delta stamp to ``dest`` carries, and why that is enough.
     #
@@ -502,18 +491,7 @@ class DomainClock(persistent.Persistent):
         i = (key & mask) * _STRIDE
         last = d[i + _TAG] | _SRC_MASK  # every tag of an epoch <= the previous send's is <= last
         self._change(pages, bits, mask, sentinel, key, d[i] + 1, me, epoch)
-        flat: list[int] = []
-        x = sd[si + _LIST] >> 32
-        while x != sentinel:
-            d = pages[x >> bits].d
-            i = (x & mask) * _STRIDE
-            tag = d[i + _TAG]
-            if tag <= last:
-                break
-            if tag & _SRC_MASK != dest and x // k != dest:
-                flat.append(x)
-                flat.append(d[i])
-            x = d[i + _LIST] >> 32
+        flat = _delta_entries(pages, bits, mask, sentinel, sd[si + _LIST] >> 32, last, dest, k)
         return _delta_struct(len(flat) >> 1).pack(STAMP_VERSION, KIND_DELTA, k, me, dest, *flat)
 
     def _change(
@@ -840,3 +818,25 @@ class DomainClock(persistent.Persistent):
         if self._mode in (_FULL_CAUSAL, _FULL_FIFO):
             return 8 * self.size * self.size + _RECORD_OVERHEAD
         return _RECORD_OVERHEAD + 40 * len(self._pages)
+
+
+def _delta_entries(
+    pages: Any, bits: int, mask: int, sentinel: int, head: int, before: int, dest: int, k: int
+) -> list[int]:
+    """The (key, value) pairs, flattened, that a delta stamp to ``dest`` carries: the entries
+    on the changed list from ``head`` whose tags are newer than ``before`` (the list is in
+    change order, newest first, so the walk stops at the first older one), less those ``dest``
+    itself changed or that are about ``dest``'s own row."""
+    flat: list[int] = []
+    x = head
+    while x != sentinel:
+        d = pages[x >> bits].d
+        i = (x & mask) * _STRIDE
+        tag = d[i + _TAG]
+        if tag <= before:
+            break
+        if tag & _SRC_MASK != dest and x // k != dest:
+            flat.append(x)
+            flat.append(d[i])
+        x = d[i + _LIST] >> 32
+    return flat

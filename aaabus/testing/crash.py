@@ -45,6 +45,7 @@ __all__ = [
     "LAYOUTS",
     "Fault",
     "Faulted",
+    "OnLayout",
     "Traffic",
     "drain_in_process",
     "draw_layout_and_faults",
@@ -77,6 +78,25 @@ def servers_of(domains: list[list[int]]) -> list[int]:
 def routers_of(domains: list[list[int]]) -> list[int]:
     """The servers in more than one domain."""
     return sorted(s for s in servers_of(domains) if sum(s in m for m in domains) > 1)
+
+
+class OnLayout:
+    """What a schedule knows of its layout, from its ``layout`` name (a key of
+    :data:`LAYOUTS`): shared by the schedules of every workload."""
+
+    layout: str
+
+    @property
+    def domains(self) -> list[list[int]]:
+        return LAYOUTS[self.layout]
+
+    @property
+    def servers(self) -> list[int]:
+        return servers_of(self.domains)
+
+    @property
+    def routers(self) -> list[int]:
+        return routers_of(self.domains)
 
 
 @dataclass(frozen=True)

@@ -53,10 +53,10 @@ from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.crash import (
     LAYOUTS,
     Fault,
+    OnLayout,
     drain_in_process,
     draw_layout_and_faults,
     pause,
-    routers_of,
     run_under_faults,
     servers_of,
     write_bus_config,
@@ -85,7 +85,7 @@ __all__ = [
 
 
 @dataclass(frozen=True)
-class TopicSchedule:
+class TopicSchedule(OnLayout):
     """One topic schedule: ``filters[i]`` are the filters of the ``i``-th peer of
     :attr:`peers` (``per_server`` peers per server, servers in order)."""
 
@@ -98,18 +98,6 @@ class TopicSchedule:
     burst: int
     interval: float
     faults: tuple[Fault, ...]
-
-    @property
-    def domains(self) -> list[list[int]]:
-        return LAYOUTS[self.layout]
-
-    @property
-    def servers(self) -> list[int]:
-        return servers_of(self.domains)
-
-    @property
-    def routers(self) -> list[int]:
-        return routers_of(self.domains)
 
     @property
     def peers(self) -> list[tuple[str, int, tuple[str, ...]]]:

@@ -53,15 +53,13 @@ from aaabus.config.topology import render
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.checker import Send, check
 from aaabus.testing.crash import (
-    LAYOUTS,
     Fault,
+    OnLayout,
     drain_in_process,
     draw_layout_and_faults,
     pause,
-    routers_of,
     run_under_faults,
     schedule_seed,
-    servers_of,
     stop_all,
     write_bus_config,
 )
@@ -168,7 +166,7 @@ def bank_setup(ctx: BootContext, args: str, first_time: bool) -> None:
 
 
 @dataclass(frozen=True)
-class Schedule:
+class Schedule(OnLayout):
     seed: int
     layout: str
     per_server: int
@@ -176,18 +174,6 @@ class Schedule:
     ttl: int
     balance: int
     faults: tuple[Fault, ...]
-
-    @property
-    def domains(self) -> list[list[int]]:
-        return LAYOUTS[self.layout]
-
-    @property
-    def servers(self) -> list[int]:
-        return servers_of(self.domains)
-
-    @property
-    def routers(self) -> list[int]:
-        return routers_of(self.domains)
 
     @property
     def accounts(self) -> int:
