@@ -120,7 +120,12 @@ class ServerProcess:
                 code = self.proc.returncode if self.proc is not None else None
                 raise LaunchError(f"server {self.server_id} exited ({code}) before ready: {tail}")
             if time.monotonic() > deadline:
-                raise LaunchError(f"server {self.server_id} not ready after {timeout:.0f}s")
+                # Its last lines say where the boot stands (it is still running: the caller
+                # stops it).
+                tail = " | ".join(list(self.lines)[-3:]) or "no output"
+                raise LaunchError(
+                    f"server {self.server_id} not ready after {timeout:.0f}s; last output: {tail}"
+                )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
