@@ -23,11 +23,11 @@ mqtt-tools:
 	  $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto-clients; } || \
 	  echo "mqtt-tools: mosquitto-clients not installed; the tests that need it are skipped"
 
-# The whole suite on one worker, the slowest tests listed at the end so that the suite's time
-# stays watched. Not on two: tests pick free ports when they start, and two workers can pick the
-# same one (seen: a client reaching another test's server on the admin port it expected).
+# The whole suite on two workers, the slowest tests listed at the end so that the suite's time
+# stays watched. Each worker takes its ports from its own range (tests/support/harness.py,
+# AAABUS_PORT_RANGE), so two workers never pick the same free port.
 test: $(STAMP) mqtt-tools
-	$(PY) -m pytest -q --durations=20
+	$(PY) -m pytest -q -n 2 --durations=20
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).
 check: $(STAMP)

@@ -13,7 +13,13 @@ from aaabus import AgentServer
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import generate, render
-from tests.support.harness import TEST_TRUST, Inbox, contiguous_free_base
+from tests.support.harness import TEST_TRUST, Inbox, claim_worker_ports, contiguous_free_base
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Two xdist workers that chose ports from one shared range could both pick a free one, and a
+    # client of one test then reached the other's server: each worker gets its own range.
+    claim_worker_ports()
 
 
 @pytest.fixture

@@ -237,6 +237,11 @@ class Bus:
         self.stop()
 
 
+#: Environment variable ``lo-hi`` (inclusive): the ports ``free_port_base`` may hand out, admin
+#: ports included. A test runner sets it per worker so that parallel workers never share a port.
+PORT_RANGE_ENV = "AAABUS_PORT_RANGE"
+
+
 def _ephemeral_range() -> tuple[int, int]:
     try:
         low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
@@ -245,39 +250,85 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def parse_port_range(spec: str) -> tuple[int, int]:
+    """``(lo, hi)`` from ``"lo-hi"``; LaunchError (naming the variable) when it is not one."""
+    lo_text, sep, hi_text = spec.strip().partition("-")
+    try:
+        lo, hi = int(lo_text), int(hi_text)
+    except ValueError:
+        lo = hi = 0
+    if not sep or not 1024 <= lo < hi <= 65535:
+        raise LaunchError(
+            f"{PORT_RANGE_ENV}={spec!r} is not a port range: write lo-hi with "
+            "1024 <= lo < hi <= 65535 (e.g. 20000-29999), or unset it"
+        )
+    return lo, hi
+
+
+def default_port_range(count: int = 1) -> tuple[int, int]:
+    """The ports (inclusive) that buses get when ``$AAABUS_PORT_RANGE`` is not set.
+
+    Below the kernel's ephemeral range: the servers' own outgoing connections draw their local
+    ports from that range while a bus is still starting, and would take ports that later servers
+    must listen on. Above it only when the room below cannot hold a run of ``count`` ports and
+    their admin ports.
+    """
+    low, high = _ephemeral_range()
+    if low - 1 - 1024 >= count + ADMIN_PORT_OFFSET:
+        return 1024, low - 1
+    return high + 1, 65535
+
+
+def port_range(count: int = 1) -> tuple[int, int]:
+    """The ports (inclusive) that ``free_port_base`` draws a run of ``count`` from:
+    ``$AAABUS_PORT_RANGE`` when set (LaunchError when malformed), else ``default_port_range``."""
+    spec = os.environ.get(PORT_RANGE_ENV)
+    if spec:
+        return parse_port_range(spec)
+    return default_port_range(count)
+
+
 def free_port_base(count: int, host: str = "127.0.0.1", attempts: int = 200) -> int:
     """A port ``base`` such that ``base .. base+count-1`` are all free on ``host`` right now.
 
     Generated configurations number their ports consecutively, so tools that start a bus need a
-    whole free run. It is taken outside the kernel's ephemeral range: the servers' own outgoing
-    connections draw their local ports from that range while the bus is still starting, and
-    would otherwise take ports that later servers must listen on.
+    whole free run; each server's default admin port (its first port + ``ADMIN_PORT_OFFSET``, see
+    aaabus.config.admin_port) must be free too, so the run shifted by that offset is checked as
+    well and stays inside ``port_range``. LaunchError when no such run is found.
     """
-    low, high = _ephemeral_range()
-    # Below the ephemeral range, with room for each server's admin port (its first port + 1000,
-    # see aaabus.node.admin) to stay below it too; above the range only when that is impossible.
-    spans = [(1024, low - count - ADMIN_PORT_OFFSET)]
-    spans = [(a, b) for a, b in spans if b > a] or [(high + 1, 65536 - count - ADMIN_PORT_OFFSET)]
-    spans = [(a, b) for a, b in spans if b > a]
-    if not spans:
-        raise LaunchError(f"no room for {count} consecutive ports outside {low}-{high}")
+    lo, hi = port_range(count)
+    top = hi - ADMIN_PORT_OFFSET - count + 1  # the last base whose admin ports stay <= hi
+    if top < lo:
+        raise LaunchError(
+            f"no room for {count} consecutive ports and their admin ports (+{ADMIN_PORT_OFFSET}) "
+            f"in {lo}-{hi}; widen {PORT_RANGE_ENV}"
+        )
     rng = random.Random()
     for _ in range(attempts):
-        lo, hi = rng.choice(spans)
-        base = rng.randrange(lo, hi)
-        held: list[socket.socket] = []
-        try:
-            for port in range(base, base + count):
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                held.append(sock)
-                sock.bind((host, port))
+        base = rng.randint(lo, top)
+        ports = sorted(
+            {*range(base, base + count)}
+            | {*range(base + ADMIN_PORT_OFFSET, base + ADMIN_PORT_OFFSET + count)}
+        )
+        if ports_free(host, ports):
             return base
-        except OSError:
-            continue
-        finally:
-            for sock in held:
-                sock.close()
-    raise LaunchError(f"no run of {count} free ports found on {host}")
+    raise LaunchError(f"no run of {count} free ports found on {host} in {lo}-{hi}")
+
+
+def ports_free(host: str, ports: Iterable[int]) -> bool:
+    """Whether every port can be bound on ``host`` now (all held together while checked)."""
+    held: list[socket.socket] = []
+    try:
+        for port in ports:
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            held.append(sock)
+            sock.bind((host, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in held:
+            sock.close()
 
 
 def local_server_ids(config_servers: Sequence[tuple[int, str]]) -> list[int]:
