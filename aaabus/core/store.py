@@ -41,6 +41,7 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 
 from aaabus.config.trust import TrustPolicy
+from aaabus.core.cachesweep import CacheSweeper
 from aaabus.core.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
 from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
@@ -134,6 +135,11 @@ class Store:
         self._packer: Packer | None = None
         self.tm = transaction.TransactionManager()
         self.conn = db.open(transaction_manager=self.tm)
+        # The cache's count bound alone lets objects that left the graph (emptied queue buckets)
+        # pile up until they fill it: see aaabus.core.cachesweep. ZODB offers the cache only as
+        # Connection._cache.
+        self._sweeper = CacheSweeper(self.conn._cache)
+        self.tm.registerSynch(self._sweeper)
         root = self.conn.root()
         if "aaabus" not in root:
             root["aaabus"] = ServerRecord(server_id)
