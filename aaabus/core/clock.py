@@ -742,8 +742,9 @@ class DomainClock(persistent.Persistent):
     def _merge(self, src: int, parsed: _Parsed, seq: int | None) -> None:
         mode, k, me, pages, bits, mask = self._fast()
         link_key = src * k + me
-        link = parsed.link if seq is None else seq  # the messages delivered on the link, not
-        # those of the event: its later siblings are still to come.
+        # The link entry becomes the messages delivered on the link, not those of the event:
+        # its later siblings are still to come.
+        link = parsed.link if seq is None else seq
         if mode == _DELTA_CAUSAL:
             sentinel = k * k
             sp = pages[sentinel >> bits]
