@@ -31,6 +31,7 @@ storage cost.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +59,10 @@ class Transport(Protocol):
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
 
+    #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
+    #: I/O thread, in ``on_frame``: the start of a hop's breakdown).
+    read_ns: int
+
 
 class Channel:
     """Stamps, outgoing queues, acknowledgements, hold-back and routing of one server."""
@@ -72,6 +77,7 @@ class Channel:
         max_frame: int = 16 << 20,
     ) -> None:
         self.engine = engine
+        self.tracer = tracer
         self.max_frame = max_frame
         self.store = engine.store
         self.me = engine.server_id
@@ -251,6 +257,9 @@ class Channel:
         transport = self.transport
         if transport is None:
             return
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.mark("flush")
         for (peer, domain), upto in acks.items():
             frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
         failpoints = self._failpoints
@@ -274,6 +283,8 @@ class Channel:
                     exc,
                 )
                 self.engine.submit(self._resend_input(peer))
+        if tracer is not None:
+            tracer.mark("sent")
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -283,20 +294,32 @@ class Channel:
         if ack is not None:
             domain, upto = ack
             self.engine.submit_lazy(lambda _engine: self.acknowledged(peer, domain, upto))
-        else:
+        elif self.tracer is None:
             self.engine.submit(lambda _engine: self.receive(peer, payload))
+        else:
+            transport = self.transport
+            handed = time.perf_counter_ns()
+            read = transport.read_ns if transport is not None else handed
+            self.engine.submit(lambda _engine: self.receive(peer, payload, (read, handed)))
 
     def acknowledged(self, peer: int, domain: str, upto: int) -> None:
         """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""
         self.protocol.acknowledged(peer, domain, upto)
 
-    def receive(self, peer: int, payload: bytes) -> None:
-        """Handle one authenticated data frame from ``peer`` (engine thread, in the group)."""
+    def receive(self, peer: int, payload: bytes, times: tuple[int, int] | None = None) -> None:
+        """Handle one authenticated data frame from ``peer`` (engine thread, in the group).
+
+        ``times``: when the frame was read and handed over (with a tracer, for the breakdown)."""
+        tracer = self.tracer
+        if tracer is not None and times is not None:
+            tracer.arrived(*times)
         for event in self.protocol.receive(peer, payload):
             if isinstance(event, Deliver):
                 self._arrived(event.message)
             else:
                 self._ack((event.peer, event.domain), event.upto)
+        if tracer is not None:
+            tracer.mark("tested")
 
     def _ack(self, link: tuple[int, str], upto: int) -> None:
         acks = self._acks

@@ -183,6 +183,12 @@ class Store:
     def abort(self) -> None:
         self.tm.abort()
 
+    def vote_marks(self) -> tuple[int, int, int] | None:
+        """``perf_counter_ns`` at the start of the last commit's vote, after its write and after
+        its sync; None when the storage does not report them (only the log store does)."""
+        storage = self._db.storage
+        return storage.last_vote_ns if isinstance(storage, LogStorage) else None
+
     def disk(self) -> dict[str, Any]:
         """What the store holds: ``file_bytes`` on disk, ``live_bytes`` (the current records;
         None when the storage cannot tell) and ``compacted_at`` (epoch seconds of the last
