@@ -10,7 +10,8 @@ reactions around them:
   reaction, or an input such as a router's forwarding); then :meth:`Channel.seal` counts all the
   event's sends in the clock of their first hop's domain before stamping each (a reaction is one
   clock event) and appends them to their hops' persistent outgoing queues (``qout``), in the
-  transaction of that event. After the commit the frames are handed to the network thread.
+  transaction of that event. Once the commit is durable the frames are handed to the network
+  (:meth:`~aaabus.core.effects.TransactionEffects.when_durable_once`).
 * **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
   and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
   queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
@@ -243,10 +244,10 @@ class Channel:
             frames = self._frames[peer] = []
         frames.append(frame)
         self._effects.undo(frames.pop)
-        self._effects.after_commit_once(self._flush)
+        self._effects.when_durable_once(self._flush)
 
     def _flush(self) -> None:
-        """After the commit: hand this group's frames and acks to the network.
+        """Once the group is durable: hand its frames and acks to the network (engine thread).
 
         A hand-off that fails (the transport raised) is retried as a link coming back up
         would be: everything the peer has not acknowledged is staged again, in order, by an
@@ -327,7 +328,7 @@ class Channel:
         if upto > old:
             acks[link] = upto
             self._effects.undo(acks.__setitem__, link, old)
-            self._effects.after_commit_once(self._flush)
+            self._effects.when_durable_once(self._flush)
 
     def _arrived(self, message: Message) -> None:
         """A message is causally deliverable here: to a local agent, or on to the next domain."""
@@ -366,7 +367,7 @@ class Channel:
             self._effects.undo(self._frames.pop, peer, None)
         else:
             self._effects.undo(self._frames.__setitem__, peer, old)
-        self._effects.after_commit_once(self._flush)
+        self._effects.when_durable_once(self._flush)
         for ack in acks:
             self._ack((ack.peer, ack.domain), ack.upto)
 

@@ -172,7 +172,7 @@ class Engine:
         self.max_group_s = max_group_s
         self.stats = EngineStats()
         #: In-memory effects of the open transaction, undone with it (see aaabus.core.effects).
-        self.effects = TransactionEffects(store.tm)
+        self.effects = TransactionEffects(store.tm, store.durable_at_vote)
         #: Failpoints of this engine and of its channel (see aaabus.core.failpoints).
         self.failpoints = Failpoints()
         #: Optional per-hop tracing (see aaabus.trace); set before start.

@@ -183,6 +183,19 @@ class Store:
     def abort(self) -> None:
         self.tm.abort()
 
+    def durable_at_vote(self, txn: Any) -> bool:
+        """Whether ``txn`` is durable once the storage voted it (the log store writes and syncs
+        in its vote: see aaabus.core.effects); False for stores that finish later."""
+        storage = self._db.storage
+        if not isinstance(storage, LogStorage):
+            return False
+        try:
+            # What the connection handed the storage for ``txn`` (ZODB passes its metadata).
+            meta = txn.data(self.conn)
+        except KeyError:
+            return False  # the connection has not taken part: nothing of this group voted
+        return storage.voted(meta)
+
     def vote_marks(self) -> tuple[int, int, int] | None:
         """``perf_counter_ns`` at the start of the last commit's vote, after its write and after
         its sync; None when the storage does not report them (only the log store does)."""

@@ -40,7 +40,9 @@ TRACE_VERSION = 1
 #: reaction's sends stamped, encoded and queued: ``stamp``), ``commit`` (``to_commit``),
 #: ``vote`` (ZODB pickled the changed objects and handed them to the storage:
 #: ``commit_prepare``), ``written`` (one ``pwritev``: ``write``), ``synced`` (one
-#: ``fdatasync``: ``sync``), ``flush`` (``tpc_finish`` and the index switch: ``commit_finish``),
+#: ``fdatasync``: ``sync``), ``flush`` (the frames start to leave: ``commit_finish``, the rest of
+#: the vote with the log store, which sends once its sync returned; ZODB's ``tpc_finish`` too
+#: with other stores),
 #: ``sent`` (frames MAC'd and written to the sockets: ``send``). ``vote``/``written``/``synced``
 #: come from the log store; other stores give one ``commit_io`` stage from ``commit`` to
 #: ``flush``.

@@ -409,6 +409,12 @@ class LogStorage:
         self._placed = [(oid, base + rel, length) for oid, rel, length in placed]
         self._voted_head = head
 
+    def voted(self, transaction: Any) -> bool:
+        """Whether ``transaction`` (what ``tpc_begin`` got: a ZODB connection passes its
+        ``TransactionMetaData``) is voted here, hence on disk: from then on a crash reboots
+        with it, so it can only end committed unless another participant vetoes it."""
+        return transaction is self._txn and self._placed is not None
+
     def tpc_finish(
         self, transaction: Any, func: Callable[[bytes], object] = lambda tid: None
     ) -> bytes:
