@@ -11,6 +11,8 @@ over the repetitions.
   confirm and only then acks A; the ping client consumes B (manual ack) and stops the clock.
   Stream: this process publishes ``count`` messages with at most ``window`` unconfirmed, a
   consumer process acks each one; rate = count / (last consumed - first published).
+* floor (ping-pong only): two processes over TCP, each syncing one record per hop received, no
+  bus (:mod:`perf.floor`): what any bus with aaabus's durability rule pays at least.
 * Mosquitto: the same shapes over MQTT 3.1.1 with persistent sessions (clean_session=False),
   QoS 2 (and QoS 0 for reference), manual acks (PUBCOMP/PUBACK sent by the application).
 
@@ -47,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agents.pingpong import summarise
+from perf import floor
 from perf.brokers import (
     Endpoint,
     reachable,
@@ -704,6 +707,11 @@ def _measure_aaabus(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def _measure_floor(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    rtts = floor.pingpong(_child, work, args.rounds, args.warmup, args.timeout)
+    return {"pingpong": _pingpong_result(rtts, sum(rtts))}
+
+
 def _measure_peer(name: str, endpoint: Endpoint, args: argparse.Namespace) -> dict[str, Any]:
     a = args
     if name == "rabbitmq":
@@ -729,7 +737,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
             for k in ("p50", "p90", "p99", "mean")
         },
         "pingpong_wall_ms_per_round": _median([r["pingpong"]["wall_ms_per_round"] for r in runs]),
-        "stream_msgs_per_s": _median([r["stream"]["msgs_per_s"] for r in runs]),
+        "stream_msgs_per_s": _median([r["stream"]["msgs_per_s"] for r in runs if "stream" in r]),
     }
 
 
@@ -752,6 +760,10 @@ def ratios(systems: dict[str, dict[str, Any] | None]) -> dict[str, float | None]
         out[f"stream_vs_{peer}"] = _ratio(
             ours.get("stream_msgs_per_s"), theirs.get("stream_msgs_per_s")
         )
+    floor_p50 = ((systems.get("floor") or {}).get("pingpong_ms") or {}).get("p50")
+    out["pingpong_vs_floor"] = _ratio((ours.get("pingpong_ms") or {}).get("p50"), floor_p50)
+    rabbit_p50 = ((systems.get("rabbitmq") or {}).get("pingpong_ms") or {}).get("p50")
+    out["floor_vs_rabbitmq"] = _ratio(floor_p50, rabbit_p50)
     return out
 
 
@@ -774,6 +786,11 @@ def _print_table(systems: dict[str, dict[str, Any] | None], rat: dict[str, float
             f"aaabus vs {peer}: ping-pong p50 time x{_fmt(pp, '.2f')}, "
             f"stream rate x{_fmt(st, '.2f')}"
         )
+    print(
+        f"aaabus vs floor (two processes, one sync per hop): ping-pong p50 time "
+        f"x{_fmt(rat['pingpong_vs_floor'], '.2f')}; floor vs rabbitmq "
+        f"x{_fmt(rat['floor_vs_rabbitmq'], '.2f')}"
+    )
 
 
 def _terminate(signum: int, _frame: Any) -> None:
@@ -783,7 +800,7 @@ def _terminate(signum: int, _frame: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     if min(args.repetitions, args.rounds, args.count, args.window) < 1 or args.warmup < 0:
         raise SystemExit("perf peers: error: counts must be positive")
-    runs: dict[str, list[dict[str, Any]]] = {"aaabus": [], **{p: [] for p in PEERS}}
+    runs: dict[str, list[dict[str, Any]]] = {"aaabus": [], "floor": [], **{p: [] for p in PEERS}}
     failed: dict[str, str] = {}
     with contextlib.ExitStack() as stack:
         # A SIGTERM (make interrupted, CI timeout) unwinds like Ctrl-C, so the brokers stop too.
@@ -801,6 +818,7 @@ def run(args: argparse.Namespace) -> int:
             t0 = time.monotonic()
             runs["aaabus"].append(_measure_aaabus(args))
             _log(f"aaabus done in {time.monotonic() - t0:.1f}s")
+            runs["floor"].append(_measure_floor(args, work))
             for peer in PEERS:
                 endpoint = brokers.endpoints.get(peer)
                 if endpoint is None or peer in failed:
@@ -844,6 +862,7 @@ _CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "rabbit-consume": _rabbit_consume_child,
     "mqtt-pong": _mqtt_pong_child,
     "mqtt-consume": _mqtt_consume_child,
+    "floor-pong": floor.pong_child,
 }
 
 

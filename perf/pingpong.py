@@ -9,7 +9,7 @@ from typing import Any
 
 from aaabus.config.domains import Topology
 from aaabus.core.store import STORE_KINDS
-from aaabus.core.trace import read_hops
+from aaabus.core.trace import STAGES, read_hops
 from aaabus.errors import ConfigError
 from aaabus.tools.launch import Bus
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
@@ -81,31 +81,43 @@ def run(
 
 
 def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, float]:
-    """Where one hop's time goes, p50s in µs, from the servers' hop traces: ``clock_stamp``
-    (sender's clock work), ``clock_test`` (receiver's), ``commit`` (the group commit that made
-    the hop durable: commit preparation, write and sync), ``group_hops`` (hops per commit), and
-    ``rest``: half the round trip minus those, i.e. network thread hand-off, frame encode,
-    MAC and decode, the reaction, the frame send and TCP. A coarse cut: write and sync apart
-    are in ``perf commit`` (the raw floor), not in this trace."""
-    by_event: dict[str, list[float]] = {"send": [], "receive": []}
+    """Where one hop's time goes, in µs, from the servers' hop traces.
+
+    ``hop`` is half the round trip's p50. Each stage of :data:`aaabus.core.trace.STAGES`
+    (``decode_mac`` on the I/O thread, ``handoff`` to the engine thread, ``clock_test``,
+    ``reaction``, ``stamp``, ``commit_prepare`` (ZODB), ``write``, ``sync``, ``commit_finish``,
+    ``send``, ...) is the p50 over the hops that passed it, on every server; ``wire`` is ``hop``
+    minus their sum: TCP over loopback and the reading I/O thread's wake-up, i.e. what happens
+    between one server's socket send and the other's socket read. Also ``clock_stamp`` (the
+    sender's clock work inside ``stamp``), ``commit`` (the engine's whole commit call, from
+    ``commit`` to after ``send``) and ``group_hops`` (hops per commit), as p50s."""
+    stamps: list[float] = []
     commits: list[float] = []
     groups: list[float] = []
+    stages: dict[str, list[float]] = {stage: [] for _mark, stage in STAGES}
+    stages["commit_io"] = []
     for rec in read_hops(trace_dir):
-        by_event.setdefault(rec["event"], []).append(rec["clock_ns"] / 1000)
+        if rec["event"] == "send":
+            stamps.append(rec["clock_ns"] / 1000)
         commits.append(rec["commit_ns"] / 1000)
         groups.append(rec["group_hops"])
+        for stage, ns in rec.get("stages", {}).items():
+            stages.setdefault(stage, []).append(ns / 1000)
 
     def p50(values: list[float]) -> float:
         return round(statistics.median(values), 1) if values else 0.0
 
     hop = rtt_p50_ms * 1000 / 2
-    parts = {
-        "clock_stamp": p50(by_event["send"]),
-        "clock_test": p50(by_event["receive"]),
+    parts = {stage: p50(values) for stage, values in stages.items() if values}
+    wire = round(hop - sum(parts.values()), 1)
+    return {
+        "hop": round(hop, 1),
+        **parts,
+        "wire": wire,
+        "clock_stamp": p50(stamps),
         "commit": p50(commits),
+        "group_hops": p50(groups),
     }
-    rest = round(hop - sum(parts.values()), 1)
-    return {"hop": round(hop, 1), **parts, "rest": rest, "group_hops": p50(groups)}
 
 
 def compare_stores(

@@ -111,6 +111,18 @@ def test_after_a_reconnect_exactly_the_unacknowledged_frames_are_sent_again_in_o
     assert receiver.resend(0) == ([], [SendAck(0, D, 3)])
 
 
+def test_queues_hold_the_frames_and_older_stores_entries_are_resent_the_same() -> None:
+    qout = {(peer, D): PersistentQueue() for peer in (1, 2)}
+    sender = LinkProtocol(0, {D: MEMBERS}, {D: DomainClock(3, 0)}, {D: OOBTree()}, qout)
+    frames = [sender.stamp(1, D, message(0, 1, f"m{i}")) for i in range(1, 3)]
+    queue = qout[1, D]
+    assert list(queue.values()) == frames  # one bytes object each: cheap to pickle and resend
+    # A store written before queues held frames keeps (stamp, message): resent identically.
+    seq, _domain, stamp, msg = decode_data(frames[1])
+    queue[seq] = (stamp, msg)
+    assert sender.resend(1)[0] == frames
+
+
 def test_a_frame_ahead_of_a_gap_is_held_back_and_does_not_vouch_for_the_gap() -> None:
     sender, receiver = protocol(0), protocol(1)
     first, second = (sender.stamp(1, D, message(0, 1, f"m{i}")) for i in (1, 2))

@@ -602,6 +602,33 @@ def test_abort_rolls_back_the_count_and_the_delta_bookkeeping(tmp_path: Path) ->
         db.close()
 
 
+def test_a_stamp_seen_before_is_checked_again_against_the_rolled_back_clock(
+    tmp_path: Path,
+) -> None:
+    db = open_db(tmp_path / "c.fs")
+    try:
+        conn = db.open()
+        c0 = DomainClock(2, 0)
+        conn.root()["clock"] = c0
+        transaction.commit()
+        c0.prepare_send(1)  # not committed
+        # From 1: its first message, knowing of one message from 0 to 1.
+        claim = craft_delta(2, 1, 0, {(1, 0): 1, (0, 1): 1})
+        assert c0.check(1, claim) is Verdict.DELIVER
+        transaction.abort()  # 0 never sent it: the same bytes now say 0's store is behind
+        with pytest.raises(ClockError, match="behind"):
+            c0.check(1, bytes(bytearray(claim)))
+    finally:
+        db.close()
+
+
+def test_a_stamp_seen_before_is_refused_on_another_link() -> None:
+    clocks, m = three_servers("delta")
+    assert clocks[2].check(0, m["m1"]) is Verdict.DELIVER
+    with pytest.raises(ClockError, match="link 0->2"):
+        clocks[2].check(1, m["m1"])
+
+
 def commit_bytes(db: ZODB.DB, path: Path) -> int:
     before = os.path.getsize(path)
     transaction.commit()

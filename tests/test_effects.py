@@ -1,5 +1,5 @@
 """The transaction-driven undo log of in-memory effects (aaabus.core.effects), against a real
-FileStorage sharing the same transactions, as the engine uses it."""
+FileStorage or log store sharing the same transactions, as the engine uses it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import ZODB.FileStorage
 from persistent.mapping import PersistentMapping
 
 from aaabus.core.effects import TransactionEffects
+from aaabus.core.logstorage import LogStorage
 
 
 class _Db:
@@ -168,3 +169,122 @@ def test_a_failed_commit_undoes_the_effects(db: _Db, tmp_path: Path) -> None:
         db.tm.commit()
     db.tm.abort()
     assert state == [] and ran == []
+
+
+class _LogDb:
+    """A log store (durable at its vote) shared by a connection and the effects, as in a server."""
+
+    def __init__(self, path: Path) -> None:
+        self.storage = LogStorage(path / "log")
+        self.db = ZODB.DB(self.storage)
+        self.tm = transaction.TransactionManager()
+        self.conn = self.db.open(transaction_manager=self.tm)
+        self.root = self.conn.root()
+        # As aaabus.core.store.Store.durable_at_vote: the storage sees the connection's metadata.
+        self.effects = TransactionEffects(
+            self.tm, lambda txn: self.storage.voted(txn.data(self.conn))
+        )
+
+    def close(self) -> None:
+        self.tm.abort()
+        self.conn.close()
+        self.db.close()
+
+
+@pytest.fixture
+def logdb(tmp_path: Path) -> Iterator[_LogDb]:
+    d = _LogDb(tmp_path)
+    try:
+        yield d
+    finally:
+        d.close()
+
+
+class _Veto:
+    """A participant that votes no, sorted before the effects manager as any other one is."""
+
+    def __init__(self) -> None:
+        self.aborted = False
+
+    def sortKey(self) -> str:
+        return "zzz veto"
+
+    def tpc_begin(self, txn: object) -> None:
+        pass
+
+    def commit(self, txn: object) -> None:
+        pass
+
+    def tpc_vote(self, txn: object) -> None:
+        raise RuntimeError("veto")
+
+    def tpc_finish(self, txn: object) -> None:
+        raise AssertionError("a vetoed transaction is never finished")
+
+    def tpc_abort(self, txn: object) -> None:
+        self.aborted = True
+
+    def abort(self, txn: object) -> None:
+        self.aborted = True
+
+
+def test_durable_actions_run_once_the_log_store_voted_before_zodb_finishes(
+    logdb: _LogDb,
+) -> None:
+    seen: list[tuple[str, bool, bytes]] = []
+    before = logdb.storage.lastTransaction()
+
+    def probe(name: str) -> None:
+        meta = logdb.tm.get().data(logdb.conn)
+        seen.append((name, logdb.storage.voted(meta), logdb.storage.lastTransaction()))
+
+    logdb.root["value"] = 1
+    logdb.effects.after_commit(lambda: probe("after"))
+    logdb.effects.when_durable_once(lambda: probe("durable"))
+    logdb.tm.commit()
+    # The durable one ran first, with the record voted (on disk) but the storage not yet
+    # finished (its last transaction is still the old one); the other ran after the commit.
+    assert [name for name, _v, _t in seen] == ["durable", "after"]
+    assert seen[0][1] is True and seen[0][2] == before
+    assert seen[1][2] == logdb.storage.lastTransaction() != before
+
+
+def test_durable_actions_wait_for_the_commit_when_the_store_is_not_durable_at_vote(
+    db: _Db,
+) -> None:
+    order: list[str] = []
+    db.root["value"] = 1
+    db.effects.when_durable_once(lambda: order.append(f"durable {db.committed_value()}"))
+    db.effects.after_commit(lambda: order.append("after"))
+    db.tm.commit()
+    assert order == ["durable 1", "after"]  # in registration order, after the commit
+
+
+def test_durable_actions_of_a_vetoed_transaction_never_run(logdb: _LogDb, tmp_path: Path) -> None:
+    ran: list[str] = []
+    veto = _Veto()
+    logdb.root["value"] = 1
+    logdb.effects.when_durable_once(lambda: ran.append("durable"))
+    logdb.tm.get().join(veto)
+    with pytest.raises(RuntimeError, match="veto"):
+        logdb.tm.commit()
+    logdb.tm.abort()
+    assert ran == [] and veto.aborted
+    # The log store cancelled what it had voted: a reopened store does not have it.
+    logdb.close()
+    again = _LogDb(tmp_path)
+    try:
+        assert "value" not in again.root
+    finally:
+        again.close()
+
+
+def test_a_rolled_back_durable_action_does_not_run(logdb: _LogDb) -> None:
+    ran: list[str] = []
+    logdb.root["value"] = 1
+    savepoint = logdb.tm.savepoint()
+    logdb.effects.when_durable_once(lambda: ran.append("rolled back"))
+    savepoint.rollback()
+    logdb.root["value"] = 2
+    logdb.tm.commit()
+    assert ran == []

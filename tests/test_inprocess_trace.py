@@ -34,5 +34,14 @@ def test_in_process_bus_with_tracing(tmp_path: Path, make_config: Callable[..., 
     assert all(h["commit_ns"] > 0 and h["group_hops"] >= 1 for h in hops)
     assert any(h["clock_bytes"] > 0 for h in hops)
     assert {h["verdict"] for h in receives} <= {"deliver", "wait", "duplicate"}
+    # A group's first receive carries the stages of its hop: all passed in order, none
+    # negative; a memory store does not split its write and sync (one commit_io stage).
+    staged = [h["stages"] for h in receives if "stages" in h]
+    assert len(staged) >= 200
+    assert all(min(st.values()) >= 0 for st in staged)
+    assert all("commit_io" in st and "sync" not in st for st in staged if "send" in st)
+    assert any(
+        {"decode_mac", "handoff", "clock_test", "reaction", "send"} <= set(st) for st in staged
+    )
     # The router s1 receives in one domain and re-stamps in the other.
     assert {h["domain"] for h in sends if h["server"] == 1} == {"D0", "D1"}

@@ -57,6 +57,12 @@ def test_unreachable_brokers_are_skipped_and_aaabus_is_measured(tmp_path: Path) 
     assert ours["pingpong_ms"]["p50"] > 0 and ours["stream_msgs_per_s"] > 0
     assert len(out["runs"]["aaabus"]) == 1 and out["runs"]["aaabus"][0]["pingpong"]["rounds"] == 5
     assert all(out["systems"][peer] is None for peer in PEERS)
+    # The floor (two processes, a sync per hop, no bus) ran beside it and its ratio is given.
+    floor = out["runs"]["floor"][0]["pingpong"]
+    assert floor["rounds"] == 5 and floor["rtt_ms"]["p50"] > 0
+    assert out["ratios"]["pingpong_vs_floor"] == pytest.approx(
+        ours["pingpong_ms"]["p50"] / out["systems"]["floor"]["pingpong_ms"]["p50"]
+    )
     for key in ("pingpong_vs_rabbitmq", "stream_vs_rabbitmq", "pingpong_vs_mosquitto_qos2"):
         assert out["ratios"][key] is None
 
@@ -69,6 +75,10 @@ def test_ratios_divide_times_and_rates_the_documented_way() -> None:
         "mosquitto_qos0": {"pingpong_ms": {"p50": 8.0}, "stream_msgs_per_s": 6000.0},
     }
     got = ratios(systems)
+    assert got["pingpong_vs_floor"] is None and got["floor_vs_rabbitmq"] is None
+    systems["floor"] = {"pingpong_ms": {"p50": 1.0}, "stream_msgs_per_s": None}
+    got = ratios(systems)
+    assert got["pingpong_vs_floor"] == 4.0 and got["floor_vs_rabbitmq"] == 0.5
     assert got["pingpong_vs_rabbitmq"] == 2.0 and got["stream_vs_rabbitmq"] == 3.0
     assert got["pingpong_vs_mosquitto_qos2"] is None and got["stream_vs_mosquitto_qos2"] is None
     assert got["pingpong_vs_mosquitto_qos0"] == 0.5 and got["stream_vs_mosquitto_qos0"] == 0.5

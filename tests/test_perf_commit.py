@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from perf.commit import CONTENDERS
 from tests.support.harness import REPO_ROOT
 
 
@@ -36,7 +37,7 @@ def test_perf_commit_prints_the_documented_json(tmp_path: Path) -> None:
     lines = proc.stdout.strip().splitlines()
     assert len(lines) == 1, "--json prints the JSON line only"
     out = json.loads(lines[0])
-    for name in ("floor", "floor_falloc", "mem", "zodb_floor", "file", "log"):
+    for name in CONTENDERS:
         for q in ("p50", "p90", "p99", "max"):
             assert out[f"{name}_{q}_us"] > 0
         assert out[f"{name}_p50_us"] <= out[f"{name}_p90_us"] <= out[f"{name}_p99_us"]
@@ -44,6 +45,8 @@ def test_perf_commit_prints_the_documented_json(tmp_path: Path) -> None:
     assert abs(out["log_vs_floor"] - out["log_p50_us"] / out["floor_p50_us"]) < 0.01
     assert abs(out["file_vs_floor"] - out["file_p50_us"] / out["floor_p50_us"]) < 0.01
     assert "log_vs_zodb_floor" in out and "log_own_p50_us" in out
+    got = out["log_storage_vs_floor"]
+    assert abs(got - out["log_storage_p50_us"] / out["floor_p50_us"]) < 0.01
     stream = out["stream"]
     assert stream["commits"] == 300 and stream["compared_commits"] == 300
     assert stream["on"]["max"] >= stream["on"]["p50"] > 0

@@ -141,3 +141,17 @@ def test_the_policy_trusts_classes_of_named_modules_and_plain_data_only() -> Non
     else:
         raise AssertionError("a function of a trusted module was loaded")
     assert TrustPolicy(by_value=True).loads(pickle.dumps(len)) is len
+
+
+def test_each_policy_unpickles_under_its_own_list_and_stays_usable_after_a_refusal() -> None:
+    from tests.support.agents import Seen
+
+    lenient, strict = TrustPolicy(["tests.support.agents"]), TrustPolicy([])
+    seen = Seen(AgentId(0, 0, 5), AgentId(0, 1, 9), "x")
+    data = pickle.dumps(seen)
+    assert lenient.loads(data) == seen
+    with pytest.raises(UntrustedClass):
+        strict.loads(data)  # the other policy's list is not shared
+    with pytest.raises(UntrustedClass):
+        lenient.loads(pickle.dumps(Planted("/nonexistent")))
+    assert lenient.loads(data) == seen  # nothing of the refused load lingers

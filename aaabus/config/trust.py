@@ -103,6 +103,13 @@ class TrustPolicy:
         self.trusted = tuple(t for t in trusted if t)
         self.by_value = by_value
         self._cache: dict[tuple[str, str], Any] = {}
+        # The unpickler of this policy: a class whose find_class *is* this policy's, so that a
+        # load runs no Python __init__ and each global costs one Python call, not two. A fresh
+        # instance per load (never a shared one: no state, memo included, outlives its pickle);
+        # this halves the cost of loading a small notification (perf stream, ~5 -> ~2.5 us).
+        self._unpickler: type[pickle.Unpickler] = type(
+            "_PolicyUnpickler", (pickle.Unpickler,), {"find_class": staticmethod(self.find_class)}
+        )
 
     def find_class(self, module: str, name: str) -> Any:
         """The class ``module.name`` if trusted; raises :class:`UntrustedClass` otherwise."""
@@ -144,7 +151,7 @@ class TrustPolicy:
         """
         if self.by_value:
             return pickle.loads(data)
-        return _Unpickler(io.BytesIO(data), self).load()
+        return self._unpickler(io.BytesIO(data)).load()
 
     def check_record(self, data: bytes) -> None:
         """Load a ZODB record (class pickle, then state pickle) as a check, references unfollowed.
@@ -156,7 +163,7 @@ class TrustPolicy:
             return
         stream = io.BytesIO(data)
         while stream.tell() < len(data):
-            unpickler = _Unpickler(stream, self)
+            unpickler = self._unpickler(stream)
             unpickler.persistent_load = _unfollowed  # type: ignore[method-assign]
             unpickler.load()
 
@@ -190,17 +197,6 @@ def _own_data_class(obj: Any) -> bool:
     from aaabus.model.notifications import Notification
 
     return isinstance(obj, type) and issubclass(obj, (Notification, Persistent, tuple, enum.Enum))
-
-
-class _Unpickler(pickle.Unpickler):
-    """The C unpickler with every global lookup routed through a policy."""
-
-    def __init__(self, file: io.BytesIO, policy: TrustPolicy) -> None:
-        super().__init__(file)
-        self._policy = policy
-
-    def find_class(self, module: str, name: str) -> Any:
-        return self._policy.find_class(module, name)
 
 
 def policy_for(config: BusConfig, server_id: int | None) -> TrustPolicy:

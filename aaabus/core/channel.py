@@ -10,7 +10,8 @@ reactions around them:
   reaction, or an input such as a router's forwarding); then :meth:`Channel.seal` counts all the
   event's sends in the clock of their first hop's domain before stamping each (a reaction is one
   clock event) and appends them to their hops' persistent outgoing queues (``qout``), in the
-  transaction of that event. After the commit the frames are handed to the network thread.
+  transaction of that event. Once the commit is durable the frames are handed to the network
+  (:meth:`~aaabus.core.effects.TransactionEffects.when_durable_once`).
 * **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
   and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
   queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
@@ -31,6 +32,7 @@ storage cost.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,6 +60,10 @@ class Transport(Protocol):
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
 
+    #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
+    #: I/O thread, in ``on_frame``: the start of a hop's breakdown).
+    read_ns: int
+
 
 class Channel:
     """Stamps, outgoing queues, acknowledgements, hold-back and routing of one server."""
@@ -72,6 +78,7 @@ class Channel:
         max_frame: int = 16 << 20,
     ) -> None:
         self.engine = engine
+        self.tracer = tracer
         self.max_frame = max_frame
         self.store = engine.store
         self.me = engine.server_id
@@ -237,10 +244,10 @@ class Channel:
             frames = self._frames[peer] = []
         frames.append(frame)
         self._effects.undo(frames.pop)
-        self._effects.after_commit_once(self._flush)
+        self._effects.when_durable_once(self._flush)
 
     def _flush(self) -> None:
-        """After the commit: hand this group's frames and acks to the network.
+        """Once the group is durable: hand its frames and acks to the network (engine thread).
 
         A hand-off that fails (the transport raised) is retried as a link coming back up
         would be: everything the peer has not acknowledged is staged again, in order, by an
@@ -251,6 +258,9 @@ class Channel:
         transport = self.transport
         if transport is None:
             return
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.mark("flush")
         for (peer, domain), upto in acks.items():
             frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
         failpoints = self._failpoints
@@ -274,6 +284,8 @@ class Channel:
                     exc,
                 )
                 self.engine.submit(self._resend_input(peer))
+        if tracer is not None:
+            tracer.mark("sent")
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -283,20 +295,32 @@ class Channel:
         if ack is not None:
             domain, upto = ack
             self.engine.submit_lazy(lambda _engine: self.acknowledged(peer, domain, upto))
-        else:
+        elif self.tracer is None:
             self.engine.submit(lambda _engine: self.receive(peer, payload))
+        else:
+            transport = self.transport
+            handed = time.perf_counter_ns()
+            read = transport.read_ns if transport is not None else handed
+            self.engine.submit(lambda _engine: self.receive(peer, payload, (read, handed)))
 
     def acknowledged(self, peer: int, domain: str, upto: int) -> None:
         """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""
         self.protocol.acknowledged(peer, domain, upto)
 
-    def receive(self, peer: int, payload: bytes) -> None:
-        """Handle one authenticated data frame from ``peer`` (engine thread, in the group)."""
+    def receive(self, peer: int, payload: bytes, times: tuple[int, int] | None = None) -> None:
+        """Handle one authenticated data frame from ``peer`` (engine thread, in the group).
+
+        ``times``: when the frame was read and handed over (with a tracer, for the breakdown)."""
+        tracer = self.tracer
+        if tracer is not None and times is not None:
+            tracer.arrived(*times)
         for event in self.protocol.receive(peer, payload):
             if isinstance(event, Deliver):
                 self._arrived(event.message)
             else:
                 self._ack((event.peer, event.domain), event.upto)
+        if tracer is not None:
+            tracer.mark("tested")
 
     def _ack(self, link: tuple[int, str], upto: int) -> None:
         acks = self._acks
@@ -304,7 +328,7 @@ class Channel:
         if upto > old:
             acks[link] = upto
             self._effects.undo(acks.__setitem__, link, old)
-            self._effects.after_commit_once(self._flush)
+            self._effects.when_durable_once(self._flush)
 
     def _arrived(self, message: Message) -> None:
         """A message is causally deliverable here: to a local agent, or on to the next domain."""
@@ -343,7 +367,7 @@ class Channel:
             self._effects.undo(self._frames.pop, peer, None)
         else:
             self._effects.undo(self._frames.__setitem__, peer, old)
-        self._effects.after_commit_once(self._flush)
+        self._effects.when_durable_once(self._flush)
         for ack in acks:
             self._ack((ack.peer, ack.domain), ack.upto)
 

@@ -68,7 +68,7 @@ import enum
 import struct
 import sys
 from array import array
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import persistent
 
@@ -181,6 +181,17 @@ _DELTA_FIFO: Final = 3
 _MODE_KIND: Final = (KIND_FULL, KIND_FIFO, KIND_DELTA, KIND_FIFO)
 
 
+class _Parsed(NamedTuple):
+    """A received stamp taken apart (:meth:`DomainClock._parse`); entries are ``(a*k + b,
+    value)`` pairs, in the order of the stamp."""
+
+    link: int  # Hm[src][me]: the seq of the last message its event sent on this link
+    entries: tuple[tuple[int, int], ...]  # delta: all; full: the non-zero ones; fifo: none
+    column: tuple[tuple[int, int], ...]  # those of column me but the link's: what can make WAIT
+    own: tuple[tuple[int, int], ...]  # those of row me: what must not be ahead of us
+    matrix: array[int] | None  # full: the whole matrix, for the merge
+
+
 # (mode, k, me, pages, bits, mask): see DomainClock._fast.
 _Fast = tuple[int, int, int, tuple[_Page, ...], int, int]
 
@@ -213,7 +224,7 @@ class DomainClock(persistent.Persistent):
     _v_fast: _Fast
     _v_touched: dict[int, persistent.Persistent]
     _v_last_stamp_size: int
-    _v_decoded: tuple[bytes, int, Any]
+    _v_parsed: tuple[bytes, int, _Parsed]
 
     def __init__(self, size: int, me: int, *, stamps: str = "delta", order: str = "causal") -> None:
         if not 1 <= size <= MAX_SIZE:
@@ -555,11 +566,7 @@ class DomainClock(persistent.Persistent):
         link. A DELIVER for a message whose event sent more here (``seq < event_end``) means
         "deliverable together with them": the caller holds it until they have all come.
         """
-        decoded = self._decode(src, stamp)
-        # Remembered (volatile, not clock state) so that the usual check-then-deliver of the
-        # same bytes decodes them once.
-        self._v_decoded = (stamp, src, decoded)
-        return self._verdict(src, decoded, seq)
+        return self._verdict(src, self._decoded(src, stamp), seq)
 
     def deliver(self, src: int, stamp: bytes, seq: int | None = None) -> None:
         """Merge the stamp of a message that :meth:`check` found deliverable.
@@ -593,36 +600,36 @@ class DomainClock(persistent.Persistent):
         on its link, sent in the same event (:meth:`prepare_sends`): it must be delivered in
         one go with them, so that nothing done after it can precede them.
         """
-        return self._link(src, self._decoded(src, stamp))
+        return self._decoded(src, stamp).link
 
-    def _decoded(self, src: int, stamp: bytes) -> Any:
-        """``_decode(src, stamp)``, or what :meth:`check` remembered of these very bytes."""
+    def _decoded(self, src: int, stamp: bytes) -> _Parsed:
+        """``stamp`` validated completely, taken apart for the verdict and the merge.
+
+        Everything that can be wrong with it is found here, before any verdict, so that a
+        malformed stamp is always an error (never a DUPLICATE or a WAIT that hides it). Two
+        parts: :meth:`_parse`, a function of the bytes and the link alone, and
+        :meth:`_check_ahead`, which reads the clock. The parse of the last stamp seen is
+        remembered (volatile, not clock state): the receive path asks about one message several
+        times (event_end, check, deliver), and the siblings of an event on one link carry equal
+        stamps (:meth:`prepare_sends`), so a burst of n messages is parsed once, not ~4n times.
+        The check against the clock is redone on every call: an aborted transaction may have
+        rolled the clock back since.
+        """
         try:
-            seen, seen_src, decoded = self._v_decoded
+            seen, seen_src, parsed = self._v_parsed
         except AttributeError:
             seen = None
-        if seen is not stamp or seen_src != src:
-            decoded = self._decode(src, stamp)
-            self._v_decoded = (stamp, src, decoded)
-        return decoded
+        # Equal bytes, not the same object: each frame brings its own copy of a shared stamp.
+        if seen is None or seen_src != src or seen != stamp:
+            parsed = self._parse(src, stamp)
+            self._v_parsed = (bytes(stamp), src, parsed)
+        if parsed.own:
+            self._check_ahead(src, parsed.own)
+        return parsed
 
-    def _link(self, src: int, decoded: Any) -> int:
-        """The stamp's link counter ``Hm[src][me]``."""
+    def _parse(self, src: int, stamp: bytes) -> _Parsed:
+        """Everything :meth:`_decoded` checks that depends on the bytes only; their parts."""
         mode, k, me, *_ = self._fast()
-        if mode == _DELTA_CAUSAL:
-            keys, values = decoded
-            return int(values[keys.index(src * k + me)])
-        if mode == _FULL_CAUSAL:
-            return int(decoded[src * k + me])
-        return int(decoded)
-
-    def _decode(self, src: int, stamp: bytes) -> Any:
-        """Validate ``stamp`` completely and return it in the form the mode's code uses.
-
-        Everything that can be wrong with the bytes is found here, before any verdict, so that a
-        malformed stamp is always an error (never a DUPLICATE or a WAIT that hides it).
-        """
-        mode, k, me, pages, bits, mask = self._fast()
         if not 0 <= src < k or src == me:
             raise ClockError(
                 f"message source {src} is not another server of this domain (0..{k - 1}, me={me})"
@@ -643,10 +650,12 @@ class DomainClock(persistent.Persistent):
             raise ClockError(
                 f"stamp is for the link {hsrc}->{hdest} but was presented on {src}->{me}"
             )
+        link_key = src * k + me
+        matrix: array[int] | None = None
         if kind == KIND_FIFO:
             if len(stamp) != _FIFO_STAMP.size:
                 raise ClockError(f"fifo stamp of {len(stamp)} bytes, expected {_FIFO_STAMP.size}")
-            return _FIFO_BODY.unpack_from(stamp, HEADER_SIZE)[0]
+            return _Parsed(_FIFO_BODY.unpack_from(stamp, HEADER_SIZE)[0], (), (), (), None)
         if kind == KIND_DELTA:
             n, rest = divmod(len(stamp) - HEADER_SIZE, _ENTRY_SIZE)
             if rest or n == 0:
@@ -656,42 +665,57 @@ class DomainClock(persistent.Persistent):
                 )
             flat = _delta_struct(n).unpack(stamp)[5:]
             keys = flat[0::2]
-            values = flat[1::2]
             if max(keys) >= k * k:
                 bad = max(keys)
                 raise ClockError(f"delta stamp entry ({bad // k}, {bad % k}) is outside the matrix")
-            link_key = src * k + me
             if link_key not in keys:
                 raise ClockError(f"delta stamp lacks the counter of the link {src}->{me}")
-            for key, value in zip(keys, values, strict=True):
-                # Nobody can know of more sends of ours than we made: if a stamp says so, our
-                # store has lost committed transactions (or the stamp is garbage). Merging it
-                # would make us skip sequence numbers and stall our receivers.
-                if key // k == me and value > pages[key >> bits].d[(key & mask) * _STRIDE]:
-                    raise ClockError(self._ahead_message(src, key % k, value))
-            return keys, values
-        expected = HEADER_SIZE + 8 * k * k
-        if len(stamp) != expected:
-            raise ClockError(f"full stamp of {len(stamp)} bytes, expected {expected}")
-        hm = array("q")
-        hm.frombytes(memoryview(stamp)[HEADER_SIZE:])
-        if _BIG_ENDIAN:
-            hm.byteswap()
-        lo = me * k
-        for b, (theirs, ours) in enumerate(zip(hm[lo : lo + k], self._m[lo : lo + k], strict=True)):
-            if theirs > ours:
-                raise ClockError(self._ahead_message(src, b, theirs))
-        return hm
-
-    def _ahead_message(self, src: int, b: int, value: int) -> str:
-        return (
-            f"stamp from {src} says {self.me} sent {value} messages to {b}, but it sent "
-            f"{self.entry(self.me, b)}: this server's store is behind the domain"
+            entries = tuple(zip(keys, flat[1::2], strict=True))
+            link = entries[keys.index(link_key)][1]
+        else:
+            expected = HEADER_SIZE + 8 * k * k
+            if len(stamp) != expected:
+                raise ClockError(f"full stamp of {len(stamp)} bytes, expected {expected}")
+            matrix = array("q")
+            matrix.frombytes(memoryview(stamp)[HEADER_SIZE:])
+            if _BIG_ENDIAN:
+                matrix.byteswap()
+            link = matrix[link_key]
+            # Only non-zero cells can ever exceed ours: the verdict and the check skip the rest.
+            entries = tuple((key, value) for key, value in enumerate(matrix) if value)
+        return _Parsed(
+            link,
+            entries,
+            tuple(e for e in entries if e[0] % k == me and e[0] != link_key),
+            tuple(e for e in entries if e[0] // k == me),
+            matrix,
         )
 
-    def _verdict(self, src: int, decoded: Any, seq: int | None) -> Verdict:
-        mode, k, me, pages, bits, mask = self._fast()
-        count = self._link(src, decoded)
+    def _check_ahead(self, src: int, own: tuple[tuple[int, int], ...]) -> None:
+        """Refuse a stamp whose row ``me`` (``own``) is ahead of this clock.
+
+        Nobody can know of more sends of ours than we made: if a stamp says so, our store has
+        lost committed transactions (or the stamp is garbage). Merging it would make us skip
+        sequence numbers and stall our receivers.
+        """
+        for key, value in own:
+            if value > self._value(key):
+                k = self.size
+                raise ClockError(
+                    f"stamp from {src} says {self.me} sent {value} messages to {key % k}, but "
+                    f"it sent {self.entry(self.me, key % k)}: this server's store is behind the "
+                    "domain"
+                )
+
+    def _value(self, key: int) -> int:
+        """``H[a][b]`` for ``key = a*k + b`` of a causal clock (fifo stamps carry no entries)."""
+        mode, _k, _me, pages, bits, mask = self._fast()
+        if mode == _DELTA_CAUSAL:
+            return pages[key >> bits].d[(key & mask) * _STRIDE]
+        return self._m[key]
+
+    def _verdict(self, src: int, parsed: _Parsed, seq: int | None) -> Verdict:
+        count = parsed.link
         if seq is None:
             seq = count
         elif not 1 <= seq <= count:
@@ -699,44 +723,29 @@ class DomainClock(persistent.Persistent):
                 f"message {seq} from {src} carries a stamp that counts {count} messages on its "
                 "link: the sequence number must be between 1 and that count"
             )
-        link_key = src * k + me
-        if mode == _DELTA_CAUSAL:
-            keys, values = decoded
+        mode, k, me, pages, bits, mask = self._fast()
+        if mode == _DELTA_CAUSAL:  # the hot case, read directly: entry() checks its arguments
+            link_key = src * k + me
             have = pages[link_key >> bits].d[(link_key & mask) * _STRIDE]
-            if seq <= have:
-                return Verdict.DUPLICATE
-            if seq != have + 1:
-                return Verdict.WAIT
-            for key, value in zip(keys, values, strict=True):
-                if (
-                    key % k == me
-                    and value > pages[key >> bits].d[(key & mask) * _STRIDE]
-                    and key != link_key
-                ):
-                    return Verdict.WAIT
-            return Verdict.DELIVER
-        if mode == _FULL_CAUSAL:
-            hm = decoded
-            m = self._m
-            have = m[link_key]
-            if seq <= have:
-                return Verdict.DUPLICATE
-            if seq != have + 1:
-                return Verdict.WAIT
-            for a, (theirs, ours) in enumerate(zip(hm[me::k], m[me::k], strict=True)):
-                if theirs > ours and a != src:
-                    return Verdict.WAIT
-            return Verdict.DELIVER
-        have = self.entry(src, me)
+        else:
+            have = self.entry(src, me)
         if seq <= have:
             return Verdict.DUPLICATE
-        return Verdict.DELIVER if seq == have + 1 else Verdict.WAIT
+        if seq != have + 1:
+            return Verdict.WAIT
+        # Deliverable when we hold every message sent to us that the sender knew of.
+        for key, value in parsed.column:
+            if value > self._value(key):
+                return Verdict.WAIT
+        return Verdict.DELIVER
 
-    def _merge(self, src: int, decoded: Any, seq: int | None) -> None:
+    def _merge(self, src: int, parsed: _Parsed, seq: int | None) -> None:
         mode, k, me, pages, bits, mask = self._fast()
         link_key = src * k + me
+        # The link entry becomes the messages delivered on the link, not those of the event:
+        # its later siblings are still to come.
+        link = parsed.link if seq is None else seq
         if mode == _DELTA_CAUSAL:
-            keys, values = decoded
             sentinel = k * k
             sp = pages[sentinel >> bits]
             if not sp._p_changed:
@@ -745,24 +754,23 @@ class DomainClock(persistent.Persistent):
             si = (sentinel & mask) * _STRIDE
             epoch = sd[si] + 1
             sd[si] = epoch
-            for key, value in zip(keys, values, strict=True):
-                if key == link_key and seq is not None:
-                    value = seq  # the messages delivered on the link, not those of the event
+            for key, value in parsed.entries:
+                if key == link_key:
+                    value = link
                 if value > pages[key >> bits].d[(key & mask) * _STRIDE]:
                     self._change(pages, bits, mask, sentinel, key, value, src, epoch)
         elif mode == _FULL_CAUSAL:
             # The baseline's O(k^2) merge, and a rewrite of the whole record at commit.
             self._touch(self)  # before the assignment below marks it changed behind our back
-            merged = array("q", map(max, self._m, decoded))
-            if seq is not None:
-                merged[link_key] = seq  # the messages delivered on the link (see above)
+            merged = array("q", map(max, self._m, parsed.matrix))  # type: ignore[arg-type]
+            merged[link_key] = link
             self._m = merged
         elif mode == _DELTA_FIFO:
             page = pages[src >> bits]
-            page.d[(src & mask) * 2 + _IN] = decoded if seq is None else seq
+            page.d[(src & mask) * 2 + _IN] = link
             self._touch(page)
         else:
-            self._m[link_key] = decoded if seq is None else seq
+            self._m[link_key] = link
             self._touch(self)
 
     # --------------------------------------------------------------------------------- tracing

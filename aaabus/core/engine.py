@@ -172,7 +172,7 @@ class Engine:
         self.max_group_s = max_group_s
         self.stats = EngineStats()
         #: In-memory effects of the open transaction, undone with it (see aaabus.core.effects).
-        self.effects = TransactionEffects(store.tm)
+        self.effects = TransactionEffects(store.tm, store.durable_at_vote)
         #: Failpoints of this engine and of its channel (see aaabus.core.failpoints).
         self.failpoints = Failpoints()
         #: Optional per-hop tracing (see aaabus.trace); set before start.
@@ -470,7 +470,10 @@ class Engine:
         if failpoints.armed:
             failpoints.hit("engine.commit")
         tracer = self.tracer
-        clock_bytes = tracer.before_commit() if tracer is not None else 0
+        clock_bytes = 0
+        if tracer is not None:
+            clock_bytes = tracer.before_commit()
+            tracer.mark("commit")
         t0 = time.perf_counter_ns()
         # The effects' after-commit actions run inside this call, once the store is durable.
         self.store.commit()
@@ -478,6 +481,10 @@ class Engine:
         self.stats.commit_total_ns += self.stats.commit_ns
         self.stats.commits += 1
         if tracer is not None:
+            voted = self.store.vote_marks()
+            if voted is not None and voted[0] >= t0:  # else this commit voted nothing
+                for name, at in zip(("vote", "written", "synced"), voted, strict=True):
+                    tracer.mark(name, at)
             tracer.committed(self.stats.commit_ns, clock_bytes)
 
     def _abort(self) -> None:
@@ -507,6 +514,9 @@ class Engine:
             self.store.qin.pop()
         self._count("reactions")
         failpoints = self.failpoints
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.mark("react_start")
         target = msg.target
         note: Any = None
         self._current = target
@@ -531,8 +541,12 @@ class Engine:
                         if failpoints.armed:
                             failpoints.hit("engine.reacted")
                         self._finish(target, agent)
+            if tracer is not None:
+                tracer.mark("reacted")
             # A reaction is one event: its remote sends are counted and stamped together.
             self._seal()
+            if tracer is not None:
+                tracer.mark("sealed")
         except Exception as exc:
             if savepoint is None:
                 raise ReactionFailed() from exc

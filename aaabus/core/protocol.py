@@ -154,7 +154,10 @@ class LinkProtocol:
                         f"in domain {domain}, over the bus limit of {self.max_frame} "
                         "(property aaabus.max_frame)"
                     )
-                self._qout[peer, domain][seq] = (stamp, message)
+                # Kept as the frame itself: one bytes object to pickle at the commit (a tuple
+                # of stamp and message costs ZODB a callback per part) and a resend that sends
+                # it as it is.
+                self._qout[peer, domain][seq] = frame
                 frames[i] = (peer, frame)
         return frames
 
@@ -312,9 +315,9 @@ class LinkProtocol:
         the acknowledgements of what was delivered from it (one lost with a connection would
         otherwise keep the peer's queue full until the next message comes)."""
         frames = [
-            encode_data(seq, domain, stamp, message)
+            _frame_of(seq, domain, entry)
             for domain in self._links_of.get(peer, ())
-            for seq, (stamp, message) in self._qout[peer, domain].items()
+            for seq, entry in self._qout[peer, domain].items()
         ]
         acks = []
         for domain in self._links_of.get(peer, ()):
@@ -329,3 +332,12 @@ class LinkProtocol:
         for (peer, _domain), queue in self._qout.items():
             outgoing[peer] = outgoing.get(peer, 0) + len(queue)
         return outgoing, sum(len(w) for w in self._waiting.values())
+
+
+def _frame_of(seq: int, domain: str, entry: bytes | tuple[bytes, Message]) -> bytes:
+    """The frame an outgoing queue holds for ``seq``: the entry itself, or, in a store written
+    before queues held frames, encoded from its (stamp, message)."""
+    if isinstance(entry, bytes):
+        return entry
+    stamp, message = entry
+    return encode_data(seq, domain, stamp, message)

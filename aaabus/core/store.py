@@ -91,6 +91,12 @@ class PersistentQueue(LOBTree):
 
     def pop_through(self, seq: int) -> int:
         """Remove every item whose sequence number is ``<= seq``; return how many."""
+        if self and self.maxKey() <= seq:
+            # Everything goes (the usual case: an acknowledgement covers all that was in
+            # flight): one C-level clear instead of a Python loop over the keys.
+            removed = len(self)
+            self.clear()
+            return removed
         removed = 0
         while self and self.minKey() <= seq:
             del self[self.minKey()]
@@ -188,6 +194,25 @@ class Store:
 
     def abort(self) -> None:
         self.tm.abort()
+
+    def durable_at_vote(self, txn: Any) -> bool:
+        """Whether ``txn`` is durable once the storage voted it (the log store writes and syncs
+        in its vote: see aaabus.core.effects); False for stores that finish later."""
+        storage = self._db.storage
+        if not isinstance(storage, LogStorage):
+            return False
+        try:
+            # What the connection handed the storage for ``txn`` (ZODB passes its metadata).
+            meta = txn.data(self.conn)
+        except KeyError:
+            return False  # the connection has not taken part: nothing of this group voted
+        return storage.voted(meta)
+
+    def vote_marks(self) -> tuple[int, int, int] | None:
+        """``perf_counter_ns`` at the start of the last commit's vote, after its write and after
+        its sync; None when the storage does not report them (only the log store does)."""
+        storage = self._db.storage
+        return storage.last_vote_ns if isinstance(storage, LogStorage) else None
 
     def disk(self) -> dict[str, Any]:
         """What the store holds: ``file_bytes`` on disk, ``live_bytes`` (the current records;

@@ -5,6 +5,13 @@ message hop: the stamp's size, the CPU time spent in clock operations, and, fill
 group's commit, the commit time, the clock bytes that commit persisted, and how many hops shared
 it. The perf suites turn these lines into their Parquet traces.
 
+The first receive record of a group also gets ``stages``: the nanoseconds between the marks that
+one remote hop passes on this server, in order (:data:`STAGES`), from the read that brought
+the frame to the socket send of what its reaction produced. Stages whose marks were not passed
+(an input that was not a frame, a group without reaction or send) are left out. Meaningful
+when one message is in flight at a time (``perf pingpong --breakdown``); in a busy group the
+marks are those of its first input and first reaction.
+
 Runs on the engine thread only; the file is written in blocks and closed at stop. The records of
 the open group are in-memory effects of its transaction: a rolled-back reaction or an aborted
 group takes its records back with it (see :mod:`aaabus.core.effects`).
@@ -24,6 +31,36 @@ if TYPE_CHECKING:
 #: Written in every record so that readers can refuse what they do not understand.
 TRACE_VERSION = 1
 
+#: The marks one hop passes on a server, in order, and the stage that ENDS at each mark:
+#: ``read`` (the I/O thread's socket read returned), ``handed`` (the frame was decoded and its
+#: MAC checked, then handed to the engine's inbox: stage ``decode_mac``), ``applied`` (the engine
+#: thread took it up: ``handoff``), ``tested`` (frame decoded, stamp tested against the clock,
+#: message queued for delivery: ``clock_test``), ``react_start`` (other inputs of the group:
+#: ``to_reaction``), ``reacted`` (body unpickled and ``react`` run: ``reaction``), ``sealed`` (the
+#: reaction's sends stamped, encoded and queued: ``stamp``), ``commit`` (``to_commit``),
+#: ``vote`` (ZODB pickled the changed objects and handed them to the storage:
+#: ``commit_prepare``), ``written`` (one ``pwritev``: ``write``), ``synced`` (one
+#: ``fdatasync``: ``sync``), ``flush`` (the frames start to leave: ``commit_finish``, the rest of
+#: the vote with the log store, which sends once its sync returned; ZODB's ``tpc_finish`` too
+#: with other stores),
+#: ``sent`` (frames MAC'd and written to the sockets: ``send``). ``vote``/``written``/``synced``
+#: come from the log store; other stores give one ``commit_io`` stage from ``commit`` to
+#: ``flush``.
+STAGES: tuple[tuple[str, str], ...] = (
+    ("handed", "decode_mac"),
+    ("applied", "handoff"),
+    ("tested", "clock_test"),
+    ("react_start", "to_reaction"),
+    ("reacted", "reaction"),
+    ("sealed", "stamp"),
+    ("commit", "to_commit"),
+    ("vote", "commit_prepare"),
+    ("written", "write"),
+    ("synced", "sync"),
+    ("flush", "commit_finish"),
+    ("sent", "send"),
+)
+
 
 class Tracer:
     """Collects hop records of one server; see the module docstring for the fields."""
@@ -38,6 +75,8 @@ class Tracer:
         self._group: list[dict[str, Any]] = []
         self._buffer: list[str] = []
         self._clock_bytes: Callable[[], int] = lambda: 0
+        #: Marks of the open group (see :data:`STAGES`); None until its first frame arrives.
+        self._marks: dict[str, int] | None = None
 
     def watch_clocks(self, dirty_bytes: Callable[[], int]) -> None:
         """Give the function that estimates what the next commit writes for the clocks."""
@@ -71,13 +110,32 @@ class Tracer:
             }
         )
 
+    def arrived(self, read_ns: int, handed_ns: int) -> None:
+        """A frame read at ``read_ns`` and handed over at ``handed_ns`` (I/O thread's
+        ``perf_counter_ns``) is being applied: the group's first such frame opens its marks."""
+        if self._marks is None:
+            self._marks = {"read": read_ns, "handed": handed_ns, "applied": time.perf_counter_ns()}
+            self._effects.undo(setattr, self, "_marks", None)
+
+    def mark(self, name: str, at_ns: int | None = None) -> None:
+        """Pass mark ``name`` (now, or at ``at_ns``) in the open group, once: the first wins."""
+        marks = self._marks
+        if marks is not None and name not in marks:
+            marks[name] = time.perf_counter_ns() if at_ns is None else at_ns
+
     def before_commit(self) -> int:
         return self._clock_bytes() if self._group else 0
 
     def committed(self, commit_ns: int, clock_bytes: int) -> None:
         """The group committed: complete its records and buffer them."""
+        marks, self._marks = self._marks, None
         if not self._group:
             return
+        if marks is not None:
+            for rec in self._group:
+                if rec["event"] == "receive":
+                    rec["stages"] = _stages(marks)
+                    break
         shared = len(self._group)
         for rec in self._group:
             rec["v"] = TRACE_VERSION
@@ -101,6 +159,21 @@ class Tracer:
         if self._file is not None:
             self._file.close()
             self._file = None
+
+
+def _stages(marks: dict[str, int]) -> dict[str, int]:
+    """Durations in ns between consecutive marks that were passed (see :data:`STAGES`)."""
+    stages: dict[str, int] = {}
+    previous = marks["read"]
+    for mark, stage in STAGES:
+        at = marks.get(mark)
+        if at is None:
+            continue
+        if mark == "flush" and "vote" not in marks:
+            stage = "commit_io"  # a store that does not report its write and sync apart
+        stages[stage] = at - previous
+        previous = at
+    return stages
 
 
 def read_hops(directory: str | Path) -> Iterable[dict[str, Any]]:

@@ -253,6 +253,9 @@ class Network:
         self._io_ident: int | None = None
         self._rbuf = bytearray(_READ_SIZE)
         self._rview = memoryview(self._rbuf)
+        #: ``perf_counter_ns`` when the latest socket read returned (I/O thread; callbacks read
+        #: it to time what a frame costs from the read on: aaabus.core.trace.STAGES).
+        self.read_ns = 0
 
     # ---------------------------------------------------------------- public API
 
@@ -692,6 +695,7 @@ class Network:
         while True:
             try:
                 count = sock.recv_into(self._rbuf)
+                self.read_ns = time.perf_counter_ns()
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
                 return
             except OSError as exc:

@@ -31,6 +31,7 @@ _ACK = struct.Struct(">cQ")
 # lengths of the domain name and of the stamp; followed by the domain name (UTF-8), the stamp
 # and the notification body, which runs to the end of the frame.
 _DATA = struct.Struct(">cQIIQIIQHI")
+_new = tuple.__new__
 
 
 def encode_ack(domain: str, upto: int) -> bytes:
@@ -71,7 +72,7 @@ def decode_data(payload: bytes) -> tuple[int, str, bytes, Message]:
     """
     if len(payload) < _DATA.size or payload[:1] != DATA:
         raise ValueError(f"not a data frame ({len(payload)} bytes, kind {payload[:1]!r})")
-    _kind, seq, *ids, name_len, stamp_len = _DATA.unpack_from(payload)
+    _kind, seq, so, ss, st, to, ts, tt, name_len, stamp_len = _DATA.unpack_from(payload)
     start = _DATA.size
     body_at = start + name_len + stamp_len
     if body_at >= len(payload):
@@ -79,5 +80,7 @@ def decode_data(payload: bytes) -> tuple[int, str, bytes, Message]:
     domain = payload[start : start + name_len].decode("utf-8")  # UnicodeError is a ValueError
     body = payload[body_at:]
     vet_body(body)
-    message = Message(AgentId(*ids[:3]), AgentId(*ids[3:]), body)
+    # tuple.__new__ is what the named tuples' own __new__ ends in: called directly, it saves
+    # three Python calls per received message (the fields are already ints, in order).
+    message = _new(Message, (_new(AgentId, (so, ss, st)), _new(AgentId, (to, ts, tt)), body))
     return seq, domain, payload[start + name_len : body_at], message

@@ -11,6 +11,7 @@ import bisect
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -106,6 +107,7 @@ class LogStorage:
         self._tid = Z64
         self._tdata: dict[bytes, bytes] = {}
         self._placed: list[tuple[bytes, int, int]] | None = None
+        self.last_vote_ns: tuple[int, int, int] | None = None
         self._voted_head: Segment | None = None
         #: The write error that left the commit head in an unknown state: no commit after it.
         self._failed: OSError | None = None
@@ -372,6 +374,7 @@ class LogStorage:
             raise StorageTransactionError("tpc_vote called with wrong transaction")
         if self._placed is not None:
             return
+        voted_ns = time.perf_counter_ns()
         log = self._log
         tid = self._tid
         index_get = log.index.get
@@ -399,9 +402,18 @@ class LogStorage:
             self._failed = exc
             raise
         log.appended += total
+        # When this vote began, its write ended and its sync ended (``perf_counter_ns``): the
+        # commit's stages in a hop breakdown (aaabus.core.trace.STAGES).
+        self.last_vote_ns = (voted_ns, *log.last_write_ns)
         base = position(head.seq, offset + _BODY_AT)
         self._placed = [(oid, base + rel, length) for oid, rel, length in placed]
         self._voted_head = head
+
+    def voted(self, transaction: Any) -> bool:
+        """Whether ``transaction`` (what ``tpc_begin`` got: a ZODB connection passes its
+        ``TransactionMetaData``) is voted here, hence on disk: from then on a crash reboots
+        with it, so it can only end committed unless another participant vetoes it."""
+        return transaction is self._txn and self._placed is not None
 
     def tpc_finish(
         self, transaction: Any, func: Callable[[bytes], object] = lambda tid: None
