@@ -63,3 +63,24 @@ def test_a_store_sweeps_its_cache_by_itself_as_it_commits() -> None:
         assert cached_buckets(store.conn._cache) < 2_000
     finally:
         store.close()
+
+
+def test_large_dead_buckets_are_swept_by_their_size_before_their_count() -> None:
+    db = ZODB.DB(None, cache_size=100_000)
+    tm = transaction.TransactionManager()
+    conn = db.open(transaction_manager=tm)
+    sweeper = CacheSweeper(conn._cache, min_growth=1_000_000, min_growth_bytes=1 << 20)
+    tm.registerSynch(sweeper)
+    conn.root()["queue"] = queue = PersistentQueue()
+    tm.commit()
+    for round_ in range(30):  # about 3 MB through the queue, each round acknowledged as a whole
+        for seq in range(100):
+            queue.put((round_ * 100 + seq).to_bytes(4, "big") * 250)  # distinct: pickled whole
+        tm.commit()
+        queue.pop_through(queue.maxKey())  # cleared at once: its buckets keep what they held
+        tm.commit()
+
+    assert sweeper.freed >= 30  # the count threshold alone would not have swept any
+    assert conn._cache.total_estimated_size < 3 << 19
+    conn.close()
+    db.close()

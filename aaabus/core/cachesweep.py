@@ -29,13 +29,17 @@ import gc
 import sys
 from typing import Any
 
-#: A sweep runs once the unghosted objects grew by this fraction since the last sweep left
-#: them (and by at least MIN_GROWTH): its cost, one pass over them, is then paid back in
-#: proportion to the growth, and a cache whose contents are all live is almost never swept. A
-#: cache whose live objects come near its count bound may not reach the threshold: the bound
-#: then evicts least recently used objects first, the dead ones among them, as without a sweeper.
+#: A sweep runs once the unghosted objects grew, since the last sweep left them, by this fraction
+#: of their count (and by at least MIN_GROWTH objects) or of their estimated size (ZODB's: the
+#: size of their records; at least MIN_GROWTH_BYTES): its cost, one full collection and one pass
+#: over them, is then paid back in proportion to the growth, and a cache whose contents are all
+#: live is almost never swept. The size matters when the dead objects are large: a queue emptied
+#: at once by ``clear()`` leaves its buckets with the messages they held. A cache whose live
+#: objects come near its count bound may not reach the threshold: the bound then evicts least
+#: recently used objects first, the dead ones among them, as without a sweeper.
 GROWTH = 0.25
 MIN_GROWTH = 2_000
+MIN_GROWTH_BYTES = 8 << 20
 
 #: ``sys.getrefcount`` of an object that only the cache's LRU ring references, counted in the
 #: sweep loop below: the ring, the loop's local name and the call's own argument (CPython's
@@ -51,17 +55,29 @@ class CacheSweeper:
     saved object does not fail.
     """
 
-    def __init__(self, cache: Any, *, growth: float = GROWTH, min_growth: int = MIN_GROWTH):
+    def __init__(
+        self,
+        cache: Any,
+        *,
+        growth: float = GROWTH,
+        min_growth: int = MIN_GROWTH,
+        min_growth_bytes: int = MIN_GROWTH_BYTES,
+    ) -> None:
         """``cache``: the connection's ``_cache`` (a persistent PickleCache)."""
         self._cache = cache
         self._growth = growth
         self._min_growth = min_growth
-        self._next = self._threshold(cache.cache_non_ghost_count)
+        self._min_growth_bytes = min_growth_bytes
+        self._next_count = 0
+        self._next_bytes = 0
+        self._set_thresholds()
         #: Objects freed by all sweeps so far (for tests and diagnostics).
         self.freed = 0
 
-    def _threshold(self, count: int) -> int:
-        return count + max(self._min_growth, int(count * self._growth))
+    def _set_thresholds(self) -> None:
+        count, size = self._cache.cache_non_ghost_count, self._cache.total_estimated_size
+        self._next_count = count + max(self._min_growth, int(count * self._growth))
+        self._next_bytes = size + max(self._min_growth_bytes, int(size * self._growth))
 
     def sweep(self) -> int:
         """Ghost every unghosted object only the cache references; return how many."""
@@ -76,7 +92,7 @@ class CacheSweeper:
                 obj._p_deactivate()
                 freed += 1
         self.freed += freed
-        self._next = self._threshold(self._cache.cache_non_ghost_count)
+        self._set_thresholds()
         return freed
 
     # The ISynchronizer interface of ``transaction``.
@@ -85,7 +101,11 @@ class CacheSweeper:
         pass
 
     def afterCompletion(self, txn: Any) -> None:
-        if self._cache.cache_non_ghost_count >= self._next:
+        cache = self._cache
+        if (
+            cache.cache_non_ghost_count >= self._next_count
+            or cache.total_estimated_size >= self._next_bytes
+        ):
             self.sweep()
 
     def newTransaction(self, txn: Any) -> None:
