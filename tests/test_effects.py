@@ -17,12 +17,27 @@ from aaabus.core.logstorage import LogStorage
 
 
 class _Db:
-    def __init__(self, path: Path) -> None:
-        self.db = ZODB.DB(ZODB.FileStorage.FileStorage(str(path / "data.fs")))
+    """A store and the effects sharing its transactions, as on a server: a FileStorage, or a
+    log store, whose vote makes a transaction durable (Store.durable_at_vote)."""
+
+    def __init__(self, storage: ZODB.FileStorage.FileStorage | LogStorage) -> None:
+        self.storage = storage
+        self.db = ZODB.DB(storage)
         self.tm = transaction.TransactionManager()
         self.conn = self.db.open(transaction_manager=self.tm)
         self.root = self.conn.root()
-        self.effects = TransactionEffects(self.tm)
+        if isinstance(storage, LogStorage):
+            # The storage sees the connection's metadata of the transaction, not the transaction.
+            self.effects = TransactionEffects(
+                self.tm, lambda txn: storage.voted(txn.data(self.conn))
+            )
+        else:
+            self.effects = TransactionEffects(self.tm)
+
+    def close(self) -> None:
+        self.tm.abort()
+        self.conn.close()
+        self.db.close()
 
     def committed_value(self) -> object:
         """What another connection (another transaction) reads: only durable data."""
@@ -37,13 +52,20 @@ class _Db:
 
 @pytest.fixture
 def db(tmp_path: Path) -> Iterator[_Db]:
-    d = _Db(tmp_path)
+    d = _Db(ZODB.FileStorage.FileStorage(str(tmp_path / "data.fs")))
     try:
         yield d
     finally:
-        d.tm.abort()
-        d.conn.close()
-        d.db.close()
+        d.close()
+
+
+@pytest.fixture
+def logdb(tmp_path: Path) -> Iterator[_Db]:
+    d = _Db(LogStorage(tmp_path / "log"))
+    try:
+        yield d
+    finally:
+        d.close()
 
 
 def test_abort_undoes_everything_in_reverse_and_drops_the_actions(db: _Db) -> None:
@@ -171,35 +193,6 @@ def test_a_failed_commit_undoes_the_effects(db: _Db, tmp_path: Path) -> None:
     assert state == [] and ran == []
 
 
-class _LogDb:
-    """A log store (durable at its vote) shared by a connection and the effects, as in a server."""
-
-    def __init__(self, path: Path) -> None:
-        self.storage = LogStorage(path / "log")
-        self.db = ZODB.DB(self.storage)
-        self.tm = transaction.TransactionManager()
-        self.conn = self.db.open(transaction_manager=self.tm)
-        self.root = self.conn.root()
-        # As aaabus.core.store.Store.durable_at_vote: the storage sees the connection's metadata.
-        self.effects = TransactionEffects(
-            self.tm, lambda txn: self.storage.voted(txn.data(self.conn))
-        )
-
-    def close(self) -> None:
-        self.tm.abort()
-        self.conn.close()
-        self.db.close()
-
-
-@pytest.fixture
-def logdb(tmp_path: Path) -> Iterator[_LogDb]:
-    d = _LogDb(tmp_path)
-    try:
-        yield d
-    finally:
-        d.close()
-
-
 class _Veto:
     """A participant that votes no, sorted before the effects manager as any other one is."""
 
@@ -229,7 +222,7 @@ class _Veto:
 
 
 def test_durable_actions_run_once_the_log_store_voted_before_zodb_finishes(
-    logdb: _LogDb,
+    logdb: _Db,
 ) -> None:
     seen: list[tuple[str, bool, bytes]] = []
     before = logdb.storage.lastTransaction()
@@ -260,7 +253,7 @@ def test_durable_actions_wait_for_the_commit_when_the_store_is_not_durable_at_vo
     assert order == ["durable 1", "after"]  # in registration order, after the commit
 
 
-def test_durable_actions_of_a_vetoed_transaction_never_run(logdb: _LogDb, tmp_path: Path) -> None:
+def test_durable_actions_of_a_vetoed_transaction_never_run(logdb: _Db, tmp_path: Path) -> None:
     ran: list[str] = []
     veto = _Veto()
     logdb.root["value"] = 1
@@ -272,14 +265,14 @@ def test_durable_actions_of_a_vetoed_transaction_never_run(logdb: _LogDb, tmp_pa
     assert ran == [] and veto.aborted
     # The log store cancelled what it had voted: a reopened store does not have it.
     logdb.close()
-    again = _LogDb(tmp_path)
+    again = _Db(LogStorage(tmp_path / "log"))
     try:
         assert "value" not in again.root
     finally:
         again.close()
 
 
-def test_a_rolled_back_durable_action_does_not_run(logdb: _LogDb) -> None:
+def test_a_rolled_back_durable_action_does_not_run(logdb: _Db) -> None:
     ran: list[str] = []
     logdb.root["value"] = 1
     savepoint = logdb.tm.savepoint()

@@ -38,12 +38,13 @@ class Recorder:
         self.downs: dict[int, int] = {}
         self.echo: Network | None = None
 
-    def on_frame(self, peer: int, payload: bytes) -> None:
+    def on_frames(self, peer: int, payloads: list[bytes]) -> None:
         with self.cond:
-            self.frames.setdefault(peer, []).append(payload)
+            self.frames.setdefault(peer, []).extend(payloads)
             self.cond.notify_all()
-        if self.echo is not None and payload.startswith(b"ping"):
-            self.echo.send(peer, b"pong" + payload[4:])
+        for payload in payloads:
+            if self.echo is not None and payload.startswith(b"ping"):
+                self.echo.send(peer, b"pong" + payload[4:])
 
     def on_up(self, peer: int) -> None:
         with self.cond:
@@ -90,7 +91,7 @@ def make_net() -> Iterator[Factory]:
             listen=[(LOCAL, port)],
             peers=peers,
             secret=secret,
-            on_frame=rec.on_frame,
+            on_frames=rec.on_frames,
             on_up=rec.on_up,
             on_down=rec.on_down,
             name=f"s{my_id}",
@@ -448,7 +449,7 @@ def test_port_in_use_is_one_line(make_net: Factory) -> None:
             listen=[(LOCAL, 0), (LOCAL, port)],
             peers={},
             secret=SECRET,
-            on_frame=lambda p, b: None,
+            on_frames=lambda p, b: None,
             on_up=lambda p: None,
             name="D1",
         )

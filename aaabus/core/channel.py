@@ -61,7 +61,7 @@ class Transport(Protocol):
     def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
 
     #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
-    #: I/O thread, in ``on_frame``: the start of a hop's breakdown).
+    #: I/O thread, in ``on_frames``: the start of a hop's breakdown).
     read_ns: int
 
 
@@ -289,19 +289,35 @@ class Channel:
 
     # -- receiving ---------------------------------------------------------------------------------
 
-    def on_frame(self, peer: int, payload: bytes) -> None:
-        """Network thread: hand an authenticated frame to the engine (acks as lazy work)."""
-        ack = decode_ack(payload)
-        if ack is not None:
-            domain, upto = ack
-            self.engine.submit_lazy(lambda _engine: self.acknowledged(peer, domain, upto))
-        elif self.tracer is None:
-            self.engine.submit(lambda _engine: self.receive(peer, payload))
+    def on_frames(self, peer: int, payloads: list[bytes]) -> None:
+        """Network thread: hand the authenticated frames of one read to the engine, in order
+        (acknowledgements as lazy work), with one hand-off for them all."""
+        tracer = self.tracer
+        if tracer is None:
+            times = None
         else:
             transport = self.transport
             handed = time.perf_counter_ns()
-            read = transport.read_ns if transport is not None else handed
-            self.engine.submit(lambda _engine: self.receive(peer, payload, (read, handed)))
+            times = (transport.read_ns if transport is not None else handed, handed)
+        inputs = []
+        for payload in payloads:
+            ack = decode_ack(payload)
+            if ack is not None:
+                domain, upto = ack
+                self.engine.submit_lazy(self._ack_input(peer, domain, upto))
+            else:
+                # One input per frame, so that a frame that fails is dropped alone (Engine.submit).
+                inputs.append(self._receive_input(peer, payload, times))
+        if inputs:
+            self.engine.submit_many(inputs)
+
+    def _ack_input(self, peer: int, domain: str, upto: int) -> Callable[[Engine], None]:
+        return lambda _engine: self.acknowledged(peer, domain, upto)
+
+    def _receive_input(
+        self, peer: int, payload: bytes, times: tuple[int, int] | None
+    ) -> Callable[[Engine], None]:
+        return lambda _engine: self.receive(peer, payload, times)
 
     def acknowledged(self, peer: int, domain: str, upto: int) -> None:
         """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""

@@ -221,6 +221,12 @@ class Engine:
             self._inbox.append(item)
             self._cond.notify()
 
+    def submit_many(self, items: Iterable[Input]) -> None:
+        """:meth:`submit` each of ``items``, in order, with one lock and one wake-up."""
+        with self._cond:
+            self._inbox.extend(items)
+            self._cond.notify()
+
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the engine thread, as ``#s.s.0``, inside the next group.
 

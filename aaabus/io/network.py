@@ -14,17 +14,18 @@ Security
     so an unauthenticated client cannot make us buffer megabytes. Afterwards every frame is
     verified by a
     :class:`~aaabus.wire.frames.SessionCipher`; a frame that fails verification closes the
-    connection. Only verified payloads reach ``on_frame``. Refused incoming connections are
+    connection. Only verified payloads reach ``on_frames``. Refused incoming connections are
     logged at WARNING with the remote address and the reason; the server keeps serving.
 
 Threading contract
     * ``start``/``stop`` are called by the owner; everything else runs on the single daemon
       thread ``f"{name}-io"``, which owns the selector and every socket.
-    * ``on_frame(peer, payload)``, ``on_up(peer)`` and ``on_down(peer)`` are called on the I/O
+    * ``on_frames(peer, payloads)``, ``on_up(peer)`` and ``on_down(peer)`` are called on the I/O
       thread. They must return quickly and never block (hand work to another thread); while
       they run, no other connection is served. Exceptions they raise are logged and ignored.
       They may call :meth:`Network.send` / :meth:`Network.send_many` / :meth:`Network.is_up`.
-    * ``on_frame`` receives the payloads of one peer in the order that peer sent them.
+    * ``on_frames`` receives the payloads of one peer in the order that peer sent them: those
+      of one socket read together, in a list it may keep.
     * ``on_up(peer)`` follows every successful handshake; ``on_down(peer)`` follows the loss of a
       connection that was up (including its replacement by a newer one, which is then announced
       by ``on_up``). Per peer the calls strictly alternate up, down, up, ... ``stop`` does not
@@ -189,7 +190,7 @@ class Network:
         listen: Sequence[tuple[str, int]],
         peers: Mapping[int, tuple[str, int]],
         secret: bytes | Callable[[int], bytes],
-        on_frame: Callable[[int, bytes], None],
+        on_frames: Callable[[int, list[bytes]], None],
         on_up: Callable[[int], None],
         on_down: Callable[[int], None] | None = None,
         max_frame: int = 16 << 20,
@@ -209,7 +210,7 @@ class Network:
         self._my_id = my_id
         self._listen_addrs = list(listen)
         self._peers = {p: addr for p, addr in peers.items() if p != my_id}
-        self._on_frame = on_frame
+        self._on_frames = on_frames
         self._on_up = on_up
         self._on_down = on_down
         self._max_frame = max_frame
@@ -728,21 +729,25 @@ class Network:
         cipher = conn.cipher
         peer = conn.peer
         assert cipher is not None and peer is not None
-        on_frame = self._on_frame
+        payloads: list[bytes] = []
+        failure: AuthError | None = None
         for frame in frames:
             try:
-                payload = cipher.unwrap(frame)
+                payloads.append(cipher.unwrap(frame))
             except AuthError as exc:
-                self._fail(conn, str(exc), violation=True)
-                return
+                failure = exc  # what came before it was genuine: it is delivered first
+                break
+        if payloads:
             if not conn.verified:
                 self._verified(conn)
+            # One call per read, not per frame: the layer above hands the whole batch to its
+            # engine at once (one lock, one wake-up).
             try:
-                on_frame(peer, payload)
+                self._on_frames(peer, payloads)
             except Exception:
-                self._log.exception("%s: on_frame(%d) failed", self._name, peer)
-            if conn.state != _UP:  # closed meanwhile (replaced, stopped)
-                return
+                self._log.exception("%s: on_frames(%d) failed", self._name, peer)
+        if failure is not None and conn.state != _CLOSED:
+            self._fail(conn, str(failure), violation=True)
 
     def _verified(self, conn: _Conn) -> None:
         """The first session frame of ``conn`` passed its MAC: the link really works.

@@ -489,7 +489,7 @@ class AgentServer:
             listen=[(me.hostname, net.port) for net in me.networks],
             peers=peers,
             secret=self.keys.link_key,
-            on_frame=channel.on_frame,
+            on_frames=channel.on_frames,
             on_up=on_up,
             max_frame=self.max_frame,
             ssl_server=ssl_server,
