@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Generic, TypeVar
 
 __all__ = ["PendingTable", "RefusalLog"]
@@ -34,9 +34,13 @@ class PendingTable(Generic[C]):
     the same address when that address is at its cap, else the oldest overall when full.
     """
 
-    def __init__(self, capacity: int, per_address: int) -> None:
+    def __init__(
+        self, capacity: int, per_address: int, room: Mapping[str, int] | None = None
+    ) -> None:
+        """``room``: a larger cap for some addresses (say, one host running many peers)."""
         self.capacity = capacity
         self.per_address = per_address
+        self.room = dict(room or {})
         self._all: OrderedDict[C, tuple[str, float]] = OrderedDict()
         self._by_address: dict[str, OrderedDict[C, None]] = {}
 
@@ -49,7 +53,7 @@ class PendingTable(Generic[C]):
     def add(self, conn: C, address: str, now: float = 0.0) -> list[C]:
         evicted: list[C] = []
         mine = self._by_address.setdefault(address, OrderedDict())
-        if len(mine) >= self.per_address:
+        if len(mine) >= self.room.get(address, self.per_address):
             evicted.append(next(iter(mine)))
         elif len(self._all) >= self.capacity:
             evicted.append(next(iter(self._all)))

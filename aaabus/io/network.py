@@ -74,6 +74,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -103,7 +104,8 @@ _CONNECTING, _TLS, _HANDSHAKE, _UP, _CLOSED = ConnState
 
 _READ_SIZE = 256 * 1024
 #: Unauthenticated connections held at once from the configured peers' addresses, in all and per
-#: address; beyond either bound the oldest waiting one is evicted (see aaabus.io.gate).
+#: address (both raised to two per configured peer where peers share an address: see start());
+#: beyond either bound the oldest waiting one is evicted (see aaabus.io.gate).
 _MAX_PENDING = 256
 _MAX_PENDING_PER_ADDRESS = 64
 #: The same for addresses that are no peer's: they can never authenticate here, so a flood from
@@ -277,7 +279,20 @@ class Network:
                 lsock.close()
             self._listeners.clear()
             raise
-        self._peer_addresses = _addresses_of(self._peers[p][0] for p in self._acceptable)
+        hosts = [self._peers[p][0] for p in self._acceptable]
+        self._peer_addresses = _addresses_of(hosts)
+        # A host may run many peers (a bus on one machine, a rack behind one NAT address): each
+        # may have a handshake under way at boot, so such an address gets room for two per peer
+        # (its dial and ours) instead of the flat cap, which made big flat domains on one host
+        # evict each other's handshakes and boot slower than their launchers wait.
+        per_host: Counter[str] = Counter()
+        for host, peers in Counter(hosts).items():
+            for address in _addresses_of([host]):
+                per_host[address] += peers
+        room = {a: 2 * n for a, n in per_host.items() if 2 * n > _MAX_PENDING_PER_ADDRESS}
+        self._pending = PendingTable(
+            max(_MAX_PENDING, sum(2 * n for n in per_host.values())), _MAX_PENDING_PER_ADDRESS, room
+        )
         self._sel = selectors.DefaultSelector()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
