@@ -113,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.monotonic()
     totals: dict[str, Any] = {"workload": args.workload, "schedules": 0}
     totals.update({key: 0 for key in (*workload.counts, *PROBLEM_COUNTS)})
-    totals.update({"failed_seeds": [], "base_seed": args.seed})
+    # Why each failed schedule failed, in the JSON line too: with --json/--quiet nothing else
+    # would say it, and a schedule that fails once under load may pass when run again alone.
+    totals.update({"failed_seeds": [], "failures": {}, "base_seed": args.seed})
     if args.workload == "bank":
         totals["invariant_ok"] = True
     with tempfile.TemporaryDirectory(prefix="aaabus-torture-") as tmp:
@@ -130,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             except Exception as exc:  # a server died or would not start: a failed schedule
                 log(f"schedule seed={seed} FAILED: {type(exc).__name__}: {exc}")
                 totals["failed_seeds"].append(seed)
+                totals["failures"][str(seed)] = [f"{type(exc).__name__}: {exc}"]
                 continue
             for key in (*workload.counts, *PROBLEM_COUNTS):
                 totals[key] += getattr(outcome, key)
@@ -137,6 +140,7 @@ def run(args: argparse.Namespace) -> int:
                 totals["invariant_ok"] = totals["invariant_ok"] and outcome.invariant_ok
             if not outcome.ok:
                 totals["failed_seeds"].append(seed)
+                totals["failures"][str(seed)] = list(outcome.problems)
         if args.fuzz_frames > 0:
             from aaabus.testing.torture import fuzz_live_server
 

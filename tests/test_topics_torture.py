@@ -57,6 +57,7 @@ def test_perf_torture_runs_the_topic_workload_and_prints_the_counts(tmp_path: Pa
     assert len(lines) == 1, "--json prints the JSON line only"
     out = json.loads(lines[0])
     assert out["workload"] == "topics" and out["schedules"] == 1 and out["ok"]
+    assert out["failed_seeds"] == [] and out["failures"] == {}  # reasons by seed when any
     assert out["kills"] >= 3 and out["router_kills"] >= 1
     assert out["deliveries"] == out["owed"] > 0 and out["publications"] > 0
     assert out["lost"] == out["duplicated"] == out["causal_violations"] == 0
