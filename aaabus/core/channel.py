@@ -311,6 +311,8 @@ class Channel:
         if inputs:
             self.engine.submit_many(inputs)
 
+    # The inputs are built by these two rather than by lambdas in on_frames' loop, which would
+    # all see the loop's last payload when they run.
     def _ack_input(self, peer: int, domain: str, upto: int) -> Callable[[Engine], None]:
         return lambda _engine: self.acknowledged(peer, domain, upto)
 
