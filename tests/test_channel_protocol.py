@@ -10,6 +10,7 @@ message never overtakes one it depends on.
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 
 import pytest
 from BTrees.OOBTree import OOBTree
@@ -248,3 +249,95 @@ def test_a_large_event_on_one_link_costs_clock_checks_in_proportion_to_its_size(
     out = [note for _, frame in frames for note in delivered(list(s1.receive(0, frame)))]
     assert out == [f"m{i}" for i in range(n)]
     assert checks <= 3 * n, checks
+
+
+class UndoLog:
+    """What a transaction's effects record (``undo(fn, *args)``), with savepoints."""
+
+    def __init__(self) -> None:
+        self.entries: list[tuple[Callable[..., object], tuple[object, ...]]] = []
+
+    def __call__(self, fn: Callable[..., object], *args: object) -> None:
+        self.entries.append((fn, args))
+
+    def savepoint(self) -> int:
+        return len(self.entries)
+
+    def rollback(self, savepoint: int) -> None:
+        while len(self.entries) > savepoint:
+            fn, args = self.entries.pop()
+            fn(*args)
+
+
+def receiver_state(undo: UndoLog | None = None) -> tuple[LinkProtocol, OOBTree, DomainClock]:
+    """Server 1's protocol with its held-back set and clock at hand (the persistent state)."""
+    clock, waiting = DomainClock(len(MEMBERS), 1), OOBTree()
+    qout = {(peer, D): PersistentQueue() for peer in (0, 2)}
+    return LinkProtocol(1, {D: MEMBERS}, {D: clock}, {D: waiting}, qout, undo=undo), waiting, clock
+
+
+def event_frames(sender: LinkProtocol, texts: list[str]) -> list[bytes]:
+    """The frames of ONE event of server 0 sending ``texts`` to server 1."""
+    return [f for _, f in sender.stamp_event([(1, D, message(0, 1, t)) for t in texts])]
+
+
+def test_an_event_arriving_in_order_is_gathered_in_memory_then_delivered_at_its_last() -> None:
+    receiver, waiting, _clock = receiver_state()
+    frames = event_frames(protocol(0), ["a", "b", "c", "d", "e"])
+    for i, frame in enumerate(frames[:-1], 1):
+        events = list(receiver.receive(0, frame))
+        assert delivered(events) == []
+        assert acked(events) == 0  # nothing of the link delivered: nothing vouched for
+        assert len(waiting) == 0  # the persistent held-back set is not written
+        assert receiver.depths()[1] == i  # but the messages count as held back
+    last = list(receiver.receive(0, frames[-1]))
+    assert delivered(last) == ["a", "b", "c", "d", "e"]
+    assert acked(last) == 5
+    assert receiver.depths()[1] == 0
+    assert delivered(list(receiver.receive(0, frames[0]))) == []  # a resend is a duplicate
+
+
+def test_a_frame_out_of_order_moves_the_gathered_messages_to_the_held_back_set() -> None:
+    receiver, waiting, _clock = receiver_state()
+    f1, f2, f3, f4 = event_frames(protocol(0), ["m1", "m2", "m3", "m4"])
+    for frame in (f1, f2, f4):  # f3 is late (it comes by another route: a resend)
+        assert delivered(list(receiver.receive(0, frame))) == []
+    assert sorted(waiting.keys()) == [(0, 1), (0, 2), (0, 4)]
+    events = list(receiver.receive(0, f3))
+    assert delivered(events) == ["m1", "m2", "m3", "m4"]
+    assert acked(events) == 4
+    assert len(waiting) == 0
+
+
+def test_a_rollback_takes_the_gathered_messages_back_with_the_transaction() -> None:
+    undo = UndoLog()
+    receiver, _waiting, _clock = receiver_state(undo)
+    f1, f2, f3 = event_frames(protocol(0), ["x", "y", "z"])
+    list(receiver.receive(0, f1))
+    savepoint = undo.savepoint()
+    list(receiver.receive(0, f2))
+    undo.rollback(savepoint)  # the input that received f2 failed: as if it never came
+    assert receiver.depths()[1] == 1
+    assert delivered(list(receiver.receive(0, f2))) == []  # applied again, once
+    assert receiver.depths()[1] == 2
+    undo.rollback(0)  # the whole group aborts (before any clock change): nothing gathered
+    assert receiver.depths()[1] == 0
+    for frame in (f1, f2):
+        assert delivered(list(receiver.receive(0, frame))) == []
+    assert delivered(list(receiver.receive(0, f3))) == ["x", "y", "z"]
+
+
+def test_gathered_messages_lost_with_memory_come_again_with_the_senders_resend() -> None:
+    """A restart forgets what was gathered; it was never acknowledged, so the sender still
+    holds it and sends it again when the link comes back: delivered once, in order."""
+    sender = protocol(0)
+    first, waiting, clock = receiver_state()
+    frames = event_frames(sender, ["p", "q", "r"])
+    for frame in frames[:2]:
+        assert acked(list(first.receive(0, frame))) == 0
+    qout = {(peer, D): PersistentQueue() for peer in (0, 2)}
+    rebooted = LinkProtocol(1, {D: MEMBERS}, {D: clock}, {D: waiting}, qout)
+    resent, _acks = sender.resend(1)
+    assert resent == frames
+    got = [delivered(list(rebooted.receive(0, frame))) for frame in resent]
+    assert got == [[], [], ["p", "q", "r"]]

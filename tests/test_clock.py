@@ -720,3 +720,62 @@ def test_delta_commits_a_small_fraction_of_the_full_matrix(tmp_path: Path) -> No
     assert records["delta"] <= 2, records
     assert records["delta receive"] <= 3, records
     assert records["delta again"] <= 3, records
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    stamps=st.sampled_from(ENCODINGS),
+    history=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 3)), max_size=12),
+    siblings=st.lists(st.integers(0, 3), min_size=2, max_size=6),
+)
+def test_delivering_an_event_at_once_leaves_the_clock_of_one_by_one(
+    stamps: str, history: list[tuple[int, int]], siblings: list[int]
+) -> None:
+    """deliver_event(src, stamp, first, last) == deliver() of each sibling in turn: the same
+    matrix, and the same stamps sent afterwards. (Causal order only: with fifo, siblings do not
+    share a stamp, each is delivered alone.)"""
+    k, order = 4, "causal"
+    senders = [DomainClock(k, i, stamps=stamps, order=order) for i in range(k)]
+    twins = [DomainClock(k, 3, stamps=stamps, order=order) for _ in range(2)]
+    for src, dest in history:  # messages among 0..2 (delivered when deliverable), then to 3
+        if src == dest or 3 in (src, dest):
+            continue
+        stamp = senders[src].prepare_send(dest)
+        if senders[dest].check(src, stamp) is Verdict.DELIVER:
+            senders[dest].deliver(src, stamp)
+    # Server 0's event: to 3 once per sibling, with sends to others among them.
+    dests = [3 if i % 2 == 0 else 1 + i % 2 for i in siblings] + [3]
+    stamped = senders[0].prepare_sends(dests)
+    mine = [(seq, stamp) for dest, (seq, stamp) in zip(dests, stamped, strict=True) if dest == 3]
+    first, last = mine[0][0], mine[-1][0]
+    stamp = mine[0][1]
+    if twins[0].check(0, stamp, first) is not Verdict.DELIVER:
+        return  # it waits for a message of 1 or 2 that never goes to 3 here: nothing to compare
+    for seq, each in mine:
+        twins[0].deliver(0, each, seq)
+    twins[1].deliver_event(0, stamp, first, last)
+    assert matrix(twins[0]) == matrix(twins[1])
+    # A delta stamp lists cells in the order they changed, which one merge and several do not
+    # share: the same cells, though.
+    one_by_one, at_once = twins[0].prepare_sends([0, 1, 2]), twins[1].prepare_sends([0, 1, 2])
+    assert [(seq, cells(st)) for seq, st in one_by_one] == [(q, cells(t)) for q, t in at_once]
+
+
+def cells(stamp: bytes) -> bytes | frozenset[tuple[int, int]]:
+    """A stamp as what it says: a delta stamp's set of (cell, value), other stamps as they are."""
+    if stamp[1] != 2:
+        return stamp
+    body = stamp[HEADER.size :]
+    return frozenset(ENTRY.unpack_from(body, i) for i in range(0, len(body), ENTRY.size))
+
+
+def test_delivering_an_event_refuses_a_range_beyond_it_or_not_deliverable() -> None:
+    sender, receiver = DomainClock(2, 0), DomainClock(2, 1)
+    (s1, stamp), (s2, _same) = sender.prepare_sends([1, 1])
+    with pytest.raises(ClockError, match="not within an event"):
+        receiver.deliver_event(0, stamp, s1, s2 + 1)
+    with pytest.raises(ClockError, match="verdict is WAIT"):
+        receiver.deliver_event(0, stamp, s2, s2)  # message 1 is missing
+    assert matrix(receiver) == [[0, 0], [0, 0]]
+    receiver.deliver_event(0, stamp, s1, s2)
+    assert receiver.received_from(0) == 2

@@ -207,6 +207,14 @@ SETTINGS: tuple[Setting, ...] = (
         "Longest a group keeps running reactions before it commits (ms).",
     ),
     Setting(
+        "aaabus.engine.inline",
+        boolean,
+        True,
+        "When the engine is idle, the network thread that read a peer's frames runs their group "
+        "itself instead of waking the engine thread (one thread wake-up less per hop). Turn off "
+        "if reactions may block for long: meanwhile that thread reads no other connection.",
+    ),
+    Setting(
         "aaabus.trace",
         path,
         None,

@@ -156,6 +156,7 @@ class Channel:
             max_frame=self.max_frame,
             failpoints=self._failpoints,
             tracer=tracer,
+            undo=self._effects.undo,
         )
 
     def _forget_changed_domains(self, config: BusConfig) -> None:
@@ -300,16 +301,16 @@ class Channel:
             handed = time.perf_counter_ns()
             times = (transport.read_ns if transport is not None else handed, handed)
         inputs = []
+        acks = []
         for payload in payloads:
             ack = decode_ack(payload)
             if ack is not None:
                 domain, upto = ack
-                self.engine.submit_lazy(self._ack_input(peer, domain, upto))
+                acks.append(self._ack_input(peer, domain, upto))
             else:
                 # One input per frame, so that a frame that fails is dropped alone (Engine.submit).
                 inputs.append(self._receive_input(peer, payload, times))
-        if inputs:
-            self.engine.submit_many(inputs)
+        self.engine.submit_many(inputs, acks, run_here=True)
 
     # The inputs are built by these two rather than by lambdas in on_frames' loop, which would
     # all see the loop's last payload when they run.

@@ -585,6 +585,28 @@ class DomainClock(persistent.Persistent):
             )
         self._merge(src, decoded, seq)
 
+    def deliver_event(self, src: int, stamp: bytes, first: int, last: int) -> None:
+        """Deliver messages ``first..last`` of one event on the link from ``src`` (siblings: all
+        carry ``stamp``) in one merge; the clock ends as :meth:`deliver` of each, in order,
+        would leave it.
+
+        Refuses (ClockError, clock untouched) unless ``first`` is deliverable now and ``last``
+        is within the event (at most the stamp's link counter). One merge is enough: the first
+        merge takes every cell of the stamp, and the ones after it change only the link entry.
+        """
+        decoded = self._decoded(src, stamp)
+        if not first <= last <= decoded.link:
+            raise ClockError(
+                f"messages {first}..{last} from {src} are not within an event of {decoded.link}"
+            )
+        verdict = self._verdict(src, decoded, first)
+        if verdict is not Verdict.DELIVER:
+            raise ClockError(
+                f"refusing to deliver messages from {src}: the first one's verdict is "
+                f"{verdict.name}"
+            )
+        self._merge(src, decoded, last)
+
     def receive(self, src: int, stamp: bytes, seq: int | None = None) -> Verdict:
         """:meth:`check`, then :meth:`deliver` when the verdict is DELIVER, decoding once."""
         decoded = self._decoded(src, stamp)

@@ -13,6 +13,14 @@ transaction, so that the failing reaction is rolled back alone. The replay re-ru
 that preceded it, which is exactly what a crash followed by a restart would do, so it adds no new
 behaviour: reactions must already tolerate being re-run when their transaction did not commit.
 
+One exception to "this thread": when the engine is idle and the network's I/O thread hands over
+the frames of one socket read, that thread runs their group itself (:meth:`Engine.submit_many`
+with ``run_here``; property ``aaabus.engine.inline``) rather than waking the engine thread and
+waiting for it: a thread wake-up costs tens of microseconds on a hop that takes a few hundred.
+Groups still never overlap (whoever runs one holds the engine's *turn*), so the store keeps one
+user at a time, and everything said here holds whichever thread runs the group. The price: while
+a reaction runs there, that I/O thread reads no other socket, which is also back-pressure.
+
 In-memory effects of a group (frames staged, agents initialised or unpickled, actions for after
 the commit, counters) are recorded in :class:`~aaabus.core.effects.TransactionEffects` with the way
 to undo them, so that the transaction itself -- abort or savepoint rollback -- takes them back
@@ -199,6 +207,17 @@ class Engine:
             target=self._run, name=name or f"engine-{server_id}", daemon=True
         )
         self._failure: BaseException | None = None
+        #: Whether a thread that hands inputs over with ``run_here`` (the network's, for
+        #: received frames) runs their group itself when the engine is idle, instead of waking
+        #: the engine thread (property ``aaabus.engine.inline``): one thread wake-up less per
+        #: hop. Set before start.
+        self.run_inline = True
+        # The turn: True while some thread runs a group (guarded by _cond). Groups never
+        # overlap, so the store and everything reached from it still have one user at a time.
+        self._busy = False
+        self._started = False
+        # What stopped a group run by another thread: the engine thread stops on it.
+        self._inline_failure: BaseException | None = None
         self._on_exit = on_exit
         self._context = _EngineContext(self)
 
@@ -206,6 +225,7 @@ class Engine:
 
     def start(self) -> None:
         self._thread.start()
+        self._started = True
 
     def submit(self, item: Input) -> None:
         """Hand ``item`` to the engine thread; it runs inside the next group's transaction.
@@ -221,11 +241,46 @@ class Engine:
             self._inbox.append(item)
             self._cond.notify()
 
-    def submit_many(self, items: Iterable[Input]) -> None:
-        """:meth:`submit` each of ``items``, in order, with one lock and one wake-up."""
+    def submit_many(
+        self, items: Iterable[Input], lazy: Iterable[Input] = (), *, run_here: bool = False
+    ) -> None:
+        """:meth:`submit` each of ``items`` and :meth:`submit_lazy` each of ``lazy``, in order,
+        with one lock and one wake-up.
+
+        ``run_here``: if the engine is idle (no group running, the engine thread waiting), the
+        calling thread runs the group itself, with the same rules and the same store, and
+        returns once it has committed; otherwise, or with :attr:`run_inline` off, the engine
+        thread is woken as by :meth:`submit`. Whatever the group leaves (reactions beyond
+        ``max_batch``, a replay after a failure) goes to the engine thread.
+        """
         with self._cond:
             self._inbox.extend(items)
-            self._cond.notify()
+            self._lazy.extend(lazy)
+            if not self._inbox:
+                if self._lazy:
+                    self._cond.notify()  # let the waiting engine arm its timer
+                return
+            if (
+                not (run_here and self.run_inline and self._started)
+                or self._busy
+                or (self._stopping or self._inline_failure is not None or self._failure is not None)
+            ):
+                self._cond.notify()
+                return
+            self._busy = True
+            inputs = self._take_inputs()
+        failure: BaseException | None = None
+        try:
+            self._group(inputs)
+        except BaseException as exc:
+            # The store failed under this thread (the group replays everything else itself):
+            # the engine thread stops on it, exactly as if it had run the group.
+            failure = exc
+        with self._cond:
+            self._busy = False
+            self._inline_failure = failure
+            if failure is not None or self._inbox or self._lazy or self._stopping or self.store.qin:
+                self._cond.notify()
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the engine thread, as ``#s.s.0``, inside the next group.
@@ -314,7 +369,11 @@ class Engine:
                 inputs = self._wait_for_work()
                 if inputs is None:
                     return
-                self._group(inputs)
+                try:
+                    self._group(inputs)
+                finally:
+                    with self._cond:
+                        self._busy = False
         except BaseException as exc:  # the store failed: stop rather than acknowledge anything
             self._failure = exc
             # A failed write explains itself in one line; anything else is a bug: full trace.
@@ -331,11 +390,21 @@ class Engine:
                 self._on_exit()
 
     def _wait_for_work(self) -> list[Input] | None:
+        """The inputs of the next group, once this thread has the turn; None to stop."""
         with self._cond:
             lazy_deadline: float | None = None
-            while not self._inbox and not self.store.qin:
+            while True:
+                if self._inline_failure is not None:
+                    raise self._inline_failure
+                if self._busy:
+                    # Another thread runs a group (see submit_many): the store is not ours to
+                    # read, not even qin; it wakes us when it is done.
+                    self._cond.wait()
+                    continue
                 if self._stopping:
                     return None
+                if self._inbox or self.store.qin:
+                    break
                 if self._lazy:
                     now = time.monotonic()
                     if lazy_deadline is None:
@@ -345,12 +414,14 @@ class Engine:
                     self._cond.wait(lazy_deadline - now)
                 else:
                     self._cond.wait()
-            if self._stopping:
-                return None
-            inputs = self._lazy + list(self._inbox)
-            self._lazy = []
-            self._inbox.clear()
-            return inputs
+            self._busy = True
+            return self._take_inputs()
+
+    def _take_inputs(self) -> list[Input]:
+        inputs = self._lazy + list(self._inbox)
+        self._lazy = []
+        self._inbox.clear()
+        return inputs
 
     def _group(self, inputs: list[Input]) -> None:
         """One transaction: apply ``inputs``, run reactions, commit; recover from any failure.

@@ -24,6 +24,11 @@ The rules:
   alone, it could be acted on (by an agent here, or by this server as a router forwarding it
   into another domain) before the rest arrives, and that act would overtake them although
   they were sent in the same event as the message it follows;
+* while such an event arrives in order on its link (the usual case: a reaction's burst, sent in
+  one write), its messages are gathered in memory, not in the persistent held-back set, and
+  delivered with one clock merge when the last one comes. Nothing gathered is acknowledged,
+  so nothing is lost with memory: a crash, or a frame that breaks the order, sends the link
+  back to the held-back set and the sender's resends (the gathered messages move there first);
 * acknowledgements are cumulative and cover only the unbroken run delivered from that peer,
   ``H[peer][me]``: a frame ahead of a gap never vouches for the gap;
 * an acknowledgement up to ``n`` drops the link's queued messages through ``n``;
@@ -34,9 +39,9 @@ The rules:
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from aaabus.core.clock import DomainClock, Verdict
 from aaabus.errors import ClockError
@@ -72,6 +77,21 @@ class SendAck:
     upto: int
 
 
+@dataclass
+class _Gathering:
+    """The messages of one event received so far, in order, on one link (see the rules)."""
+
+    src: int  # the peer's index in the domain's clock
+    stamp: bytes  # the event's stamp, shared by its siblings on the link
+    first: int  # seq of the first message gathered
+    end: int  # seq of the event's last message on the link (its stamp's link counter)
+    messages: list[Message] = field(default_factory=list)
+
+    @property
+    def next(self) -> int:
+        return self.first + len(self.messages)
+
+
 class LinkProtocol:
     """The link state of one server and the rules above (one thread at a time: the engine's)."""
 
@@ -86,9 +106,14 @@ class LinkProtocol:
         max_frame: int = 16 << 20,
         failpoints: Failpoints | None = None,
         tracer: Tracer | None = None,
+        undo: Callable[..., Any] | None = None,
     ) -> None:
         """``members``: the servers of each domain of ``me``, in clock order; ``clocks``,
-        ``waiting`` (held-back messages) and ``qout`` (per (peer, domain)): the link state."""
+        ``waiting`` (held-back messages) and ``qout`` (per (peer, domain)): the link state.
+
+        ``undo(fn, *args)`` records how to take back a change of the protocol's only volatile
+        state (events being gathered) if the caller's transaction rolls back
+        (:meth:`aaabus.core.effects.TransactionEffects.undo`); None: nothing rolls back."""
         self.me = me
         self.max_frame = max_frame
         self.clocks = clocks
@@ -100,6 +125,9 @@ class LinkProtocol:
             self._links_of.setdefault(peer, []).append(domain)
         self._failpoints = failpoints
         self.tracer = tracer
+        self._undo = undo
+        #: Events being gathered in memory, per link (peer, domain).
+        self._gathering: dict[tuple[int, str], _Gathering] = {}
 
     def _hit(self, step: str) -> None:
         if self._failpoints is not None and self._failpoints.armed:
@@ -196,10 +224,24 @@ class LinkProtocol:
         tracer = self.tracer
         self._hit("channel.clock_test")
         t0 = time.perf_counter_ns() if tracer is not None else 0
+        link = (peer, domain)
+        gathering = self._gathering.get(link)
+        if gathering is not None:
+            if seq == gathering.next and stamp == gathering.stamp:
+                # The next sibling, in order: the clock was tested on the first (it can only
+                # have moved forward since, within this transaction or a later one).
+                if tracer is not None:
+                    tracer.tested(domain, peer, Verdict.WAIT.value, time.perf_counter_ns() - t0)
+                self._hit("channel.hold_back")
+                yield from self._gather(link, gathering, message)
+                return
+            self._spill(link, gathering)  # out of order: the held-back set takes over
+        waiting = self._waiting[domain]
         run: list[tuple[int, bytes, Message]] | None = None
+        gather = 0  # the end of an event to gather, starting with this message
         try:
-            alone = clock.event_end(src, stamp) == seq
-            if alone:  # the usual case: its event sent nothing else here; test and merge
+            end = clock.event_end(src, stamp)
+            if end == seq:  # the usual case: its event sent nothing else here; test and merge
                 verdict = clock.receive(src, stamp, seq)
             else:
                 verdict = clock.check(src, stamp, seq)
@@ -207,11 +249,19 @@ class LinkProtocol:
                     run = self._run(domain, peer, src, seq, stamp)
                     if run is None:
                         verdict = Verdict.WAIT  # the rest of its event here is still to come
+                        gather = end
         except ClockError as exc:
             raise ValueError(f"bad stamp from server {peer}: {exc}") from None
         if tracer is not None:
             tracer.tested(domain, peer, verdict.value, time.perf_counter_ns() - t0)
-        waiting = self._waiting[domain]
+        if gather:
+            # The first of its event, deliverable but for its siblings: gather them as they
+            # come, in memory (a sibling already held back joins when its turn comes).
+            self._hit("channel.hold_back")
+            started = _Gathering(src, bytes(stamp), seq, gather)
+            self._set_gathering(link, started)
+            yield from self._gather(link, started, message)
+            return
         if verdict is Verdict.DELIVER:
             if run is None:
                 yield Deliver(message)
@@ -238,6 +288,57 @@ class LinkProtocol:
         # a gap must not vouch for the gap (the sender would drop what we never got); it is
         # acknowledged once delivered, and meanwhile a resend of it is recognised and ignored.
         yield SendAck(peer, domain, clock.received_from(src))
+
+    def _gather(
+        self, link: tuple[int, str], gathering: _Gathering, message: Message
+    ) -> Iterator[Deliver | SendAck]:
+        """Add the next message of the event being gathered on ``link``; the last one delivers
+        them all, with one clock merge, then whatever that unblocks."""
+        messages = gathering.messages
+        messages.append(message)
+        if self._undo is not None:
+            self._undo(messages.pop)
+        peer, domain = link
+        if gathering.next <= gathering.end:
+            # Every frame is answered (idempotent): nothing new on this link is delivered yet.
+            yield SendAck(peer, domain, gathering.first - 1)
+            return
+        self._set_gathering(link, None)
+        clock = self.clocks[domain]
+        try:
+            clock.deliver_event(gathering.src, gathering.stamp, gathering.first, gathering.end)
+        except ClockError as exc:  # the first was deliverable, and clocks only move forward
+            raise ValueError(f"gathered event from server {peer} refused: {exc}") from None
+        for gathered in messages:
+            yield Deliver(gathered)
+        waiting = self._waiting[domain]
+        if waiting:
+            for seq in range(gathering.first, gathering.end + 1):
+                waiting.pop((peer, seq), None)  # copies held back before the gathering began
+            yield from self._retry(domain)
+        yield SendAck(peer, domain, clock.received_from(gathering.src))
+
+    def _spill(self, link: tuple[int, str], gathering: _Gathering) -> None:
+        """Move an event being gathered to the held-back set (a frame broke the order)."""
+        self._set_gathering(link, None)
+        peer, domain = link
+        waiting = self._waiting[domain]
+        for seq, message in enumerate(gathering.messages, gathering.first):
+            if (peer, seq) not in waiting:
+                waiting[peer, seq] = (gathering.src, gathering.stamp, message)
+
+    def _set_gathering(self, link: tuple[int, str], gathering: _Gathering | None) -> None:
+        old = self._gathering.pop(link, None)
+        if gathering is not None:
+            self._gathering[link] = gathering
+        if self._undo is not None:
+            self._undo(self._restore_gathering, link, old)
+
+    def _restore_gathering(self, link: tuple[int, str], old: _Gathering | None) -> None:
+        if old is None:
+            self._gathering.pop(link, None)
+        else:
+            self._gathering[link] = old
 
     def _complete(
         self, domain: str, peer: int, src: int, first: int, head: tuple[int, bytes, Message]
@@ -331,7 +432,8 @@ class LinkProtocol:
         outgoing: dict[int, int] = {}
         for (peer, _domain), queue in self._qout.items():
             outgoing[peer] = outgoing.get(peer, 0) + len(queue)
-        return outgoing, sum(len(w) for w in self._waiting.values())
+        gathered = sum(len(g.messages) for g in self._gathering.values())
+        return outgoing, gathered + sum(len(w) for w in self._waiting.values())
 
 
 def _frame_of(seq: int, domain: str, entry: bytes | tuple[bytes, Message]) -> bytes:

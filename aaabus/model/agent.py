@@ -38,9 +38,11 @@ class Agent(Persistent):
     """Base class of user agents.
 
     Every hook runs on the engine thread of the server hosting the agent, inside the transaction
-    of one reaction. If a hook raises, that whole reaction is rolled back: the agent's attribute
-    changes, its sends, deployments and deletions vanish, the input notification is consumed
-    anyway, and its sender receives an :class:`~aaabus.ExceptionNotification`.
+    of one reaction (or, when the engine was idle, on the network thread that received the
+    input: see ``aaabus.engine.inline``; never two hooks of a server at once). If a hook raises,
+    that whole reaction is rolled back: the agent's attribute changes, its sends, deployments and
+    deletions vanish, the input notification is consumed anyway, and its sender receives an
+    :class:`~aaabus.ExceptionNotification`.
     """
 
     #: Topic filters the agent is subscribed to from its creation on: :meth:`deploy` sends the

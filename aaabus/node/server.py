@@ -125,6 +125,7 @@ class AgentServer:
         self.storage = Path(storage) if storage is not None else Path(f"s{server_id}")
         self.max_batch: int = config.setting(server_id, "aaabus.engine.max_batch")
         self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
+        self.inline: bool = config.setting(server_id, "aaabus.engine.inline")
         self.max_frame: int = config.setting(server_id, "aaabus.max_frame")
         self.remember: int = config.setting(server_id, "aaabus.client.remember")
         self.backlog: int = config.setting(server_id, "aaabus.topics.backlog")
@@ -197,6 +198,7 @@ class AgentServer:
                 on_exit=self.stopped.set,
                 trust=self.trust,
             )
+            self.engine.run_inline = self.inline
             # The variable being set at all (even empty) is the operator's opt-in to arming
             # failpoints later through the admin port (see arm_failpoints).
             failpoints = os.environ.get(FAILPOINTS_ENV)

@@ -1,0 +1,139 @@
+"""Groups run by the thread that hands the inputs over (``aaabus.engine.inline``), on a real
+log store: when the engine is idle the caller runs the group and returns once it committed;
+otherwise the engine thread does, as before; groups never overlap; failures and stops behave
+as if the engine thread had run the group."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from aaabus.core.engine import Engine
+from aaabus.core.store import Store, open_store
+
+TIMEOUT = 10.0
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    store = open_store("log", tmp_path / "s0", 0)
+    yield store
+    store.close()
+
+
+@pytest.fixture
+def engine(store: Store) -> Iterator[Engine]:
+    engine = Engine(store, 0, name="engine-under-test")
+    engine.start()
+    yield engine
+    engine.stop()
+
+
+def writer(key: str, ran_on: list[str], committed: list[str]) -> Callable[[Engine], None]:
+    """An input that stores ``key`` and notes on which thread it ran and when it committed."""
+
+    def item(engine: Engine) -> None:
+        ran_on.append(threading.current_thread().name)
+        engine.store.queues[key] = len(ran_on)
+        engine.after_commit(lambda: committed.append(key))
+
+    return item
+
+
+def test_an_idle_engine_lets_the_caller_run_the_group_and_commit_before_returning(
+    engine: Engine,
+) -> None:
+    ran_on: list[str] = []
+    committed: list[str] = []
+    engine.submit_many([writer("a", ran_on, committed)], run_here=True)
+    assert ran_on == [threading.current_thread().name]
+    assert committed == ["a"]  # durable before submit_many returned: no wait needed
+    assert engine.stats.commits >= 1
+
+
+def test_a_busy_engine_keeps_the_inputs_for_its_own_thread(engine: Engine) -> None:
+    started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+    def blocker(_engine: Engine) -> None:
+        started.set()
+        assert release.wait(TIMEOUT)
+
+    engine.submit(blocker)
+    assert started.wait(TIMEOUT)
+    ran_on: list[str] = []
+    committed: list[str] = []
+    engine.submit_many([writer("b", ran_on, committed)], run_here=True)
+    assert ran_on == []  # not run here: the engine thread has the turn
+    engine.submit(lambda e: e.after_commit(done.set))
+    release.set()
+    assert done.wait(TIMEOUT)
+    assert ran_on == ["engine-under-test"]
+    assert committed == ["b"]
+
+
+def test_with_inline_off_the_engine_thread_runs_every_group(store: Store) -> None:
+    engine = Engine(store, 0, name="engine-no-inline")
+    engine.run_inline = False
+    engine.start()
+    try:
+        done = threading.Event()
+        ran_on: list[str] = []
+        committed: list[str] = []
+        engine.submit_many(
+            [writer("c", ran_on, committed), lambda e: e.after_commit(done.set)], run_here=True
+        )
+        assert done.wait(TIMEOUT)
+        assert ran_on == ["engine-no-inline"]
+    finally:
+        engine.stop()
+
+
+class Fatal(BaseException):
+    """Something no group may survive (what a broken store raises past the group's replay)."""
+
+
+def test_a_group_that_fails_past_its_replay_stops_the_engine_as_on_its_own_thread(
+    engine: Engine,
+) -> None:
+    def fatal(_engine: Engine) -> None:
+        raise Fatal("the disk is gone")
+
+    engine.submit_many([fatal], run_here=True)  # returns: the failure is the engine's now
+    engine._thread.join(TIMEOUT)
+    assert not engine.alive
+    assert isinstance(engine.failure, Fatal)
+    ran_on: list[str] = []
+    engine.submit_many([writer("d", ran_on, [])], run_here=True)
+    assert ran_on == []  # a stopped engine runs nothing, here or there
+
+
+def test_stop_waits_for_a_group_in_flight_on_another_thread(engine: Engine) -> None:
+    inside, release = threading.Event(), threading.Event()
+    committed: list[str] = []
+
+    def slow(e: Engine) -> None:
+        inside.set()
+        assert release.wait(TIMEOUT)
+        e.store.queues["slow"] = 1
+        e.after_commit(lambda: committed.append("slow"))
+
+    runner = threading.Thread(
+        target=engine.submit_many, args=([slow],), kwargs={"run_here": True}, name="io-like"
+    )
+    runner.start()
+    assert inside.wait(TIMEOUT)
+    stopper = threading.Thread(target=engine.stop, name="stopper")
+    stopper.start()
+    stopper.join(0.2)
+    assert stopper.is_alive()  # the engine cannot stop under a group it does not run
+    release.set()
+    runner.join(TIMEOUT)
+    stopper.join(TIMEOUT)
+    assert not stopper.is_alive() and not engine.alive
+    assert committed == ["slow"]
+    ran_on: list[str] = []
+    engine.submit_many([writer("e", ran_on, [])], run_here=True)
+    assert ran_on == []  # nothing runs inline once stopped
