@@ -72,6 +72,7 @@ def test_status_is_consistent_before_and_after_traffic_on_three_domains(
     ports = free_ports(6)
     extra = {sid: f'<property name="aaabus.admin.port" value="{ports[sid]}"/>' for sid in range(5)}
     extra[0] += f'<property name="aaabus.metrics.port" value="{ports[5]}"/>'
+    extra[2] += '<property name="aaabus.gc.thresholds" value="20000,15,50"/>'
     config = make_config(layout=[[0, 1], [1, 2, 3], [3, 4]], extra=extra)
     done = tmp_path / "done.json"
     with Bus(config, range(5), tmp_path / "store", cwd=REPO_ROOT) as bus:
@@ -81,6 +82,10 @@ def test_status_is_consistent_before_and_after_traffic_on_three_domains(
         assert [sid for sid, st in before.items() if st["router"]] == [1, 3]
         assert before[1]["domains"] == ["D0", "D1"] and before[1]["clocks"] == {"D0": 2, "D1": 3}
         assert before[1]["clock_cells"] == 4 + 9
+        # Each server process tunes its cycle collector and freezes what boot built.
+        assert before[2]["gc"]["thresholds"] == [20000, 15, 50]
+        assert before[0]["gc"]["thresholds"] == [50000, 20, 100]
+        assert all(st["gc"]["frozen"] > 0 for st in before.values())
         for st in before.values():
             assert st["queues"]["input"] == st["queues"]["held_back"] == 0
             assert set(st["queues"]["outgoing"].values()) == {0}

@@ -41,6 +41,8 @@ def config_with(prop: str, value: str, *, on_server: bool = False) -> str:
         ("aaabus.store", "disk", "expected one of log, file, memory"),
         ("aaabus.dial.3", "nowhere", "expected host:port"),
         ("aaabus.secret", " ", "expected a file name"),
+        ("aaabus.gc.thresholds", "700,10", "expected three integers g0,g1,g2"),
+        ("aaabus.gc.thresholds", "0,10,10", "expected g0 in 100..10000000"),
     ],
 )
 @pytest.mark.parametrize("on_server", [False, True])

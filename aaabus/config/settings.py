@@ -111,6 +111,17 @@ def port_or_off(text: str) -> int | None:
         raise ValueError("expected a port in 1..65535 or off") from None
 
 
+def gc_thresholds(text: str) -> tuple[int, int, int]:
+    """Three generation thresholds of Python's cycle collector, ``g0,g1,g2``."""
+    parts = text.split(",")
+    if len(parts) != 3 or not all(re.fullmatch(r"\s*\d+\s*", p) for p in parts):
+        raise ValueError("expected three integers g0,g1,g2, like 50000,20,100")
+    g0, g1, g2 = (int(p) for p in parts)
+    if not (100 <= g0 <= 10_000_000 and 1 <= g1 <= 1000 and 1 <= g2 <= 1000):
+        raise ValueError("expected g0 in 100..10000000 and g1, g2 in 1..1000")
+    return g0, g1, g2
+
+
 def host_port(text: str) -> tuple[str, int]:
     name, _, port = text.rpartition(":")
     if not name or not port.isdigit() or not 1 <= int(port) <= 65535:
@@ -205,6 +216,17 @@ SETTINGS: tuple[Setting, ...] = (
         integer(1, 60_000),
         5,
         "Longest a group keeps running reactions before it commits (ms).",
+    ),
+    Setting(
+        "aaabus.gc.thresholds",
+        gc_thresholds,
+        (50_000, 20, 100),
+        "Thresholds of Python's cycle collector in a server process (`gc.set_threshold`), "
+        "`g0,g1,g2`. CPython's 700,10,10 runs a young collection every 700 allocations and "
+        "full ones often while messages wait in queues, which cost a receiving server a third "
+        "of its CPU in a stream; objects alive after boot are also frozen out of the "
+        "collections (`gc.freeze`). `700,10,10` restores CPython's behaviour.",
+        "`50000,20,100`",
     ),
     Setting(
         "aaabus.engine.inline",

@@ -8,6 +8,7 @@ scrape thread and blocks until the engine thread has answered (``timeout``).
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 from collections.abc import Callable
@@ -109,7 +110,18 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
         "router": server.topology.is_router(me),
         "store": server.store_kind,
         "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
+        "gc": _collector_figures(),
         **snapshot,
+    }
+
+
+def _collector_figures() -> dict[str, Any]:
+    """The process's cycle collector (``aaabus.gc.thresholds``): its thresholds, the
+    collections run per generation, and the objects frozen out of them at boot."""
+    return {
+        "thresholds": list(gc.get_threshold()),
+        "collections": [generation["collections"] for generation in gc.get_stats()],
+        "frozen": gc.get_freeze_count(),
     }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import gc
 import importlib
 import json
 import logging
@@ -87,10 +88,16 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     signal.signal(signal.SIGINT, on_signal)
     try:
         config = load_config(args.config)
+        # The collector is the process's: set here, by the process that runs one server, and
+        # not by AgentServer (several share a process in simulations and tests).
+        gc.set_threshold(*config.setting(args.id, "aaabus.gc.thresholds"))
         server = AgentServer(config, args.id, storage=args.storage, endpoints=True)
         server.start()
     except AaabusError as exc:
         return _fail(prog, exc)
+    # What boot built (modules, configuration, the agents loaded) lives as long as the process:
+    # out of the collector's sight, full collections only walk what came since.
+    gc.freeze()
     print(READY_LINE.format(id=args.id), flush=True)
     # The engine stopping on its own (e.g. the disk is full) ends the process too, and so does
     # a stop asked through the admin port (`aaabus stop`), which sets server.stopped.
