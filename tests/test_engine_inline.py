@@ -6,6 +6,7 @@ as if the engine thread had run the group."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -137,3 +138,32 @@ def test_stop_waits_for_a_group_in_flight_on_another_thread(engine: Engine) -> N
     ran_on: list[str] = []
     engine.submit_many([writer("e", ran_on, [])], run_here=True)
     assert ran_on == []  # nothing runs inline once stopped
+
+
+def test_lazy_work_waits_its_delay_after_a_group_took_the_lazy_work_before_it(
+    store: Store,
+) -> None:
+    """The deadline belongs to the lazy work waiting, not to the engine thread's last wait: an
+    acknowledgement taken by an inline group must not leave an expired deadline behind for the
+    next one (which would then cost a commit of its own at once)."""
+    engine = Engine(store, 0, name="engine-lazy")
+    engine.lazy_delay_s = 0.2
+    engine.start()
+    try:
+        applied: list[float] = []
+        done = threading.Event()
+
+        def ack(e: Engine) -> None:
+            applied.append(time.monotonic())
+            e.after_commit(done.set)
+
+        engine.submit_lazy(lambda e: None)  # arms a deadline; the engine thread waits on it
+        engine.submit_many([writer("f", [], [])], run_here=True)  # takes that lazy work along
+        # Not a synchronisation: the scenario needs the first deadline to be past.
+        time.sleep(0.3)
+        submitted = time.monotonic()
+        engine.submit_lazy(ack)
+        assert done.wait(TIMEOUT)
+        assert applied[0] - submitted >= 0.15  # its own delay, not the expired one
+    finally:
+        engine.stop()

@@ -18,8 +18,10 @@ the frames of one socket read, that thread runs their group itself (:meth:`Engin
 with ``run_here``; property ``aaabus.engine.inline``) rather than waking the engine thread and
 waiting for it: a thread wake-up costs tens of microseconds on a hop that takes a few hundred.
 Groups still never overlap (whoever runs one holds the engine's *turn*), so the store keeps one
-user at a time, and everything said here holds whichever thread runs the group. The price: while
-a reaction runs there, that I/O thread reads no other socket, which is also back-pressure.
+user at a time, and everything said here holds whichever thread runs the group: in this package,
+"on the engine thread" means "holding the engine's turn" (reactions, inputs, ``call``'s
+functions, listeners and after-commit actions alike). The price: while a reaction runs there,
+that I/O thread reads no other socket, which is also back-pressure.
 
 In-memory effects of a group (frames staged, agents initialised or unpickled, actions for after
 the commit, counters) are recorded in :class:`~aaabus.core.effects.TransactionEffects` with the way
@@ -190,6 +192,9 @@ class Engine:
         self._inbox: collections.deque[Input] = collections.deque()
         self._lazy: list[Input] = []
         self.lazy_delay_s = 0.05
+        # When the lazy work waiting now must be done at the latest (set as the first of it
+        # arrives, cleared when a group takes it; guarded by _cond).
+        self._lazy_deadline: float | None = None
         self._cond = threading.Condition()
         self._stopping = False
         self._current = self._me
@@ -255,10 +260,9 @@ class Engine:
         """
         with self._cond:
             self._inbox.extend(items)
-            self._lazy.extend(lazy)
+            if lazy:
+                self._add_lazy(lazy)
             if not self._inbox:
-                if self._lazy:
-                    self._cond.notify()  # let the waiting engine arm its timer
                 return
             if (
                 not (run_here and self.run_inline and self._started)
@@ -316,9 +320,16 @@ class Engine:
         done after ``lazy_delay_s``.
         """
         with self._cond:
-            self._lazy.append(item)
-            if len(self._lazy) == 1:
-                self._cond.notify()  # let the waiting engine arm its timer
+            self._add_lazy((item,))
+
+    def _add_lazy(self, items: Iterable[Input]) -> None:
+        """Queue lazy work (holding _cond); the first of it arms the deadline and wakes the
+        engine thread, so that it waits on that deadline."""
+        first = not self._lazy
+        self._lazy.extend(items)
+        if first and self._lazy:
+            self._lazy_deadline = time.monotonic() + self.lazy_delay_s
+            self._cond.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
         """Finish the group in flight (commit or abort) and stop the thread."""
@@ -369,13 +380,15 @@ class Engine:
                 inputs = self._wait_for_work()
                 if inputs is None:
                     return
-                try:
-                    self._group(inputs)
-                finally:
-                    with self._cond:
-                        self._busy = False
+                # A group that raises keeps the turn (below): no other thread may start one
+                # on a store that failed, nor between the failure and the abort.
+                self._group(inputs)
+                with self._cond:
+                    self._busy = False
         except BaseException as exc:  # the store failed: stop rather than acknowledge anything
-            self._failure = exc
+            with self._cond:
+                self._busy = True  # the turn is the engine's for good (an inline group's too)
+                self._failure = exc
             # A failed write explains itself in one line; anything else is a bug: full trace.
             expected = isinstance(exc, StoreWriteFailed | EngineStopped)
             log.critical(
@@ -392,7 +405,6 @@ class Engine:
     def _wait_for_work(self) -> list[Input] | None:
         """The inputs of the next group, once this thread has the turn; None to stop."""
         with self._cond:
-            lazy_deadline: float | None = None
             while True:
                 if self._inline_failure is not None:
                     raise self._inline_failure
@@ -406,12 +418,12 @@ class Engine:
                 if self._inbox or self.store.qin:
                     break
                 if self._lazy:
-                    now = time.monotonic()
-                    if lazy_deadline is None:
-                        lazy_deadline = now + self.lazy_delay_s
-                    if now >= lazy_deadline:
+                    if self._lazy_deadline is None:
+                        self._lazy_deadline = time.monotonic() + self.lazy_delay_s
+                    remaining = self._lazy_deadline - time.monotonic()
+                    if remaining <= 0:
                         break
-                    self._cond.wait(lazy_deadline - now)
+                    self._cond.wait(remaining)
                 else:
                     self._cond.wait()
             self._busy = True
@@ -420,6 +432,7 @@ class Engine:
     def _take_inputs(self) -> list[Input]:
         inputs = self._lazy + list(self._inbox)
         self._lazy = []
+        self._lazy_deadline = None
         self._inbox.clear()
         return inputs
 

@@ -155,7 +155,7 @@ class MailboxDesk:
         while True:
 
             def counted() -> tuple[int, bool, T]:
-                generation = self._generation  # engine thread: the listener's thread too
+                generation = self._generation  # the engine's turn, which listeners hold too
                 found, value = look()
                 return generation, found, value
 

@@ -96,7 +96,9 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     except AaabusError as exc:
         return _fail(prog, exc)
     # What boot built (modules, configuration, the agents loaded) lives as long as the process:
-    # out of the collector's sight, full collections only walk what came since.
+    # out of the collector's sight, full collections only walk what came since. Collected
+    # first, so that no garbage cycle of the boot is frozen with it (never to be freed).
+    gc.collect()
     gc.freeze()
     print(READY_LINE.format(id=args.id), flush=True)
     # The engine stopping on its own (e.g. the disk is full) ends the process too, and so does
