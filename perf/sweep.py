@@ -24,6 +24,7 @@ from aaabus.config.domains import Topology
 from aaabus.config.reader import load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import KINDS, generate
+from aaabus.core.store import DEFAULT_STORE_KIND, STORE_KINDS
 from aaabus.core.trace import read_hops
 from aaabus.node.inprocess import InProcessBus
 from aaabus.tools.launch import Bus, free_port_base
@@ -100,9 +101,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--store",
-        choices=["memory", "file"],
+        choices=list(STORE_KINDS),
         default=None,
-        help="store kind (default: file for processes, memory in-process)",
+        help=f"store kind (default: the bus's, {DEFAULT_STORE_KIND}, for processes; memory "
+        "in-process)",
     )
     parser.add_argument(
         "--max-flat",
@@ -160,7 +162,7 @@ def _ports_needed(point: Point, domain_size: int) -> int:
 def run_point(point: Point, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     """Run every test of one point; return the drivers' results (in test order)."""
     work.mkdir(parents=True, exist_ok=True)
-    store = args.store or ("memory" if args.inprocess else "file")
+    store = args.store or ("memory" if args.inprocess else DEFAULT_STORE_KIND)
     props = {"aaabus.trace": "traces", "aaabus.store": store}
     base = free_port_base(_ports_needed(point, args.domain_size))
     plain = work / "base.xml"

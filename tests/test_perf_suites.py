@@ -152,6 +152,9 @@ def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:
     ]
     first = perf(*args)
     assert first == {"points": 4, "ran": 4, "rows": 4 * 2 * 5, "out": str(tmp_path), "failed": []}
+    # Real processes run on the bus's default store, as an operator's bus would.
+    base = (tmp_path / "work" / "flat-3-delta" / "base.xml").read_text()
+    assert '<property name="aaabus.store" value="log"/>' in base
     rtt = pq.read_table(tmp_path / "rtt")
     assert set(RTT_SCHEMA.names) <= set(rtt.column_names) and rtt.num_rows == 40
     assert set(rtt.column("schema_version").to_pylist()) == {SCHEMA_VERSION}
