@@ -5,11 +5,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 from aaabus.config.reader import load_config
-from aaabus.core.trace import TRACE_VERSION, read_hops
+from aaabus.core.trace import TRACE_VERSION, Tracer, read_hops
 from aaabus.node.inprocess import InProcessBus
 from tests.support.bus import add_to_server, wait_json
+
+if TYPE_CHECKING:
+    from aaabus.core.effects import TransactionEffects
 
 
 def test_in_process_bus_with_tracing(tmp_path: Path, make_config: Callable[..., Path]) -> None:
@@ -45,3 +49,28 @@ def test_in_process_bus_with_tracing(tmp_path: Path, make_config: Callable[..., 
     )
     # The router s1 receives in one domain and re-stamps in the other.
     assert {h["domain"] for h in sends if h["server"] == 1} == {"D0", "D1"}
+
+
+class _NoUndo:
+    def undo(self, *_args: object) -> None:
+        pass
+
+
+def test_only_a_delivered_message_gets_a_hop_breakdown(tmp_path: Path) -> None:
+    """A group whose only frame was a duplicate (a resend when a link comes up) commits nothing
+    and sends an acknowledgement: its marks are not a hop's, and would show as a stage no hop
+    has (commit_io) in perf pingpong --breakdown."""
+    tracer = Tracer(tmp_path, 1, cast("TransactionEffects", _NoUndo()))
+    for verdict in ("duplicate", "deliver"):
+        tracer.arrived(1_000, 2_000)
+        tracer.tested("D0", 0, verdict, 500)
+        tracer.mark("tested")
+        tracer.mark("flush")
+        tracer.mark("sent")
+        tracer.committed(10_000, 0)
+    tracer.close()
+    records = list(read_hops(tmp_path))
+    assert [r["verdict"] for r in records] == ["duplicate", "deliver"]
+    assert "stages" not in records[0]
+    assert set(records[1]["stages"]) == {"decode_mac", "handoff", "clock_test", "commit_io", "send"}
+    assert all(ns >= 0 for ns in records[1]["stages"].values())

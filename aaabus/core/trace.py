@@ -132,8 +132,10 @@ class Tracer:
         if not self._group:
             return
         if marks is not None:
+            # A hop is a delivered message: a group that only met a duplicate (a resend when a
+            # link comes up) wrote nothing and sent an acknowledgement, which is no hop's time.
             for rec in self._group:
-                if rec["event"] == "receive":
+                if rec["event"] == "receive" and rec["verdict"] == "deliver":
                     rec["stages"] = _stages(marks)
                     break
         shared = len(self._group)
