@@ -264,11 +264,7 @@ class Engine:
                 self._add_lazy(lazy)
             if not self._inbox:
                 return
-            if (
-                not (run_here and self.run_inline and self._started)
-                or self._busy
-                or (self._stopping or self._inline_failure is not None or self._failure is not None)
-            ):
+            if not (run_here and self._may_take_turn()):
                 self._cond.notify()
                 return
             self._busy = True
@@ -321,6 +317,18 @@ class Engine:
         """
         with self._cond:
             self._add_lazy((item,))
+
+    def _may_take_turn(self) -> bool:
+        """Whether a thread other than the engine's may run a group now (holding _cond): inline
+        groups on, the engine started, idle, not stopping and not failed."""
+        return (
+            self.run_inline
+            and self._started
+            and not self._busy
+            and not self._stopping
+            and self._inline_failure is None
+            and self._failure is None
+        )
 
     def _add_lazy(self, items: Iterable[Input]) -> None:
         """Queue lazy work (holding _cond); the first of it arms the deadline and wakes the
@@ -418,9 +426,9 @@ class Engine:
                 if self._inbox or self.store.qin:
                     break
                 if self._lazy:
-                    if self._lazy_deadline is None:
-                        self._lazy_deadline = time.monotonic() + self.lazy_delay_s
-                    remaining = self._lazy_deadline - time.monotonic()
+                    deadline = self._lazy_deadline
+                    assert deadline is not None  # armed with the first lazy work (_add_lazy)
+                    remaining = deadline - time.monotonic()
                     if remaining <= 0:
                         break
                     self._cond.wait(remaining)

@@ -33,8 +33,9 @@ TRACE_VERSION = 1
 
 #: The marks one hop passes on a server, in order, and the stage that ENDS at each mark:
 #: ``read`` (the I/O thread's socket read returned), ``handed`` (the frame was decoded and its
-#: MAC checked, then handed to the engine's inbox: stage ``decode_mac``), ``applied`` (the engine
-#: thread took it up: ``handoff``), ``tested`` (frame decoded, stamp tested against the clock,
+#: MAC checked, then handed to the engine's inbox: stage ``decode_mac``), ``applied`` (its group
+#: took it up: ``handoff``, the engine thread's wake-up, or with an inline group the group's start
+#: and the inputs before it), ``tested`` (frame decoded, stamp tested against the clock,
 #: message queued for delivery: ``clock_test``), ``react_start`` (other inputs of the group:
 #: ``to_reaction``), ``reacted`` (body unpickled and ``react`` run: ``reaction``), ``sealed`` (the
 #: reaction's sends stamped, encoded and queued: ``stamp``), ``commit`` (``to_commit``),
