@@ -50,6 +50,7 @@ __all__ = [
     "BadBody",
     "ClockError",
     "ConfigError",
+    "DependencyLost",
     "EngineStopped",
     "FailpointError",
     "FatalError",
@@ -234,6 +235,12 @@ class ClockError(InternalError, ValueError):
 
 class ReactionFailed(InternalError):
     """Internal: a reaction raised inside a group; the group must be replayed carefully."""
+
+
+class DependencyLost(InternalError):
+    """Internal: a group applied a frame its sender sent before that frame was durable, and the
+    sender's connection ended before vouching for it (see :mod:`aaabus.core.early`). The group
+    is aborted and replayed without the frame; a durable one is sent again by its sender."""
 
 
 class FailpointError(InternalError):

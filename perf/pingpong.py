@@ -87,8 +87,13 @@ def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, float]:
     (``decode_mac`` on the I/O thread, ``handoff`` to the engine thread, ``clock_test``,
     ``reaction``, ``stamp``, ``commit_prepare`` (ZODB), ``write``, ``sync``, ``commit_finish``,
     ``send``, ...) is the p50 over the hops that passed it, on every server; ``wire`` is ``hop``
-    minus their sum: TCP over loopback and the reading I/O thread's wake-up, i.e. what happens
-    between one server's socket send and the other's socket read. Also ``clock_stamp`` (the
+    minus the sum of those on the frame's path (``path``): TCP over loopback and the reading I/O
+    thread's wake-up, i.e. what happens between one server's socket send and the other's socket
+    read. With early frames (``aaabus.link.early``) the path ends at ``send_early``, as the
+    commit starts; the stages after it (ZODB's preparation, the wait for the peer's durability
+    notice, the write, the sync, the notice sent) run while the frame travels and the peer
+    works, and show in the next hop's ``handoff`` when a group is still busy with them as its
+    next frame arrives. Without, every stage is on the path. Also ``clock_stamp`` (the
     sender's clock work inside ``stamp``), ``commit`` (the engine's whole commit call, from
     ``commit`` to after ``send``) and ``group_hops`` (hops per commit), as p50s."""
     stamps: list[float] = []
@@ -109,10 +114,15 @@ def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, float]:
 
     hop = rtt_p50_ms * 1000 / 2
     parts = {stage: p50(values) for stage, values in stages.items() if values}
-    wire = round(hop - sum(parts.values()), 1)
+    path = list(parts)
+    if "send_early" in parts:
+        order = [stage for _mark, stage in STAGES]
+        path = [s for s in order[: order.index("send_early") + 1] if s in parts]
+    wire = round(hop - sum(parts[stage] for stage in path), 1)
     return {
         "hop": round(hop, 1),
         **parts,
+        "path": path,
         "wire": wire,
         "clock_stamp": p50(stamps),
         "commit": p50(commits),

@@ -87,13 +87,14 @@ def test_status_is_consistent_before_and_after_traffic_on_three_domains(
         assert before[0]["gc"]["thresholds"] == [50000, 20, 100]
         assert all(st["gc"]["frozen"] > 0 for st in before.values())
         for st in before.values():
-            assert st["queues"]["input"] == st["queues"]["held_back"] == 0
+            assert st["queues"]["input"] == st["queues"]["held_back"] == st["queues"]["parked"] == 0
             assert set(st["queues"]["outgoing"].values()) == {0}
             assert st["messages"] == {
                 "sent": 0,
                 "delivered": 0,
                 "sent_remote": 0,
                 "received_remote": 0,
+                "tentative_dropped": 0,
             }
             assert st["storage_bytes"] > 0 and st["uptime_s"] >= 0
 

@@ -3,17 +3,19 @@
 An exception at a step is undone by the transaction; a crash is undone by the store and by the
 peers' resends, which is a different path. It differs only where durability changes hands:
 just before the commit (``engine.commit``: the group is lost, its inputs are still stored),
-after the commit but before the frames are written to the network (``channel.flush``: the frames
-exist only in the store) and after they are written but before any ack came back
-(``channel.flushed``: the peer may have them; the restarted sender sends them again and the peer
-must drop the copies). Each of these three is tried on every server a scenario crosses: the
-sender, a router, the receiver (for the deploy scenario, the server creating the agent).
+after its frames left early but before it is durable (``channel.sent_early``: the peer may
+be reacting to frames that no longer exist, and must drop them), before a batch is written to
+the network (``channel.flush``: early frames not yet sent, or, after the commit, the durability
+notice and acks) and after it is written but before any ack came back (``channel.flushed``: the
+peer may have them; the restarted sender sends them again and the peer must drop the copies).
+Each of these four is tried on every server a scenario crosses: the sender, a router, the
+receiver (for the deploy scenario, the server creating the agent).
 
-Real ``aaabus-server`` processes on 127.0.0.1 with FileStorage stores on disk; the test arms a
-failpoint through the admin port (the servers are started with ``AAABUS_FAILPOINTS`` set, their
-opt-in), waits for the victim to die by SIGKILL, restarts it, and waits until every queue of the
-bus is empty. At the end the stores are opened in this process and the independent checker
-judges every run; each run's outcome must equal that of a run without a crash.
+Real ``aaabus-server`` processes on 127.0.0.1 with log stores (the default) on disk; the test
+arms a failpoint through the admin port (the servers are started with ``AAABUS_FAILPOINTS`` set,
+their opt-in), waits for the victim to die by SIGKILL, restarts it, and waits until every queue
+of the bus is empty. At the end the stores are opened in this process and the independent
+checker judges every run; each run's outcome must equal that of a run without a crash.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ LAYOUT = [[0, 1, 2], [2, 3]]
 HOME, PEER, ROUTER, FAR = 0, 1, 2, 3
 BY_NAME = {s.name: s for s in scenarios(home=HOME, peer=PEER, router=ROUTER, far=FAR)}
 #: The steps where a crash differs from an exception (see the module docstring).
-CRASH_STEPS = ("engine.commit", "channel.flush", "channel.flushed")
+CRASH_STEPS = ("engine.commit", "channel.sent_early", "channel.flush", "channel.flushed")
 #: scenario -> the servers it crosses, each of which is crashed in turn.
 VICTIMS = {"remote": (HOME, PEER), "router": (HOME, ROUTER, FAR), "deploy": (HOME, ROUTER, FAR)}
 CASES = [
@@ -206,4 +208,4 @@ def test_every_crash_step_on_every_server_a_scenario_crosses(kill_bus: KillBus) 
                     f"!= {expected[name]}"
                 )
     assert not failures, "\n".join(failures)
-    assert len(crashed) == len(CASES) == 24
+    assert len(crashed) == len(CASES) == 32  # 4 steps x 8 (scenario, victim) pairs

@@ -237,6 +237,33 @@ SETTINGS: tuple[Setting, ...] = (
         "if reactions may block for long: meanwhile that thread reads no other connection.",
     ),
     Setting(
+        "aaabus.link.early",
+        boolean,
+        True,
+        "Frames leave as their group's commit starts, marked tentative, and a durability "
+        "notice follows once the group is synced: the receiver reacts meanwhile but commits, "
+        "acknowledges and shows nothing derived from them before the notice (docs/architecture.md,"
+        ' "Early frames"). A reaction may then run on a frame its sender loses in a crash, and '
+        "be rolled back. `false`: frames leave only once durable.",
+    ),
+    Setting(
+        "aaabus.link.notice_spin_us",
+        integer(0, 100_000),
+        300,
+        "How long a group waiting for a durability notice polls for it (yielding the CPU "
+        "between looks) before it sleeps: a sleeping thread wakes tens of µs after the notice, "
+        "on every hop of a chain of them. `0`: sleep at once (saves CPU on busy machines).",
+    ),
+    Setting(
+        "aaabus.link.notice_wait_ms",
+        integer(1, 3_600_000),
+        100,
+        "How long a group that applied tentative frames waits at its vote for their sender's "
+        "durability notice. Past it, the group is replayed with that sender's tentative frames "
+        "parked apart until the notice comes, so that a slow or silent sender delays only its "
+        "own frames (at most 10,000 frames or 64 MiB parked per connection, then it is closed).",
+    ),
+    Setting(
         "aaabus.trace",
         path,
         None,

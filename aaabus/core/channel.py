@@ -11,12 +11,15 @@ reactions around them:
   event's sends in the clock of their first hop's domain before stamping each (a reaction is one
   clock event) and appends them to their hops' persistent outgoing queues (``qout``), in the
   transaction of that event. Once the commit is durable the frames are handed to the network
-  (:meth:`~aaabus.core.effects.TransactionEffects.when_durable_once`).
+  (:meth:`~aaabus.core.effects.TransactionEffects.when_durable_once`) -- or, with early frames
+  (:mod:`aaabus.core.early`, the default), they leave marked tentative as the commit starts,
+  and a durability notice follows once it is durable.
 * **receive**: a frame from a peer is tested against the domain's clock. DELIVER merges the stamp
   and queues the message for a local agent — or, on a router, re-stamps it for the next domain and
   queues it for the next hop — then retries the held-back messages of that domain. WAIT stores it
   (persistently) with the held-back messages. DUPLICATE (a resend) does nothing. In all three
-  cases the sender is acknowledged *after* the commit.
+  cases the sender is acknowledged *after* the commit. A group that applied a tentative frame
+  commits only once its sender said the frame is durable.
 * **ack**: acknowledgements are cumulative per link: "I have stored everything up to seq n". The
   sender then drops those messages from its ``qout``.
 * **resend**: when a connection comes up, everything still in that peer's ``qout`` is sent again,
@@ -39,10 +42,17 @@ from typing import TYPE_CHECKING, Any, Protocol
 from BTrees.OOBTree import OOBTree
 
 from aaabus.core.clock import DomainClock
+from aaabus.core.early import Dependency, EarlyLinks, EarlyVote, Incoming, Item
 from aaabus.core.protocol import Deliver, LinkProtocol
 from aaabus.core.store import PersistentQueue
 from aaabus.errors import StoreError
-from aaabus.wire.linkframes import decode_ack, encode_ack
+from aaabus.wire.linkframes import (
+    DATA,
+    DURABLE_FRAME,
+    TENTATIVE_FRAME,
+    decode_ack,
+    encode_ack,
+)
 from aaabus.wire.message import Message
 
 if TYPE_CHECKING:
@@ -60,6 +70,9 @@ class Transport(Protocol):
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None: ...
 
+    def reset(self, peer: int, reason: str) -> None:
+        """Close the connection with ``peer`` (it is dialled again as after any loss)."""
+
     #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
     #: I/O thread, in ``on_frames``: the start of a hop's breakdown).
     read_ns: int
@@ -76,7 +89,15 @@ class Channel:
         *,
         tracer: Tracer | None = None,
         max_frame: int = 16 << 20,
+        early: bool = True,
+        notice_wait_s: float = 0.1,
+        notice_spin_us: int = 0,
     ) -> None:
+        """``early``: send frames before their group is durable, marked tentative (property
+        ``aaabus.link.early``, see :mod:`aaabus.core.early`); ``notice_wait_s``: how long a
+        group that applied tentative frames waits for their sender's durability notice before
+        it is replayed with them parked apart (``aaabus.link.notice_wait_ms``), after polling
+        for it for ``notice_spin_us`` (``aaabus.link.notice_spin_us``)."""
         self.engine = engine
         self.tracer = tracer
         self.max_frame = max_frame
@@ -97,6 +118,21 @@ class Channel:
         self._acks: dict[tuple[int, str], int] = {}
         self._effects = engine.effects
         self._failpoints = engine.failpoints
+        self.early = early
+        self.notice_wait_s = notice_wait_s
+        self.notice_spin_ns = notice_spin_us * 1000
+        #: Connections as their frames are read (I/O thread) and waited on (engine thread).
+        self.links = EarlyLinks(self._release)
+        # The open transaction's dependencies (connection -> last tentative position applied)
+        # and the peers its frames already left for; both settled by the transaction's end.
+        self._deps: dict[Incoming, int] = {}
+        self._sent_early: list[int] = []
+        self._vote = EarlyVote(
+            engine.store.tm,
+            vote=self._vote_early,
+            aborted=self._vote_aborted,
+            finished=self._vote_finished,
+        )
         self.protocol = self._open(config, tracer)
 
     # -- set-up ----------------------------------------------------------------------------------
@@ -246,6 +282,62 @@ class Channel:
         frames.append(frame)
         self._effects.undo(frames.pop)
         self._effects.when_durable_once(self._flush)
+        if self.early:
+            self._vote.join()
+
+    def before_commit(self) -> None:
+        """The group is about to commit (the engine's thread, or the one running an inline
+        group, which never has a dependency to wait for: see :meth:`on_frames`).
+
+        First, wait until every tentative frame the group applied is durable at its sender
+        (raises :class:`DependencyLost`: the group is replayed without the lost frames, or with
+        the late ones parked until their notice). Then, with early frames, the group's frames
+        leave, each batch behind a TENTATIVE frame, while ZODB prepares and the store writes and
+        syncs: they hang on this group's durability alone, of which its notice will tell.
+        """
+        deps = self._deps
+        tracer = self.tracer
+        if deps:
+            self.links.wait(deps, self.notice_wait_s, self.notice_spin_ns)
+            if tracer is not None:
+                tracer.mark("notified")
+        transport = self.transport
+        if not self.early or not self._frames or transport is None:
+            return
+        frames, self._frames = self._frames, {}
+        for peer, batch in frames.items():
+            if batch:
+                self._sent_early.append(peer)
+                self._send(transport, peer, [TENTATIVE_FRAME, *batch])
+        if tracer is not None:
+            tracer.mark("sent_early")
+
+    def _vote_early(self) -> None:
+        """First vote of the transaction: ZODB prepared the records, the store has not written
+        them yet."""
+        if self.tracer is not None:
+            self.tracer.mark("prepared")
+        if self._sent_early and self._failpoints.armed:
+            self._failpoints.hit("channel.sent_early")
+
+    def _vote_aborted(self) -> None:
+        """The transaction ended without committing: frames that left early must not be used."""
+        self._deps.clear()
+        sent, self._sent_early = self._sent_early, []
+        transport = self.transport
+        if transport is None:
+            return
+        for peer in dict.fromkeys(sent):
+            log.warning(
+                "server %s: a group whose frames left early for server %s did not commit; "
+                "closing the connection so that they are dropped there",
+                self.me,
+                peer,
+            )
+            transport.reset(peer, "a group whose frames left early did not commit")
+
+    def _vote_finished(self) -> None:
+        self._deps.clear()
 
     def _flush(self) -> None:
         """Once the group is durable: hand its frames and acks to the network (engine thread).
@@ -256,6 +348,7 @@ class Channel:
         """
         frames, self._frames = self._frames, {}
         acks, self._acks = self._acks, {}
+        sent_early, self._sent_early = self._sent_early, []
         transport = self.transport
         if transport is None:
             return
@@ -264,29 +357,41 @@ class Channel:
             tracer.mark("flush")
         for (peer, domain), upto in acks.items():
             frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
-        failpoints = self._failpoints
+        # The notice goes first: the peer's group waiting on it commits sooner.
+        for peer in dict.fromkeys(sent_early):
+            frames.setdefault(peer, []).insert(0, DURABLE_FRAME)
         for peer, batch in frames.items():
-            if not batch:
-                continue
-            try:
-                if failpoints.armed:
-                    failpoints.hit("channel.flush")
-                transport.send_many(peer, batch)
-                if failpoints.armed:
-                    failpoints.hit("channel.flushed")
-            except Exception as exc:
-                log.error(
-                    "server %s: handing %d frame(s) for server %s to the network failed "
-                    "(%s: %s); sending again what it has not acknowledged",
-                    self.me,
-                    len(batch),
-                    peer,
-                    type(exc).__name__,
-                    exc,
-                )
-                self.engine.submit(self._resend_input(peer))
+            if batch:
+                self._send(transport, peer, batch)
         if tracer is not None:
             tracer.mark("sent")
+
+    def _send(self, transport: Transport, peer: int, batch: list[bytes]) -> None:
+        """Hand ``batch`` to the network. If that fails, the connection is closed: what the
+        peer got of the stream is unknown (part of a batch, a TENTATIVE frame whose notice will
+        never follow), so both sides start again from a clean connection, where everything
+        unacknowledged is sent again (:meth:`resend`)."""
+        failpoints = self._failpoints
+        try:
+            if failpoints.armed:
+                failpoints.hit("channel.flush")
+            transport.send_many(peer, batch)
+            if failpoints.armed:
+                failpoints.hit("channel.flushed")
+        except Exception as exc:
+            log.error(
+                "server %s: handing %d frame(s) for server %s to the network failed "
+                "(%s: %s); closing the connection and sending again what it has not "
+                "acknowledged",
+                self.me,
+                len(batch),
+                peer,
+                type(exc).__name__,
+                exc,
+            )
+            transport.reset(peer, "a batch of frames could not be handed over")
+            # Also at once, if the connection was not up (no new one will announce itself).
+            self.engine.submit(self._resend_input(peer))
 
     # -- receiving ---------------------------------------------------------------------------------
 
@@ -302,25 +407,78 @@ class Channel:
             times = (transport.read_ns if transport is not None else handed, handed)
         inputs = []
         acks = []
+        links = self.links
+        conn = links.connection(peer)
+        waits = False  # some frame of this read waits for a durability notice not yet here
         for payload in payloads:
-            ack = decode_ack(payload)
-            if ack is not None:
-                domain, upto = ack
-                acks.append(self._ack_input(peer, domain, upto))
-            else:
+            kind = payload[:1]
+            if kind == DATA:
+                conn.received += 1
                 # One input per frame, so that a frame that fails is dropped alone (Engine.submit).
-                inputs.append(self._receive_input(peer, payload, times))
-        self.engine.submit_many(inputs, acks, run_here=True)
+                item = _FrameInput(
+                    self, peer, payload, times, (conn, conn.received), conn.tentative
+                )
+                held = links.hold(conn, item, len(payload))
+                if held is None:
+                    self._reset(peer, "it parked more frames than allowed, waiting for a notice")
+                elif not held:
+                    inputs.append(item)
+                    waits = waits or conn.tentative
+            elif payload == DURABLE_FRAME:
+                links.durable(conn)
+            elif payload == TENTATIVE_FRAME:
+                conn.tentative = True
+            else:
+                ack = decode_ack(payload)
+                if ack is not None:
+                    domain, upto = ack
+                    acks.append(self._ack_input(peer, domain, upto))
+                else:  # garbage: refused by receive(), in its own input
+                    inputs.append(_FrameInput(self, peer, payload, times, None, False))
+        # This thread reads the notices: it must never be the one to wait for them.
+        waits = waits and conn.durable < conn.received
+        self.engine.submit_many(inputs, acks, run_here=not waits)
 
-    # The inputs are built by these two rather than by lambdas in on_frames' loop, which would
-    # all see the loop's last payload when they run.
+    # Built here rather than by a lambda in on_frames' loop, which would see the loop's last
+    # values when it runs.
     def _ack_input(self, peer: int, domain: str, upto: int) -> Callable[[Engine], None]:
         return lambda _engine: self.acknowledged(peer, domain, upto)
 
-    def _receive_input(
-        self, peer: int, payload: bytes, times: tuple[int, int] | None
-    ) -> Callable[[Engine], None]:
-        return lambda _engine: self.receive(peer, payload, times)
+    def _release(self, items: list[Item]) -> None:
+        """Parked frames whose notice came, or whose connection closed (I/O thread)."""
+        self.engine.submit_many(items)
+
+    def _reset(self, peer: int, reason: str) -> None:
+        log.warning("server %s: closing the connection from server %s: %s", self.me, peer, reason)
+        if self.transport is not None:
+            self.transport.reset(peer, reason)
+
+    def receive_frame(self, frame: _FrameInput) -> None:
+        """Apply one data frame read from a peer (engine thread, in the group), unless it must
+        wait for its sender's durability notice (parked) or never will be vouched for."""
+        dep = frame.dep
+        if dep is not None and (frame.tentative or dep[0].parked is not None):
+            # (A connection's parked list is only ever created on this thread: when it is None
+            # here, nothing of that connection waits, and a frame that was durable goes on.)
+            verdict = self.links.admit(dep, frame.tentative, frame, len(frame.payload))
+            if verdict == "park":
+                return
+            if verdict == "drop":
+                log.info(
+                    "server %s: dropping a frame from server %s never made durable",
+                    self.me,
+                    frame.peer,
+                )
+                self.links.dropped += 1
+                return
+            if verdict == "reset":
+                self._reset(frame.peer, "it parked more frames than allowed")
+                return
+            conn, position = dep
+            if frame.tentative and self._deps.get(conn, 0) < position:
+                self._deps[conn] = position
+                self._vote.join()
+        self.receive(frame.peer, frame.payload, frame.times)
 
     def acknowledged(self, peer: int, domain: str, upto: int) -> None:
         """``peer`` has stored all we sent it in ``domain`` up to ``upto`` (engine thread)."""
@@ -394,3 +552,29 @@ class Channel:
         """Queue depths for status views (engine thread)."""
         outgoing, held_back = self.protocol.depths()
         return {"outgoing": outgoing, "held_back": held_back}
+
+
+class _FrameInput:
+    """One data frame read from a peer, as an engine input (see :meth:`Channel.receive_frame`);
+    a parked frame is the same input, handed to the engine again once its notice came."""
+
+    __slots__ = ("channel", "dep", "payload", "peer", "tentative", "times")
+
+    def __init__(
+        self,
+        channel: Channel,
+        peer: int,
+        payload: bytes,
+        times: tuple[int, int] | None,
+        dep: Dependency | None,
+        tentative: bool,
+    ) -> None:
+        self.channel = channel
+        self.peer = peer
+        self.payload = payload
+        self.times = times
+        self.dep = dep
+        self.tentative = tentative
+
+    def __call__(self, _engine: Engine) -> None:
+        self.channel.receive_frame(self)

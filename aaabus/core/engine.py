@@ -48,7 +48,7 @@ from persistent import Persistent
 from aaabus.config.trust import TrustPolicy
 from aaabus.core.effects import TransactionEffects
 from aaabus.core.failpoints import Failpoints
-from aaabus.errors import EngineStopped, ReactionFailed, StoreWriteFailed
+from aaabus.errors import DependencyLost, EngineStopped, ReactionFailed, StoreWriteFailed
 from aaabus.model.agent import Agent
 from aaabus.model.context import running
 from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
@@ -92,6 +92,11 @@ class Channel(Protocol):
     def seal(self) -> None:
         """End of an event: stamp all its held sends as one clock event and queue them
         persistently for their next hops (same transaction)."""
+        ...
+
+    def before_commit(self) -> None:
+        """The group is about to commit: wait for what it depends on, send what may leave
+        early (see :mod:`aaabus.core.early`); ``DependencyLost`` replays the group."""
         ...
 
 
@@ -259,6 +264,9 @@ class Engine:
         ``max_batch``, a replay after a failure) goes to the engine thread.
         """
         with self._cond:
+            # Only a group of these very items runs here: older ones may have to wait for
+            # something this thread itself must deliver (aaabus.core.early's notices).
+            run_here = run_here and not self._inbox
             self._inbox.extend(items)
             if lazy:
                 self._add_lazy(lazy)
@@ -494,6 +502,13 @@ class Engine:
             self._careful = reactions + 1
             self._requeue(inputs)
             return
+        except DependencyLost as exc:
+            # Not a failure of the group: a frame it applied will never be vouched for. The
+            # replay drops that frame (its sender resends it if it was durable after all).
+            self._abort()
+            log.info("server %s: group replayed: %s", self.server_id, exc)
+            self._requeue(inputs)
+            return
         except Exception as exc:
             self._abort()
             self._failures += 1
@@ -572,6 +587,8 @@ class Engine:
         if tracer is not None:
             clock_bytes = tracer.before_commit()
             tracer.mark("commit")
+        if self.channel is not None:
+            self.channel.before_commit()
         t0 = time.perf_counter_ns()
         # The effects' after-commit actions run inside this call, once the store is durable.
         self.store.commit()

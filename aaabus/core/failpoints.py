@@ -48,8 +48,11 @@ STEPS: dict[str, str] = {
     "factory.on_init": "the factory, after a new agent's on_init(True) returned",
     "engine.delete": "an agent deleting itself, after it was removed from the store",
     "engine.commit": "before the group's commit",
-    "channel.flush": "after the commit, before the group's frames are handed to the network",
-    "channel.flushed": "after the group's frames were handed to the network",
+    "channel.sent_early": "the group's frames left early, tentative, and ZODB prepared its "
+    "records; before the store writes them",
+    "channel.flush": "before a batch of frames is handed to the network: the group's own, "
+    "tentative as its commit starts (early frames), or after it (notices, acks, late frames)",
+    "channel.flushed": "after a batch of frames was handed to the network",
 }
 
 ACTIONS = ("raise", "kill", "count")

@@ -39,12 +39,17 @@ TRACE_VERSION = 1
 #: message queued for delivery: ``clock_test``), ``react_start`` (other inputs of the group:
 #: ``to_reaction``), ``reacted`` (body unpickled and ``react`` run: ``reaction``), ``sealed`` (the
 #: reaction's sends stamped, encoded and queued: ``stamp``), ``commit`` (``to_commit``),
-#: ``vote`` (ZODB pickled the changed objects and handed them to the storage:
-#: ``commit_prepare``), ``written`` (one ``pwritev``: ``write``), ``synced`` (one
-#: ``fdatasync``: ``sync``), ``flush`` (the frames start to leave: ``commit_finish``, the rest of
-#: the vote with the log store, which sends once its sync returned; ZODB's ``tpc_finish`` too
+#: [``notified`` (the durability notices of the tentative frames the group applied came:
+#: ``notice_wait``), ``sent_early`` (early frames, aaabus.core.early: the group's frames left,
+#: tentative: ``send_early``), ``prepared`` (ZODB's preparation, ending at the first vote:
+#: ``commit_prepare``)], ``vote`` (the store's vote starts: ``to_vote``; without the bracketed
+#: marks, ZODB pickled the changed objects and handed them to the storage: ``commit_prepare``),
+#: ``written`` (one ``pwritev``: ``write``), ``synced`` (one ``fdatasync``: ``sync``), ``flush``
+#: (the frames start to leave: ``commit_finish``, the rest of the vote with the log store,
+#: which sends once its sync returned; ZODB's ``tpc_finish`` too
 #: with other stores),
-#: ``sent`` (frames MAC'd and written to the sockets: ``send``). ``vote``/``written``/``synced``
+#: ``sent`` (frames MAC'd and written to the sockets: ``send``; with early frames, the
+#: durability notices and acknowledgements). ``vote``/``written``/``synced``
 #: come from the log store; other stores give one ``commit_io`` stage from ``commit`` to
 #: ``flush``.
 STAGES: tuple[tuple[str, str], ...] = (
@@ -55,6 +60,9 @@ STAGES: tuple[tuple[str, str], ...] = (
     ("reacted", "reaction"),
     ("sealed", "stamp"),
     ("commit", "to_commit"),
+    ("notified", "notice_wait"),
+    ("sent_early", "send_early"),
+    ("prepared", "commit_prepare"),
     ("vote", "commit_prepare"),
     ("written", "write"),
     ("synced", "sync"),
@@ -174,6 +182,8 @@ def _stages(marks: dict[str, int]) -> dict[str, int]:
             continue
         if mark == "flush" and "vote" not in marks:
             stage = "commit_io"  # a store that does not report its write and sync apart
+        elif mark == "vote" and "prepared" in marks:
+            stage = "to_vote"  # early frames: ZODB's preparation ended at "prepared"
         stages[stage] = at - previous
         previous = at
     return stages

@@ -130,6 +130,7 @@ class _Conn:
         "deadline",
         "decoder",
         "direct",
+        "doomed",
         "handshake",
         "host",
         "label",
@@ -164,6 +165,8 @@ class _Conn:
         self.lock = threading.Lock()
         self.out = bytearray()
         self.direct = False  # plain TCP and up: senders may write to the socket themselves
+        # Reset requested (Network.reset): nothing more is written, the I/O thread closes it.
+        self.doomed = False
         self.mask = 0  # events currently registered with the selector (0: not registered)
         self.tls_want = _READ
         self.deadline = 0.0
@@ -240,9 +243,10 @@ class Network:
         self._sel: selectors.BaseSelector | None = None
         self._wake_r: socket.socket | None = None
         self._wake_w: socket.socket | None = None
-        # ``_lock`` guards the flush requests of other threads and the wake-up flag.
+        # ``_lock`` guards the flush and reset requests of other threads and the wake-up flag.
         self._lock = threading.Lock()
         self._flush_requests: list[_Conn] = []
+        self._reset_requests: list[tuple[_Conn, str]] = []
         self._woken = False
         # TLS handshake steps: the pool (only with TLS), the connections out in it (I/O thread
         # only), and the results workers hand back (under ``_lock``): (conn, want or error).
@@ -319,7 +323,7 @@ class Network:
         if len(payload) > self._max_frame:
             raise self._too_large(peer, len(payload))
         with conn.lock:
-            if conn.state != _UP:
+            if conn.state != _UP or conn.doomed:
                 return
             assert conn.cipher is not None
             data = conn.cipher.wrap_frame(payload)
@@ -337,7 +341,7 @@ class Network:
             if len(payload) > self._max_frame:
                 raise self._too_large(peer, len(payload))
         with conn.lock:
-            if conn.state != _UP:
+            if conn.state != _UP or conn.doomed:
                 return
             assert conn.cipher is not None
             wrap = conn.cipher.wrap_frame
@@ -349,6 +353,27 @@ class Network:
     def is_up(self, peer: int) -> bool:
         """Whether an authenticated connection to ``peer`` is currently established."""
         return peer in self._up
+
+    def reset(self, peer: int, reason: str) -> None:
+        """Close the connection with ``peer`` now up, logging ``reason``; any thread.
+
+        What it still had to send is dropped; it goes through ``on_down`` and is dialled again
+        like any connection lost. The close itself happens on the I/O thread (it owns the
+        sockets), before that thread reads anything more from the connection.
+        """
+        conn = self._up.get(peer)
+        if conn is None:
+            return
+        with conn.lock:
+            conn.doomed = True  # nothing more leaves on it, from any thread
+            conn.direct = False
+            conn.out.clear()
+        with self._lock:
+            self._reset_requests.append((conn, reason))
+            if self._woken or threading.get_ident() == self._io_ident:
+                return
+            self._woken = True
+        self._wake()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close every socket and join the I/O thread (at most ``timeout`` seconds)."""
@@ -480,11 +505,14 @@ class Network:
     def _process_flush_requests(self) -> None:
         with self._lock:
             requests = self._flush_requests
-            if not requests:
-                self._woken = False
+            resets = self._reset_requests
+            self._woken = False
+            if not requests and not resets:
                 return
             self._flush_requests = []
-            self._woken = False
+            self._reset_requests = []
+        for conn, reason in resets:
+            self._close(conn, reason, logging.WARNING)
         for conn in requests:
             self._flush(conn)
 
@@ -729,6 +757,8 @@ class Network:
                 return
 
     def _received(self, conn: _Conn, data: memoryview | bytes) -> None:
+        if conn.doomed:
+            return  # reset by the layer above: it must not hear from this connection again
         try:
             if conn.state == _HANDSHAKE:
                 conn.decoder.push(data)
@@ -804,7 +834,7 @@ class Network:
 
     def _flush(self, conn: _Conn) -> None:
         """Write as much of ``conn.out`` as the socket takes; watch writability for the rest."""
-        if conn.state == _CLOSED:
+        if conn.state == _CLOSED or conn.doomed:
             return
         error: OSError | None = None
         with conn.lock:

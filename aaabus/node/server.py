@@ -126,6 +126,9 @@ class AgentServer:
         self.max_batch: int = config.setting(server_id, "aaabus.engine.max_batch")
         self.max_group_ms: int = config.setting(server_id, "aaabus.engine.max_group_ms")
         self.inline: bool = config.setting(server_id, "aaabus.engine.inline")
+        self.early: bool = config.setting(server_id, "aaabus.link.early")
+        self.notice_wait_ms: int = config.setting(server_id, "aaabus.link.notice_wait_ms")
+        self.notice_spin_us: int = config.setting(server_id, "aaabus.link.notice_spin_us")
         self.max_frame: int = config.setting(server_id, "aaabus.max_frame")
         self.remember: int = config.setting(server_id, "aaabus.client.remember")
         self.backlog: int = config.setting(server_id, "aaabus.topics.backlog")
@@ -313,7 +316,14 @@ class AgentServer:
             # The channel's clocks and queues are created in the boot transaction, before any
             # service can send through them.
             self.channel = engine.channel = Channel(
-                engine, self.config, self.topology, tracer=self.tracer, max_frame=self.max_frame
+                engine,
+                self.config,
+                self.topology,
+                tracer=self.tracer,
+                max_frame=self.max_frame,
+                early=self.early,
+                notice_wait_s=self.notice_wait_ms / 1000.0,
+                notice_spin_us=self.notice_spin_us,
             )
             if self.tracer is not None:
                 clocks = list(self.channel.clocks.values())
@@ -483,6 +493,7 @@ class AgentServer:
                 peers[peer] = override
 
         def on_up(peer: int) -> None:
+            channel.links.up(peer)
             engine.submit(lambda _engine: channel.resend(peer))
 
         ssl_server, ssl_client = tls_contexts(self.config, self.server_id)
@@ -493,6 +504,7 @@ class AgentServer:
             secret=self.keys.link_key,
             on_frames=channel.on_frames,
             on_up=on_up,
+            on_down=channel.links.down,
             max_frame=self.max_frame,
             ssl_server=ssl_server,
             ssl_client=ssl_client,

@@ -79,6 +79,7 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
             "queues": {
                 "input": len(store.qin),
                 "held_back": depths["held_back"],
+                "parked": channel.links.parked_now(),
                 "outgoing": {str(peer): n for peer, n in sorted(depths["outgoing"].items())},
             },
             "messages": {
@@ -86,6 +87,7 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
                 "delivered": stats.reactions,
                 "sent_remote": sent_remote,
                 "received_remote": received_remote,
+                "tentative_dropped": channel.links.dropped,
             },
             "reactions": stats.reactions,
             "commits": stats.commits,

@@ -1,4 +1,5 @@
-"""The frames of a channel link, sans-IO: data frames and cumulative acknowledgements.
+"""The frames of a channel link, sans-IO: data frames, cumulative acknowledgements, and the
+one-byte markers of early frames (:mod:`aaabus.core.early`).
 
 Neither kind is pickled: a frame is checked and taken apart with fixed-size fields in time linear
 in its length, whatever its bytes, and only the notification body inside a data frame is ever
@@ -15,6 +16,8 @@ from aaabus.wire.message import Message, vet_body
 __all__ = [
     "ACK",
     "DATA",
+    "DURABLE_FRAME",
+    "TENTATIVE_FRAME",
     "data_frame_size",
     "decode_ack",
     "decode_data",
@@ -25,6 +28,10 @@ __all__ = [
 # First byte of every frame.
 DATA = b"D"
 ACK = b"A"
+#: "The data frames that follow on this connection are not durable yet" (aaabus.core.early).
+TENTATIVE_FRAME = b"T"
+#: "Every data frame sent before this one on this connection is durable".
+DURABLE_FRAME = b"N"
 # An acknowledgement: kind, upto; followed by the domain name, UTF-8.
 _ACK = struct.Struct(">cQ")
 # A data frame: kind, link sequence number, sender id, target id (from, server, stamp each),

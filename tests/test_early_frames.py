@@ -1,0 +1,353 @@
+"""Early frames (aaabus.core.early): frames leave before their group is durable, marked
+tentative, and nothing a receiver commits ever derives from one its sender might lose.
+
+The notice board alone (threads, deadlines), then a real server on a log store fed frames by
+hand as its I/O thread would (the sender's crash is then a call, at an exact moment), then two
+real servers whose frames are watched on their way to the network.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aaabus.config.reader import load_config
+from aaabus.core.clock import DomainClock
+from aaabus.core.early import EarlyLinks, Incoming
+from aaabus.errors import DependencyLost
+from aaabus.model.ids import AgentId
+from aaabus.node.inprocess import InProcessBus
+from aaabus.node.server import AgentServer
+from aaabus.wire.linkframes import DURABLE_FRAME, TENTATIVE_FRAME, encode_data
+from aaabus.wire.message import Message, encode_note
+from tests.support.topics import wait_until
+
+TIMEOUT = 10.0
+
+
+# -- the notice board ------------------------------------------------------------------------
+
+
+class Board:
+    """An :class:`EarlyLinks` whose released frames are recorded, as the engine would get them."""
+
+    def __init__(self, **caps: int) -> None:
+        self.released: list[list[Any]] = []
+        self.links = EarlyLinks(self.released.append, **caps)
+
+
+def _read(links: EarlyLinks, peer: int, frames: int, tentative: bool = True) -> Incoming:
+    """Read ``frames`` data frames from ``peer`` as the I/O thread does; their connection."""
+    conn = links.connection(peer)
+    conn.tentative = tentative
+    conn.received += frames
+    return conn
+
+
+def _waiter(links: EarlyLinks, deps: dict[Incoming, int], budget_s: float = TIMEOUT) -> Any:
+    """Run ``links.wait(deps)`` on a thread; the returned holder gets its outcome."""
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            links.wait(deps, budget_s)
+            outcome["result"] = "durable"
+        except DependencyLost as exc:
+            outcome["result"] = exc
+
+    thread = threading.Thread(target=run, name="waiter")
+    thread.start()
+    outcome["thread"] = thread
+    return outcome
+
+
+def test_a_wait_returns_once_the_notice_vouches_for_every_frame_applied() -> None:
+    links = Board().links
+    links.up(0)
+    conn = _read(links, 0, 3)
+    outcome = _waiter(links, {conn: 3})
+    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
+    assert "result" not in outcome
+    links.durable(conn)  # the DURABLE frame: every frame read before it is durable
+    outcome["thread"].join(TIMEOUT)
+    assert outcome["result"] == "durable"
+    assert links.admit((conn, 3), True, "frame 3", 1) == "apply"
+
+
+def test_a_notice_vouches_only_for_the_frames_before_it() -> None:
+    links = Board().links
+    links.up(0)
+    conn = _read(links, 0, 2)
+    links.durable(conn)
+    _read(links, 0, 1)  # a third frame, of the sender's next group
+    outcome = _waiter(links, {conn: 3})
+    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
+    links.down(0)
+    outcome["thread"].join(TIMEOUT)
+    assert isinstance(outcome["result"], DependencyLost)
+    assert links.admit((conn, 2), True, "frame 2", 1) == "apply"
+    assert links.admit((conn, 3), True, "frame 3", 1) == "drop"
+
+
+def test_a_connection_replaced_before_the_notice_fails_the_wait() -> None:
+    links = Board().links
+    links.up(0)
+    conn = _read(links, 0, 1)
+    outcome = _waiter(links, {conn: 1})
+    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
+    links.up(0)  # the peer dialled again: the old connection is gone with what it did not vouch
+    outcome["thread"].join(TIMEOUT)
+    assert isinstance(outcome["result"], DependencyLost)
+    assert "closed" in str(outcome["result"])
+    assert links.admit((conn, 1), True, "frame 1", 1) == "drop"
+    assert links.ups == 2
+
+
+def test_a_late_sender_has_its_frames_parked_in_order_until_its_notice() -> None:
+    board = Board()
+    links = board.links
+    links.up(0)
+    conn = _read(links, 0, 1)
+    with pytest.raises(DependencyLost, match="did not say within"):
+        links.wait({conn: 1}, budget_s=0.02)
+    # The replay: the late connection's tentative frame waits apart, and so does every frame
+    # read after it, tentative or not, whether already in the engine's inbox or read now.
+    assert links.admit((conn, 1), True, "frame 1", 10) == "park"
+    _read(links, 0, 1, tentative=False)
+    assert links.admit((conn, 2), False, "frame 2", 10) == "park"
+    _read(links, 0, 1)
+    assert links.hold(conn, "frame 3", 10) is True
+    assert board.released == [] and links.parked == 3
+    links.durable(conn)
+    assert board.released == [["frame 1", "frame 2", "frame 3"]]
+    # Handed back, each is applied; and the sender is trusted again with the next ones.
+    assert links.admit((conn, 1), True, "frame 1", 10) == "apply"
+    _read(links, 0, 1)
+    assert links.hold(conn, "frame 4", 10) is False
+    assert links.admit((conn, 4), True, "frame 4", 10) == "apply"
+
+
+def test_a_connection_closed_hands_its_parked_frames_back_to_be_dropped() -> None:
+    board = Board()
+    links = board.links
+    links.up(0)
+    conn = _read(links, 0, 1)
+    with pytest.raises(DependencyLost):
+        links.wait({conn: 1}, budget_s=0.01)
+    assert links.admit((conn, 1), True, "frame 1", 10) == "park"
+    links.down(0)
+    assert board.released == [["frame 1"]]
+    assert links.admit((conn, 1), True, "frame 1", 10) == "drop"
+
+
+@pytest.mark.parametrize("caps", [{"max_parked_frames": 2}, {"max_parked_bytes": 25}])
+def test_parking_past_the_cap_closes_the_connection(caps: dict[str, int]) -> None:
+    board = Board(**caps)
+    links = board.links
+    links.up(0)
+    conn = _read(links, 0, 3)
+    with pytest.raises(DependencyLost):
+        links.wait({conn: 1}, budget_s=0.01)
+    assert links.admit((conn, 1), True, "frame 1", 10) == "park"
+    assert links.hold(conn, "frame 2", 10) is True
+    assert links.admit((conn, 3), True, "frame 3", 10) == "reset"
+    assert conn.closed and conn.parked is None
+    assert board.released == []  # dropped: the connection is closed, its sender resends
+
+
+def test_the_spin_sees_a_notice_that_comes_while_it_polls() -> None:
+    links = Board().links
+    links.up(0)
+    conn = _read(links, 0, 1)
+    notice = threading.Timer(0.01, links.durable, (conn,))
+    notice.start()
+    try:
+        links.wait({conn: 1}, TIMEOUT, spin_ns=2_000_000_000)  # polls up to 2 s
+    finally:
+        notice.join(TIMEOUT)
+    assert links.sleeping == 0  # it never had to sleep
+
+
+# -- a real server fed frames by hand -----------------------------------------------------------
+
+
+@pytest.fixture
+def lone_server(make_config: Callable[..., Path], tmp_path: Path) -> Iterator[AgentServer]:
+    """Server 1 of a 2-server bus, alone, on a log store; server 0 is played by the test."""
+    config = load_config(make_config(servers=2))
+    with InProcessBus(
+        config, server_ids=[1], store_kind="log", storage_root=tmp_path / "stores"
+    ) as bus:
+        yield bus[1]
+
+
+def _frames_from_0(count: int, sender: int = 0, size: int = 2) -> list[bytes]:
+    """Data frames 1..count from ``sender`` (server 0) to server 1's listener (``#s.s.1``), one
+    event each, in a domain of ``size`` servers."""
+    clock = DomainClock(size, sender)
+    frames = []
+    for seq in range(1, count + 1):
+        stamp = clock.prepare_send(1)
+        body = encode_note(("note", sender, seq) if sender else ("note", seq))
+        message = Message(AgentId(sender, sender, 16), AgentId.server_of(1), body)
+        frames.append(encode_data(seq, "D0", stamp, message))
+    return frames
+
+
+def _received_from_0(server: AgentServer) -> int:
+    def read() -> int:
+        assert server.channel is not None
+        return server.channel.clocks["D0"].received_from(0)
+
+    return server.call(read, TIMEOUT)
+
+
+def _heard(server: AgentServer) -> list[Any]:
+    heard: list[Any] = []
+    server.add_listener(lambda _sender, note: heard.append(note))
+    return heard
+
+
+def test_a_tentative_frame_is_committed_only_after_its_notice(lone_server: AgentServer) -> None:
+    server = lone_server
+    channel = server.channel
+    assert channel is not None
+    heard = _heard(server)
+    links = channel.links
+    links.up(0)
+    (frame,) = _frames_from_0(1)
+    commits = server._require_engine().stats.commits
+    channel.on_frames(0, [TENTATIVE_FRAME, frame])
+    # Its group applied it, reacted, and now waits at its vote for server 0's notice.
+    wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
+    assert heard == [] and server._require_engine().stats.commits == commits
+    channel.on_frames(0, [DURABLE_FRAME])
+    wait_until('heard == [("note", 1)]', lambda: heard == [("note", 1)], TIMEOUT)
+    assert _received_from_0(server) == 1
+    assert links.dropped == 0
+
+
+def test_a_frame_its_sender_never_made_durable_is_dropped_and_its_resend_delivered_once(
+    lone_server: AgentServer,
+) -> None:
+    server = lone_server
+    channel = server.channel
+    assert channel is not None
+    heard = _heard(server)
+    links = channel.links
+    links.up(0)
+    first, second = _frames_from_0(2)
+    channel.on_frames(0, [TENTATIVE_FRAME, first])
+    wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
+    # Server 0 crashes before its sync: its connection closes without the notice.
+    links.down(0)
+    wait_until("links.dropped == 1", lambda: links.dropped == 1, TIMEOUT)
+    assert heard == [] and _received_from_0(server) == 0
+    # It comes back: the frame had been durable after all and is in its outgoing queue, so it
+    # is sent again (plain: resends come from the store), then the next one.
+    links.up(0)
+    channel.on_frames(0, [first, TENTATIVE_FRAME, second, DURABLE_FRAME])
+    wait_until("both notes", lambda: heard == [("note", 1), ("note", 2)], TIMEOUT)
+    assert _received_from_0(server) == 2
+    assert links.dropped == 1
+
+
+def test_a_silent_sender_delays_only_its_own_frames(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    # Server 1 of three, alone; servers 0 and 2 are played by the test. Server 0 sends a frame
+    # early and never its notice (its disk hangs): server 1 must go on serving server 2.
+    config = load_config(make_config(servers=3, properties={"aaabus.link.notice_wait_ms": "20"}))
+    with InProcessBus(
+        config, server_ids=[1], store_kind="log", storage_root=tmp_path / "stores"
+    ) as bus:
+        server = bus[1]
+        channel = server.channel
+        assert channel is not None
+        heard = _heard(server)
+        links = channel.links
+        links.up(0)
+        links.up(2)
+        (from_0,) = _frames_from_0(1, size=3)
+        first_2, second_2 = _frames_from_0(2, sender=2, size=3)
+        channel.on_frames(0, [TENTATIVE_FRAME, from_0])
+        channel.on_frames(2, [first_2])
+        wait_until("server 2's frame", lambda: heard == [("note", 2, 1)], TIMEOUT)
+        assert links.parked == 1  # server 0's frame waits apart
+        channel.on_frames(2, [second_2])
+        wait_until("server 2's next frame", lambda: len(heard) == 2, TIMEOUT)
+        # Server 0's disk comes back: its notice releases the parked frame, delivered once.
+        channel.on_frames(0, [DURABLE_FRAME])
+        wait_until("server 0's frame", lambda: len(heard) == 3, TIMEOUT)
+        assert heard[2] == ("note", 1)
+        assert links.dropped == 0
+
+
+# -- two real servers ----------------------------------------------------------------------------
+
+
+class Watch:
+    """Wraps a server's network: records each batch's kind and its store's last vote."""
+
+    def __init__(self, server: AgentServer) -> None:
+        assert server.channel is not None and server.store is not None
+        self.inner = server.channel.transport
+        self.store = server.store
+        self.batches: list[tuple[int, bytes, Any]] = []
+        self.lock = threading.Lock()
+        server.channel.transport = self
+
+    def send_many(self, peer: int, payloads: list[bytes]) -> None:
+        with self.lock:
+            self.batches.append((peer, payloads[0][:1], self.store.vote_marks()))
+        assert self.inner is not None
+        self.inner.send_many(peer, payloads)
+
+    def reset(self, peer: int, reason: str) -> None:
+        assert self.inner is not None
+        self.inner.reset(peer, reason)
+
+
+def _exchange(
+    make_config: Callable[..., Path], tmp_path: Path, early: str
+) -> list[tuple[int, bytes, Any]]:
+    """Server 0 sends 20 notifications to server 1's listener; server 0's batches."""
+    config = load_config(make_config(servers=2, properties={"aaabus.link.early": early}))
+    with InProcessBus(config, store_kind="log", storage_root=tmp_path / early) as bus:
+        heard = _heard(bus[1])
+        wait_until(
+            "link up", lambda: bus[0].network is not None and bus[0].network.is_up(1), TIMEOUT
+        )
+        watch = Watch(bus[0])
+        for i in range(20):
+            bus[0].send(AgentId.server_of(1), i)
+        wait_until("len(heard) == 20", lambda: len(heard) == 20, TIMEOUT)
+        assert heard == list(range(20))
+        with watch.lock:
+            return list(watch.batches)
+
+
+def test_frames_leave_before_their_groups_write_and_the_notice_after_it(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    batches = _exchange(make_config, tmp_path, "true")
+    tentative = [i for i, (_peer, kind, _vote) in enumerate(batches) if kind == TENTATIVE_FRAME]
+    assert tentative
+    for i in tentative:
+        # The next notice on that connection follows the group's vote: the last vote recorded
+        # when the frames left was the previous group's.
+        peer, _kind, vote_before = batches[i]
+        notice = next(b for b in batches[i + 1 :] if b[0] == peer and b[1] == DURABLE_FRAME)
+        assert notice[2] is not None and notice[2] != vote_before
+
+
+def test_with_early_frames_off_nothing_is_tentative(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    batches = _exchange(make_config, tmp_path, "false")
+    assert batches
+    assert {kind for _peer, kind, _vote in batches} <= {b"D", b"A"}
