@@ -80,7 +80,7 @@ def run(
     return result
 
 
-def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, float]:
+def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, Any]:
     """Where one hop's time goes, in µs, from the servers' hop traces.
 
     ``hop`` is half the round trip's p50. Each stage of :data:`aaabus.core.trace.STAGES`

@@ -24,12 +24,29 @@ from aaabus.node.inprocess import InProcessBus
 from aaabus.node.server import AgentServer
 from aaabus.wire.linkframes import DURABLE_FRAME, TENTATIVE_FRAME, encode_data
 from aaabus.wire.message import Message, encode_note
+from tests.support.agents import Inc
 from tests.support.topics import wait_until
 
 TIMEOUT = 10.0
 
 
 # -- the notice board ------------------------------------------------------------------------
+
+
+class Frame:
+    """A stand-in for an engine input, told apart by identity."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __call__(self, _engine: Any) -> None:
+        raise AssertionError("the board never runs a frame")
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+F1, F2, F3, F4 = (Frame(f"frame {n}") for n in range(1, 5))
 
 
 class Board:
@@ -75,7 +92,7 @@ def test_a_wait_returns_once_the_notice_vouches_for_every_frame_applied() -> Non
     links.durable(conn)  # the DURABLE frame: every frame read before it is durable
     outcome["thread"].join(TIMEOUT)
     assert outcome["result"] == "durable"
-    assert links.admit((conn, 3), True, "frame 3", 1) == "apply"
+    assert links.admit((conn, 3), True, F3, 1) == "apply"
 
 
 def test_a_notice_vouches_only_for_the_frames_before_it() -> None:
@@ -89,8 +106,8 @@ def test_a_notice_vouches_only_for_the_frames_before_it() -> None:
     links.down(0)
     outcome["thread"].join(TIMEOUT)
     assert isinstance(outcome["result"], DependencyLost)
-    assert links.admit((conn, 2), True, "frame 2", 1) == "apply"
-    assert links.admit((conn, 3), True, "frame 3", 1) == "drop"
+    assert links.admit((conn, 2), True, F2, 1) == "apply"
+    assert links.admit((conn, 3), True, F3, 1) == "drop"
 
 
 def test_a_connection_replaced_before_the_notice_fails_the_wait() -> None:
@@ -103,7 +120,7 @@ def test_a_connection_replaced_before_the_notice_fails_the_wait() -> None:
     outcome["thread"].join(TIMEOUT)
     assert isinstance(outcome["result"], DependencyLost)
     assert "closed" in str(outcome["result"])
-    assert links.admit((conn, 1), True, "frame 1", 1) == "drop"
+    assert links.admit((conn, 1), True, F1, 1) == "drop"
     assert links.ups == 2
 
 
@@ -116,19 +133,19 @@ def test_a_late_sender_has_its_frames_parked_in_order_until_its_notice() -> None
         links.wait({conn: 1}, budget_s=0.02)
     # The replay: the late connection's tentative frame waits apart, and so does every frame
     # read after it, tentative or not, whether already in the engine's inbox or read now.
-    assert links.admit((conn, 1), True, "frame 1", 10) == "park"
+    assert links.admit((conn, 1), True, F1, 10) == "park"
     _read(links, 0, 1, tentative=False)
-    assert links.admit((conn, 2), False, "frame 2", 10) == "park"
+    assert links.admit((conn, 2), False, F2, 10) == "park"
     _read(links, 0, 1)
-    assert links.hold(conn, "frame 3", 10) is True
+    assert links.hold(conn, F3, 10) is True
     assert board.released == [] and links.parked == 3
     links.durable(conn)
-    assert board.released == [["frame 1", "frame 2", "frame 3"]]
+    assert board.released == [[F1, F2, F3]]
     # Handed back, each is applied; and the sender is trusted again with the next ones.
-    assert links.admit((conn, 1), True, "frame 1", 10) == "apply"
+    assert links.admit((conn, 1), True, F1, 10) == "apply"
     _read(links, 0, 1)
-    assert links.hold(conn, "frame 4", 10) is False
-    assert links.admit((conn, 4), True, "frame 4", 10) == "apply"
+    assert links.hold(conn, F4, 10) is False
+    assert links.admit((conn, 4), True, F4, 10) == "apply"
 
 
 def test_a_connection_closed_hands_its_parked_frames_back_to_be_dropped() -> None:
@@ -138,10 +155,10 @@ def test_a_connection_closed_hands_its_parked_frames_back_to_be_dropped() -> Non
     conn = _read(links, 0, 1)
     with pytest.raises(DependencyLost):
         links.wait({conn: 1}, budget_s=0.01)
-    assert links.admit((conn, 1), True, "frame 1", 10) == "park"
+    assert links.admit((conn, 1), True, F1, 10) == "park"
     links.down(0)
-    assert board.released == [["frame 1"]]
-    assert links.admit((conn, 1), True, "frame 1", 10) == "drop"
+    assert board.released == [[F1]]
+    assert links.admit((conn, 1), True, F1, 10) == "drop"
 
 
 @pytest.mark.parametrize("caps", [{"max_parked_frames": 2}, {"max_parked_bytes": 25}])
@@ -152,9 +169,9 @@ def test_parking_past_the_cap_closes_the_connection(caps: dict[str, int]) -> Non
     conn = _read(links, 0, 3)
     with pytest.raises(DependencyLost):
         links.wait({conn: 1}, budget_s=0.01)
-    assert links.admit((conn, 1), True, "frame 1", 10) == "park"
-    assert links.hold(conn, "frame 2", 10) is True
-    assert links.admit((conn, 3), True, "frame 3", 10) == "reset"
+    assert links.admit((conn, 1), True, F1, 10) == "park"
+    assert links.hold(conn, F2, 10) is True
+    assert links.admit((conn, 3), True, F3, 10) == "reset"
     assert conn.closed and conn.parked is None
     assert board.released == []  # dropped: the connection is closed, its sender resends
 
@@ -192,7 +209,7 @@ def _frames_from_0(count: int, sender: int = 0, size: int = 2) -> list[bytes]:
     frames = []
     for seq in range(1, count + 1):
         stamp = clock.prepare_send(1)
-        body = encode_note(("note", sender, seq) if sender else ("note", seq))
+        body = encode_note(Inc(100 * sender + seq))
         message = Message(AgentId(sender, sender, 16), AgentId.server_of(1), body)
         frames.append(encode_data(seq, "D0", stamp, message))
     return frames
@@ -226,7 +243,7 @@ def test_a_tentative_frame_is_committed_only_after_its_notice(lone_server: Agent
     wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
     assert heard == [] and server._require_engine().stats.commits == commits
     channel.on_frames(0, [DURABLE_FRAME])
-    wait_until('heard == [("note", 1)]', lambda: heard == [("note", 1)], TIMEOUT)
+    wait_until("heard == [Inc(1)]", lambda: heard == [Inc(1)], TIMEOUT)
     assert _received_from_0(server) == 1
     assert links.dropped == 0
 
@@ -251,7 +268,7 @@ def test_a_frame_its_sender_never_made_durable_is_dropped_and_its_resend_deliver
     # is sent again (plain: resends come from the store), then the next one.
     links.up(0)
     channel.on_frames(0, [first, TENTATIVE_FRAME, second, DURABLE_FRAME])
-    wait_until("both notes", lambda: heard == [("note", 1), ("note", 2)], TIMEOUT)
+    wait_until("both notes", lambda: heard == [Inc(1), Inc(2)], TIMEOUT)
     assert _received_from_0(server) == 2
     assert links.dropped == 1
 
@@ -276,14 +293,14 @@ def test_a_silent_sender_delays_only_its_own_frames(
         first_2, second_2 = _frames_from_0(2, sender=2, size=3)
         channel.on_frames(0, [TENTATIVE_FRAME, from_0])
         channel.on_frames(2, [first_2])
-        wait_until("server 2's frame", lambda: heard == [("note", 2, 1)], TIMEOUT)
+        wait_until("server 2's frame", lambda: heard == [Inc(201)], TIMEOUT)
         assert links.parked == 1  # server 0's frame waits apart
         channel.on_frames(2, [second_2])
         wait_until("server 2's next frame", lambda: len(heard) == 2, TIMEOUT)
         # Server 0's disk comes back: its notice releases the parked frame, delivered once.
         channel.on_frames(0, [DURABLE_FRAME])
         wait_until("server 0's frame", lambda: len(heard) == 3, TIMEOUT)
-        assert heard[2] == ("note", 1)
+        assert heard[2] == Inc(1)
         assert links.dropped == 0
 
 
@@ -299,6 +316,7 @@ class Watch:
         self.store = server.store
         self.batches: list[tuple[int, bytes, Any]] = []
         self.lock = threading.Lock()
+        self.read_ns = 0  # (Transport's; only read by tracers, none here)
         server.channel.transport = self
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None:
@@ -324,9 +342,9 @@ def _exchange(
         )
         watch = Watch(bus[0])
         for i in range(20):
-            bus[0].send(AgentId.server_of(1), i)
+            bus[0].send(AgentId.server_of(1), Inc(i))
         wait_until("len(heard) == 20", lambda: len(heard) == 20, TIMEOUT)
-        assert heard == list(range(20))
+        assert heard == [Inc(i) for i in range(20)]
         with watch.lock:
             return list(watch.batches)
 
