@@ -17,7 +17,7 @@ import pytest
 
 from aaabus.config.reader import load_config
 from aaabus.core.clock import DomainClock
-from aaabus.core.early import EarlyLinks, Incoming
+from aaabus.core.early import LATE_FOR_S, EarlyLinks, Incoming
 from aaabus.errors import DependencyLost
 from aaabus.model.ids import AgentId
 from aaabus.node.inprocess import InProcessBus
@@ -46,15 +46,17 @@ class Frame:
         return self.name
 
 
-F1, F2, F3, F4 = (Frame(f"frame {n}") for n in range(1, 5))
+F1, F2, F3, F4, F5 = (Frame(f"frame {n}") for n in range(1, 6))
 
 
 class Board:
-    """An :class:`EarlyLinks` whose released frames are recorded, as the engine would get them."""
+    """An :class:`EarlyLinks` whose released frames are recorded, as the engine would get them,
+    and whose clock (for lateness) is the test's."""
 
     def __init__(self, **caps: int) -> None:
         self.released: list[list[Any]] = []
-        self.links = EarlyLinks(self.released.append, **caps)
+        self.now = 1000.0
+        self.links = EarlyLinks(self.released.append, clock=lambda: self.now, **caps)
 
 
 def _read(links: EarlyLinks, peer: int, frames: int, tentative: bool = True) -> Incoming:
@@ -141,11 +143,30 @@ def test_a_late_sender_has_its_frames_parked_in_order_until_its_notice() -> None
     assert board.released == [] and links.parked == 3
     links.durable(conn)
     assert board.released == [[F1, F2, F3]]
-    # Handed back, each is applied; and the sender is trusted again with the next ones.
+    # Handed back, each is applied. The sender stays late for a while: its next tentative
+    # frame waits apart too, then, once that while is over, it is trusted again.
     assert links.admit((conn, 1), True, F1, 10) == "apply"
     _read(links, 0, 1)
     assert links.hold(conn, F4, 10) is False
-    assert links.admit((conn, 4), True, F4, 10) == "apply"
+    assert links.admit((conn, 4), True, F4, 10) == "park"
+    links.durable(conn)
+    board.now += LATE_FOR_S
+    _read(links, 0, 1)
+    assert links.admit((conn, 5), True, F5, 10) == "apply"
+
+
+def test_a_frame_offered_again_by_a_replayed_group_is_parked_once() -> None:
+    board = Board()
+    links = board.links
+    links.up(0)
+    conn = _read(links, 0, 2)
+    with pytest.raises(DependencyLost):
+        links.wait({conn: 1}, budget_s=0.01)
+    assert links.admit((conn, 1), True, F1, 10) == "park"
+    assert links.admit((conn, 2), True, F2, 10) == "park"
+    assert links.admit((conn, 1), True, F1, 10) == "park"  # the group aborted and replayed
+    links.durable(conn)
+    assert board.released == [[F1, F2]] and links.parked == 2
 
 
 def test_a_connection_closed_hands_its_parked_frames_back_to_be_dropped() -> None:
@@ -369,3 +390,28 @@ def test_with_early_frames_off_nothing_is_tentative(
     batches = _exchange(make_config, tmp_path, "false")
     assert batches
     assert {kind for _peer, kind, _vote in batches} <= {b"D", b"A"}
+
+
+def test_a_group_that_aborts_after_its_frames_left_closes_their_connection(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    config = load_config(make_config(servers=2))
+    with InProcessBus(config, store_kind="log", storage_root=tmp_path / "stores") as bus:
+        heard = _heard(bus[1])
+        wait_until(
+            "link up", lambda: bus[0].network is not None and bus[0].network.is_up(1), TIMEOUT
+        )
+        receiver = bus[1].channel
+        assert receiver is not None
+        ups = receiver.links.ups
+        failpoints = bus[0]._require_engine().failpoints
+        # Server 0's next group fails after its frames left, before its store writes them.
+        failpoints.arm("channel.sent_early", "raise")
+        bus[0].send(AgentId.server_of(1), Inc(1))
+        assert failpoints.fired("channel.sent_early") == 1
+        # Server 1 saw the connection close (the tentative frame never vouched for is dropped
+        # or never committed) and come back; the replayed group's frame arrives once.
+        wait_until("a new connection", lambda: receiver.links.ups > ups, TIMEOUT)
+        bus[0].send(AgentId.server_of(1), Inc(2))
+        wait_until("both notes", lambda: len(heard) == 2, TIMEOUT)
+        assert heard == [Inc(1), Inc(2)]

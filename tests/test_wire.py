@@ -234,7 +234,9 @@ def test_answer_for_another_acceptor_is_refused() -> None:
     ("mutate", "reason"),
     [
         (lambda m: b"XXXX" + m[4:], "bad magic"),
-        (lambda m: m[:4] + b"\x02" + m[5:], "version 2"),
+        (lambda m: m[:4] + b"\x03" + m[5:], "version 3"),
+        # A server of version 1 would take early frames for durable ones: refused.
+        (lambda m: m[:4] + b"\x01" + m[5:], "version 1"),
         (lambda m: m[:5] + b"\x03" + m[6:], "expected an answer"),
         (lambda m: m[:-1], "77 bytes, expected 78"),
         (lambda m: m + b"\x00", "79 bytes"),

@@ -256,12 +256,13 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "aaabus.link.notice_wait_ms",
-        integer(1, 3_600_000),
+        integer(1, 5_000),
         100,
-        "How long a group that applied tentative frames waits at its vote for their sender's "
-        "durability notice. Past it, the group is replayed with that sender's tentative frames "
-        "parked apart until the notice comes, so that a slow or silent sender delays only its "
-        "own frames (at most 10,000 frames or 64 MiB parked per connection, then it is closed).",
+        "How long a group that applied tentative frames waits, before it commits, for their "
+        "sender's durability notice. Past it, the group is replayed and that sender is late for "
+        "a second: its tentative frames are parked apart until their notice, so that a slow or "
+        "silent sender delays only its own frames (at most 10,000 frames or 64 MiB parked per "
+        "connection, then it is closed). Keep it well under the 10 s a server's stop waits.",
     ),
     Setting(
         "aaabus.trace",

@@ -352,14 +352,14 @@ class Channel:
         transport = self.transport
         if transport is None:
             return
-        tracer = self.tracer
-        if tracer is not None:
-            tracer.mark("flush")
         for (peer, domain), upto in acks.items():
             frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
         # The notice goes first: the peer's group waiting on it commits sooner.
         for peer in dict.fromkeys(sent_early):
             frames.setdefault(peer, []).insert(0, DURABLE_FRAME)
+        tracer = self.tracer
+        if tracer is not None:
+            tracer.mark("flush")
         for peer, batch in frames.items():
             if batch:
                 self._send(transport, peer, batch)
@@ -545,6 +545,8 @@ class Channel:
         else:
             self._effects.undo(self._frames.__setitem__, peer, old)
         self._effects.when_durable_once(self._flush)
+        if self.early:
+            self._vote.join()  # they leave early too: an abort must close the connection
         for ack in acks:
             self._ack((ack.peer, ack.domain), ack.upto)
 

@@ -25,16 +25,18 @@ either side commits, if the receiver is told which frames are not durable yet:
   A sender whose group aborts after its frames left (the disk failed) closes the connections
   they went through, so that its receivers drop them.
 * **waiting apart**: a group waits for a notice at most ``aaabus.link.notice_wait_ms``; past
-  that, the sender is *late*: the group is aborted and replayed, and until the notice comes that
-  connection's tentative frames (and every frame read after them, to keep their order) are
-  *parked* -- kept outside the engine and handed back to it when the notice comes or the
-  connection closes. A slow sender then delays its own frames only, and a peer that never sends
-  its notice stalls nothing; what a connection may park is capped (frames and bytes), past which
-  it is closed (its durable frames come again with the resends).
+  that, the sender is *late* (for :data:`LATE_FOR_S`): the group is aborted and replayed, and
+  meanwhile that connection's tentative frames (and every frame read after them) are *parked*
+  -- kept outside the engine, in order, and handed back to it when their notice comes or the
+  connection closes (a frame already in the engine's queue may overtake them: the clock's
+  hold-back puts it back in order). A slow sender then delays its own frames only, and a peer
+  that never sends its notice stalls nothing; what a connection may park is capped (frames and
+  bytes), past which it is closed (its durable frames come again with the resends).
 
 The receiving side's state, one :class:`Incoming` per connection, is written by the network's
-I/O thread (the order of the frames, the notices) and by the engine thread (parking); what both
-touch changes under this module's condition, which the engine thread waits on with a deadline.
+I/O thread (the order of the frames, the notices) and by whichever thread holds the engine's turn
+(parking); what both touch changes under this module's condition, which the turn's holder waits
+on with a deadline.
 
 What a user may observe: a reaction can run on a frame whose sender then loses it, and be rolled
 back -- as any reaction of a group that aborts is. Effects outside the store belong in
@@ -63,6 +65,11 @@ Item = Callable[[Any], None]
 MAX_PARKED_FRAMES = 10_000
 MAX_PARKED_BYTES = 64 << 20
 
+#: How long a connection stays *late* after a group waited for its notice past the budget: its
+#: tentative frames are parked meanwhile, so that a sender whose syncs are slow holds up no
+#: group of this server, not even once per notice.
+LATE_FOR_S = 1.0
+
 
 class Incoming:
     """One connection from a peer, as its receiver sees it (one per ``on_up``)."""
@@ -70,9 +77,10 @@ class Incoming:
     __slots__ = (
         "closed",
         "durable",
-        "late",
+        "late_until",
         "parked",
         "parked_bytes",
+        "parked_ids",
         "peer",
         "received",
         "tentative",
@@ -90,12 +98,14 @@ class Incoming:
         self.durable = 0
         #: The connection is gone, or was closed for parking too much.
         self.closed = False
-        #: A group waited for this connection's notice past its budget: until the notice, its
-        #: tentative frames are parked rather than applied.
-        self.late = False
-        #: Its frames waiting outside the engine for the notice, in the order read (None: none).
+        #: A group waited for this connection's notice past its budget: until this
+        #: ``time.monotonic()``, its tentative frames are parked rather than applied.
+        self.late_until = 0.0
+        #: Its frames waiting outside the engine for a notice, in the order parked (None: none),
+        #: their bytes, and their identities (a replayed group offers a parked frame again).
         self.parked: list[Item] | None = None
         self.parked_bytes = 0
+        self.parked_ids: set[int] = set()
 
 
 #: What a frame hangs on: its connection and its position there.
@@ -115,12 +125,14 @@ class EarlyLinks:
         *,
         max_parked_frames: int = MAX_PARKED_FRAMES,
         max_parked_bytes: int = MAX_PARKED_BYTES,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._cond = threading.Condition()
         self._incoming: dict[int, Incoming] = {}
         self._release = release
         self._max_frames = max_parked_frames
         self._max_bytes = max_parked_bytes
+        self._clock = clock  # what "late for a second" is measured with
         #: Connections seen come up (I/O thread); threads sleeping in :meth:`wait` now (under
         #: the condition); tentative frames dropped because never vouched for (engine thread);
         #: frames parked until their notice, since start (under the condition).
@@ -164,8 +176,7 @@ class EarlyLinks:
             if conn.closed:
                 return
             conn.durable = conn.received
-            conn.late = False
-            freed, conn.parked, conn.parked_bytes = conn.parked, None, 0
+            freed = self._unpark(conn)
             self._cond.notify_all()
         if freed:
             self._release(freed)
@@ -184,8 +195,9 @@ class EarlyLinks:
     def admit(self, dep: Dependency, tentative: bool, item: Item, size: int) -> str:
         """What to do with a frame now that a group applies it: ``"apply"``, ``"drop"`` (it
         will never be vouched for: its sender resends it if it was durable after all),
-        ``"park"`` (it waits outside the engine for its notice, and ``item`` runs again then)
-        or ``"reset"`` (parking it would exceed the cap: close the connection)."""
+        ``"park"`` (it waits outside the engine for its notice, and ``item`` runs again then;
+        parking the same item twice, as a replayed group does, keeps one) or ``"reset"``
+        (parking it would exceed the cap: close the connection)."""
         conn, position = dep
         with self._cond:
             if conn.parked is not None:  # older frames of the connection wait: behind them
@@ -194,9 +206,9 @@ class EarlyLinks:
                 return "apply"
             if conn.closed:
                 return "drop"
-            if conn.late:
+            if conn.late_until > self._clock():
                 return "park" if self._park(conn, item, size) else "reset"
-            return "apply"  # optimistic: the group's vote waits for the notice
+            return "apply"  # optimistic: the group waits for the notice before it commits
 
     def wait(self, deps: dict[Incoming, int], budget_s: float, spin_ns: int = 0) -> None:
         """Return once every ``deps`` (connection -> last position applied) is durable.
@@ -224,7 +236,7 @@ class EarlyLinks:
                         )
                     remaining = deadline - time.monotonic()
                     if remaining <= 0:
-                        conn.late = True
+                        conn.late_until = self._clock() + LATE_FOR_S
                         raise DependencyLost(
                             f"server {conn.peer} did not say within {budget_s * 1000:g} ms "
                             "that the frames this group applied were durable; they wait apart"
@@ -244,19 +256,27 @@ class EarlyLinks:
 
     def _park(self, conn: Incoming, item: Item, size: int) -> bool:
         parked = conn.parked if conn.parked is not None else []
+        if id(item) in conn.parked_ids:
+            return True  # a replayed group offers it again: it is already waiting
         if len(parked) >= self._max_frames or conn.parked_bytes + size > self._max_bytes:
             self._close(conn)  # what it parked is dropped: its sender resends it after
-            conn.parked = None
             return False
         parked.append(item)
         conn.parked = parked
         conn.parked_bytes += size
+        conn.parked_ids.add(id(item))
         self.parked += 1
         return True
 
+    @staticmethod
+    def _unpark(conn: Incoming) -> list[Item] | None:
+        freed, conn.parked, conn.parked_bytes = conn.parked, None, 0
+        conn.parked_ids = set()
+        return freed
+
     def _close(self, conn: Incoming) -> list[Item] | None:
         conn.closed = True
-        freed, conn.parked, conn.parked_bytes = conn.parked, None, 0
+        freed = self._unpark(conn)
         self._cond.notify_all()
         return freed
 

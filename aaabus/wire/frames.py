@@ -71,7 +71,9 @@ __all__ = [
 ]
 
 MAGIC = b"AAAB"
-VERSION = 1
+#: 2: the channel's TENTATIVE and DURABLE frames (aaabus.core.early). A server of version 1 would
+#: take tentative frames for durable ones, so the versions refuse each other at the handshake.
+VERSION = 2
 NONCE_BYTES = 32
 MAC_BYTES = 32
 #: Largest frame a peer may send before it has authenticated: the biggest handshake message is 78
