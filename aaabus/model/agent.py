@@ -43,6 +43,14 @@ class Agent(Persistent):
     that whole reaction is rolled back: the agent's attribute changes, its sends, deployments and
     deletions vanish, the input notification is consumed anyway, and its sender receives an
     :class:`~aaabus.ExceptionNotification`.
+
+    A hook may also run and be rolled back without raising: when its group aborts (a store
+    failure, a crash before the commit), and, with early frames (``aaabus.link.early``, the
+    default), when the sender of its notification crashes before that notification was durable
+    -- the reaction is then taken back with its group, and the notification never existed.
+    Only what the store holds is certain: a hook must not act outside the bus in a way it
+    cannot take back; such effects belong after the commit, e.g. in a listener of the server
+    (``AgentServer.add_listener``, called once the notification sent to it is durable).
     """
 
     #: Topic filters the agent is subscribed to from its creation on: :meth:`deploy` sends the
