@@ -185,6 +185,11 @@ class EarlyLinks:
         """A data frame just read on ``conn``: True if parked behind older frames still waiting
         for their notice (order is kept), False if it goes to the engine now, None if parking
         it would exceed the connection's cap (the caller closes the connection)."""
+        if conn.parked is None:
+            # The usual case, without the lock: only the turn's holder creates a parked list;
+            # one created just now lets this frame overtake it, which the clock's hold-back
+            # puts back in order (see the module docstring).
+            return False
         with self._cond:
             if conn.parked is None:
                 return False
