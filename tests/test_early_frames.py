@@ -67,8 +67,19 @@ def _read(links: EarlyLinks, peer: int, frames: int, tentative: bool = True) -> 
     return conn
 
 
+def _late(links: EarlyLinks, frames: int) -> Incoming:
+    """Connection 0, up, with ``frames`` tentative frames read, whose sender a group waited for
+    past the budget: it is late."""
+    links.up(0)
+    conn = _read(links, 0, frames)
+    with pytest.raises(DependencyLost, match="did not say within"):
+        links.wait({conn: 1}, budget_s=0.01)
+    return conn
+
+
 def _waiter(links: EarlyLinks, deps: dict[Incoming, int], budget_s: float = TIMEOUT) -> Any:
-    """Run ``links.wait(deps)`` on a thread; the returned holder gets its outcome."""
+    """Run ``links.wait(deps)`` on a thread, and return once it sleeps; the returned holder
+    gets its outcome."""
     outcome: dict[str, Any] = {}
 
     def run() -> None:
@@ -81,6 +92,7 @@ def _waiter(links: EarlyLinks, deps: dict[Incoming, int], budget_s: float = TIME
     thread = threading.Thread(target=run, name="waiter")
     thread.start()
     outcome["thread"] = thread
+    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
     return outcome
 
 
@@ -89,7 +101,6 @@ def test_a_wait_returns_once_the_notice_vouches_for_every_frame_applied() -> Non
     links.up(0)
     conn = _read(links, 0, 3)
     outcome = _waiter(links, {conn: 3})
-    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
     assert "result" not in outcome
     links.durable(conn)  # the DURABLE frame: every frame read before it is durable
     outcome["thread"].join(TIMEOUT)
@@ -104,7 +115,6 @@ def test_a_notice_vouches_only_for_the_frames_before_it() -> None:
     links.durable(conn)
     _read(links, 0, 1)  # a third frame, of the sender's next group
     outcome = _waiter(links, {conn: 3})
-    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
     links.down(0)
     outcome["thread"].join(TIMEOUT)
     assert isinstance(outcome["result"], DependencyLost)
@@ -117,7 +127,6 @@ def test_a_connection_replaced_before_the_notice_fails_the_wait() -> None:
     links.up(0)
     conn = _read(links, 0, 1)
     outcome = _waiter(links, {conn: 1})
-    wait_until("the waiter sleeps", lambda: links.sleeping == 1, TIMEOUT)
     links.up(0)  # the peer dialled again: the old connection is gone with what it did not vouch
     outcome["thread"].join(TIMEOUT)
     assert isinstance(outcome["result"], DependencyLost)
@@ -129,10 +138,7 @@ def test_a_connection_replaced_before_the_notice_fails_the_wait() -> None:
 def test_a_late_sender_has_its_frames_parked_in_order_until_its_notice() -> None:
     board = Board()
     links = board.links
-    links.up(0)
-    conn = _read(links, 0, 1)
-    with pytest.raises(DependencyLost, match="did not say within"):
-        links.wait({conn: 1}, budget_s=0.02)
+    conn = _late(links, 1)
     # The replay: the late connection's tentative frame waits apart, and so does every frame
     # read after it, tentative or not, whether already in the engine's inbox or read now.
     assert links.admit((conn, 1), True, F1, 10) == "park"
@@ -158,10 +164,7 @@ def test_a_late_sender_has_its_frames_parked_in_order_until_its_notice() -> None
 def test_a_frame_offered_again_by_a_replayed_group_is_parked_once() -> None:
     board = Board()
     links = board.links
-    links.up(0)
-    conn = _read(links, 0, 2)
-    with pytest.raises(DependencyLost):
-        links.wait({conn: 1}, budget_s=0.01)
+    conn = _late(links, 2)
     assert links.admit((conn, 1), True, F1, 10) == "park"
     assert links.admit((conn, 2), True, F2, 10) == "park"
     assert links.admit((conn, 1), True, F1, 10) == "park"  # the group aborted and replayed
@@ -172,10 +175,7 @@ def test_a_frame_offered_again_by_a_replayed_group_is_parked_once() -> None:
 def test_a_connection_closed_hands_its_parked_frames_back_to_be_dropped() -> None:
     board = Board()
     links = board.links
-    links.up(0)
-    conn = _read(links, 0, 1)
-    with pytest.raises(DependencyLost):
-        links.wait({conn: 1}, budget_s=0.01)
+    conn = _late(links, 1)
     assert links.admit((conn, 1), True, F1, 10) == "park"
     links.down(0)
     assert board.released == [[F1]]
@@ -186,10 +186,7 @@ def test_a_connection_closed_hands_its_parked_frames_back_to_be_dropped() -> Non
 def test_parking_past_the_cap_closes_the_connection(caps: dict[str, int]) -> None:
     board = Board(**caps)
     links = board.links
-    links.up(0)
-    conn = _read(links, 0, 3)
-    with pytest.raises(DependencyLost):
-        links.wait({conn: 1}, budget_s=0.01)
+    conn = _late(links, 3)
     assert links.admit((conn, 1), True, F1, 10) == "park"
     assert links.hold(conn, F2, 10) is True
     assert links.admit((conn, 3), True, F3, 10) == "reset"
