@@ -135,6 +135,21 @@ def test_a_connection_replaced_before_the_notice_fails_the_wait() -> None:
     assert links.ups == 2
 
 
+def test_a_group_depending_on_two_senders_fails_if_either_connection_closes() -> None:
+    links = Board().links
+    links.up(0)
+    links.up(2)
+    first, second = _read(links, 0, 1), _read(links, 2, 1)
+    outcome = _waiter(links, {first: 1, second: 1})
+    links.durable(second)  # server 2 vouches for its frame...
+    links.down(0)  # ...server 0 is gone before vouching for its own
+    outcome["thread"].join(TIMEOUT)
+    assert isinstance(outcome["result"], DependencyLost)
+    # The replay keeps server 2's frame and drops server 0's.
+    assert links.admit((second, 1), True, F2, 1) == "apply"
+    assert links.admit((first, 1), True, F1, 1) == "drop"
+
+
 def test_a_late_sender_has_its_frames_parked_in_order_until_its_notice() -> None:
     board = Board()
     links = board.links
