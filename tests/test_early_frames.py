@@ -427,3 +427,20 @@ def test_a_group_that_aborts_after_its_frames_left_closes_their_connection(
         bus[0].send(AgentId.server_of(1), Inc(2))
         wait_until("both notes", lambda: len(heard) == 2, TIMEOUT)
         assert heard == [Inc(1), Inc(2)]
+
+
+def test_polling_for_notices_is_on_only_when_each_server_of_the_host_has_a_core(
+    make_config: Callable[..., Path],
+) -> None:
+    from aaabus.node.server import DEFAULT_NOTICE_SPIN_US, notice_spin_us
+
+    two = load_config(make_config(servers=2, name="two.xml"))
+    assert notice_spin_us(two, 0, cores=2) == DEFAULT_NOTICE_SPIN_US
+    assert notice_spin_us(two, 0, cores=1) == 0
+    ten = load_config(make_config(servers=10, name="ten.xml"))
+    assert notice_spin_us(ten, 3, cores=2) == 0
+    assert notice_spin_us(ten, 3, cores=16) == DEFAULT_NOTICE_SPIN_US
+    chosen = load_config(
+        make_config(servers=10, name="chosen.xml", properties={"aaabus.link.notice_spin_us": "50"})
+    )
+    assert notice_spin_us(chosen, 3, cores=2) == 50

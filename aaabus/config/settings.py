@@ -249,10 +249,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "aaabus.link.notice_spin_us",
         integer(0, 100_000),
-        300,
+        None,
         "How long a group waiting for a durability notice polls for it (yielding the CPU "
         "between looks) before it sleeps: a sleeping thread wakes tens of µs after the notice, "
-        "on every hop of a chain of them. `0`: sleep at once (saves CPU on busy machines).",
+        "on every hop of a chain of them. Unset: 300 when the configuration puts no more "
+        "servers on this server's host than it has cores, else 0 (pollers would take the CPU "
+        "the servers they wait for need). `0`: sleep at once.",
+        "300 or 0 (see meaning)",
     ),
     Setting(
         "aaabus.link.notice_wait_ms",
