@@ -324,17 +324,8 @@ class Channel:
         """The transaction ended without committing: frames that left early must not be used."""
         self._deps.clear()
         sent, self._sent_early = self._sent_early, []
-        transport = self.transport
-        if transport is None:
-            return
         for peer in dict.fromkeys(sent):
-            log.warning(
-                "server %s: a group whose frames left early for server %s did not commit; "
-                "closing the connection so that they are dropped there",
-                self.me,
-                peer,
-            )
-            transport.reset(peer, "a group whose frames left early did not commit")
+            self._reset(peer, "a group whose frames left early did not commit")
 
     def _vote_finished(self) -> None:
         self._deps.clear()
@@ -342,9 +333,8 @@ class Channel:
     def _flush(self) -> None:
         """Once the group is durable: hand its frames and acks to the network (engine thread).
 
-        A hand-off that fails (the transport raised) is retried as a link coming back up
-        would be: everything the peer has not acknowledged is staged again, in order, by an
-        input of the next group, and the receiver's clock absorbs what it already has.
+        A hand-off that fails (the transport raised) closes the connection and is retried as a
+        link coming back up would be (:meth:`_send`).
         """
         frames, self._frames = self._frames, {}
         acks, self._acks = self._acks, {}

@@ -370,10 +370,7 @@ class Network:
             conn.out.clear()
         with self._lock:
             self._reset_requests.append((conn, reason))
-            if self._woken or threading.get_ident() == self._io_ident:
-                return
-            self._woken = True
-        self._wake()
+        self._wake_for_requests()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Close every socket and join the I/O thread (at most ``timeout`` seconds)."""
@@ -430,8 +427,14 @@ class Network:
         """Ask the I/O thread to write ``conn.out``; wakes it unless we are that thread."""
         with self._lock:
             self._flush_requests.append(conn)
+        self._wake_for_requests()
+
+    def _wake_for_requests(self) -> None:
+        """Wake the I/O thread for the requests just queued, once per batch of them, unless
+        this is that thread (it processes requests at the end of every iteration)."""
+        with self._lock:
             if self._woken or threading.get_ident() == self._io_ident:
-                return  # the I/O thread processes requests at the end of every iteration
+                return
             self._woken = True
         self._wake()
 
