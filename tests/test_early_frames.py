@@ -222,6 +222,56 @@ def test_the_spin_sees_a_notice_that_comes_while_it_polls() -> None:
     assert links.sleeping == 0  # it never had to sleep
 
 
+def test_a_group_on_the_reading_thread_reads_its_notice_itself() -> None:
+    links = Board().links
+    links.up(0)
+    conn = _read(links, 0, 2)
+    reads: list[int] = []
+
+    def read(peer: int, _timeout: float) -> bool:
+        reads.append(peer)
+        if len(reads) == 2:
+            links.durable(conn)  # the notice comes with the second read
+        return True
+
+    assert links.wait_reading({conn: 2}, read, TIMEOUT)
+    assert reads == [0, 0]
+    assert links.sleeping == 0
+
+
+def test_waiting_by_reading_off_the_reading_thread_leaves_the_wait_to_the_caller() -> None:
+    board = Board()
+    links = board.links
+    links.up(0)
+    conn = _read(links, 0, 1)
+    assert not links.wait_reading({conn: 1}, lambda _peer, _timeout: False, TIMEOUT)
+    assert conn.late_until < board.now  # nothing happened to the connection
+
+
+def test_a_group_reading_past_its_budget_makes_the_connection_late() -> None:
+    board = Board()
+    links = board.links
+    links.up(0)
+    conn = _read(links, 0, 1)
+    with pytest.raises(DependencyLost, match="did not say within"):
+        links.wait_reading({conn: 1}, lambda _peer, _timeout: True, budget_s=0.01)
+    # As after any wait past its budget: its next tentative frames wait apart.
+    assert links.admit((conn, 2), True, F1, 10) == "park"
+
+
+def test_a_connection_that_closes_while_read_fails_the_group() -> None:
+    links = Board().links
+    links.up(0)
+    conn = _read(links, 0, 1)
+
+    def read(peer: int, _timeout: float) -> bool:
+        links.down(peer)
+        return True
+
+    with pytest.raises(DependencyLost, match="closed before"):
+        links.wait_reading({conn: 1}, read, TIMEOUT)
+
+
 # -- a real server fed frames by hand -----------------------------------------------------------
 
 
@@ -350,6 +400,7 @@ class Watch:
         self.batches: list[tuple[int, bytes, Any]] = []
         self.lock = threading.Lock()
         self.read_ns = 0  # (Transport's; only read by tracers, none here)
+        self.reads = 0  # read_from calls made on the I/O thread (only it calls them)
         server.channel.transport = self
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None:
@@ -361,6 +412,17 @@ class Watch:
     def reset(self, peer: int, reason: str) -> None:
         assert self.inner is not None
         self.inner.reset(peer, reason)
+
+    def on_io_thread(self) -> bool:
+        assert self.inner is not None
+        return self.inner.on_io_thread()
+
+    def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
+        assert self.inner is not None
+        done = self.inner.read_from(peer, timeout, spin_ns)
+        if done:
+            self.reads += 1
+        return done
 
 
 def _exchange(
@@ -402,6 +464,37 @@ def test_with_early_frames_off_nothing_is_tentative(
     batches = _exchange(make_config, tmp_path, "false")
     assert batches
     assert {kind for _peer, kind, _vote in batches} <= {b"D", b"A"}
+
+
+def test_a_tentative_frame_is_applied_on_the_io_thread_which_reads_its_notice(
+    make_config: Callable[..., Path], tmp_path: Path
+) -> None:
+    config = load_config(make_config(servers=2))
+    with InProcessBus(config, store_kind="log", storage_root=tmp_path / "stores") as bus:
+        threads: list[str] = []
+        bus[1].add_listener(lambda _sender, _note: threads.append(threading.current_thread().name))
+        wait_until(
+            "link up", lambda: bus[0].network is not None and bus[0].network.is_up(1), TIMEOUT
+        )
+        sender = Watch(bus[0])
+        receiver = Watch(bus[1])
+        # One at a time: each group of server 1 applies one tentative frame, and runs on the
+        # I/O thread that read it, which then reads on for its notice. Until one did (the
+        # engine may be busy with something else when a frame comes).
+        for i in range(300):
+            bus[0].send(AgentId.server_of(1), Inc(i))
+
+            def heard(count: int = i + 1) -> bool:
+                return len(threads) >= count
+
+            wait_until(f"{i + 1} heard", heard, TIMEOUT)
+            if threads[-1] == "net-1-io" and receiver.reads:
+                break
+        assert threads[-1] == "net-1-io", set(threads)
+        assert receiver.reads > 0
+        assert any(kind == TENTATIVE_FRAME for _peer, kind, _vote in sender.batches)
+        assert bus[1].channel is not None
+        assert bus[1].channel.links.dropped == 0  # none was lost on the way
 
 
 def test_a_group_that_aborts_after_its_frames_left_closes_their_connection(

@@ -73,6 +73,14 @@ class Transport(Protocol):
     def reset(self, peer: int, reason: str) -> None:
         """Close the connection with ``peer`` (it is dialled again as after any loss)."""
 
+    def on_io_thread(self) -> bool:
+        """Whether the calling thread is the one that reads the peers' frames."""
+
+    def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
+        """On the I/O thread, inside ``on_frames``: go on with that thread's work, ``peer``'s
+        connection first, for at most ``timeout`` seconds; False, doing nothing, on any other
+        thread."""
+
     #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
     #: I/O thread, in ``on_frames``: the start of a hop's breakdown).
     read_ns: int
@@ -116,6 +124,8 @@ class Channel:
         # Sends of the current event, counted and stamped together by seal() at its end.
         self._pending: list[tuple[Hop, Message, bool]] = []
         self._acks: dict[tuple[int, str], int] = {}
+        # Sends to count in the traffic recorder, once the group is durable.
+        self._counted: list[tuple[int, int]] = []
         self._effects = engine.effects
         self._failpoints = engine.failpoints
         self.early = early
@@ -271,7 +281,9 @@ class Channel:
         for (_hop, message, counted), (peer, frame) in zip(pending, frames, strict=True):
             self._stage(peer, frame)
             if traffic is not None and counted:
-                traffic.record(message.target.server, len(frame))
+                # Counted once the group is durable (_flush): a replayed group sends again.
+                self._counted.append((message.target.server, len(frame)))
+                self._effects.undo(self._counted.pop)
             if failpoints.armed:
                 failpoints.hit("channel.send")
 
@@ -286,22 +298,28 @@ class Channel:
             self._vote.join()
 
     def before_commit(self) -> None:
-        """The group is about to commit (the engine's thread, or the one running an inline
-        group, which never has a dependency to wait for: see :meth:`on_frames`).
+        """The group is about to commit (the engine's thread, or the network's I/O thread
+        running a group of the frames it just read: see :meth:`on_frames`).
 
-        First, wait until every tentative frame the group applied is durable at its sender
-        (raises :class:`DependencyLost`: the group is replayed without the lost frames, or with
-        the late ones parked until their notice). Then, with early frames, the group's frames
-        leave, each batch behind a TENTATIVE frame, while ZODB prepares and the store writes and
-        syncs: they hang on this group's durability alone, of which its notice will tell.
+        First, wait until every tentative frame the group applied is durable at its sender --
+        on the I/O thread, by reading the sender's connection for the notice (raises
+        :class:`DependencyLost`: the group is replayed without the lost frames, with the late
+        ones parked until their notice, or on the engine thread). Then, with early frames, the
+        group's frames leave, each batch behind a TENTATIVE frame, while ZODB prepares and the
+        store writes and syncs: they hang on this group's durability alone, of which its notice
+        will tell.
         """
         deps = self._deps
         tracer = self.tracer
+        transport = self.transport
         if deps:
-            self.links.wait(deps, self.notice_wait_s, self.notice_spin_ns)
+            # A group run on the I/O thread reads the notices itself (see on_frames).
+            if transport is None or not self.links.wait_reading(
+                deps, self._read_from, self.notice_wait_s
+            ):
+                self.links.wait(deps, self.notice_wait_s, self.notice_spin_ns)
             if tracer is not None:
                 tracer.mark("notified")
-        transport = self.transport
         if not self.early or not self._frames or transport is None:
             return
         frames, self._frames = self._frames, {}
@@ -311,6 +329,10 @@ class Channel:
                 self._send(transport, peer, [TENTATIVE_FRAME, *batch])
         if tracer is not None:
             tracer.mark("sent_early")
+
+    def _read_from(self, peer: int, timeout: float) -> bool:
+        transport = self.transport
+        return transport is not None and transport.read_from(peer, timeout, self.notice_spin_ns)
 
     def _vote_early(self) -> None:
         """First vote of the transaction: ZODB prepared the records, the store has not written
@@ -339,6 +361,12 @@ class Channel:
         frames, self._frames = self._frames, {}
         acks, self._acks = self._acks, {}
         sent_early, self._sent_early = self._sent_early, []
+        if self._counted:
+            counted, self._counted = self._counted, []
+            traffic = self.traffic
+            if traffic is not None:
+                for server, size in counted:
+                    traffic.record(server, size)
         transport = self.transport
         if transport is None:
             return
@@ -425,9 +453,12 @@ class Channel:
                     acks.append(self._ack_input(peer, domain, upto))
                 else:  # garbage: refused by receive(), in its own input
                     inputs.append(_FrameInput(self, peer, payload, times, None, False))
-        # This thread reads the notices: it must never be the one to wait for them.
+        # A group of these frames may run on this thread even if it must wait for their
+        # notice: it then goes on reading for it itself (EarlyLinks.wait_reading), which saves
+        # handing the frames to the engine thread and the notice after them.
         waits = waits and conn.durable < conn.received
-        self.engine.submit_many(inputs, acks, run_here=not waits)
+        reads_here = self.transport is not None and self.transport.on_io_thread()
+        self.engine.submit_many(inputs, acks, run_here=not waits or reads_here)
 
     # Built here rather than by a lambda in on_frames' loop, which would see the loop's last
     # values when it runs.

@@ -33,6 +33,13 @@ either side commits, if the receiver is told which frames are not durable yet:
   that never sends its notice stalls nothing; what a connection may park is capped (frames and
   bytes), past which it is closed (its durable frames come again with the resends).
 
+* **reading the notice**: the group that applies a read's tentative frames runs, when the
+  engine is idle, on the network's I/O thread that read them (as any group of a read does), and
+  waits for their notice by reading that connection itself (:meth:`EarlyLinks.wait_reading`):
+  no hand-off to the engine thread and back. Meanwhile it serves the other connections as its
+  loop would (their frames queue for the engine: the turn is held), and the wait's budget and
+  lateness are those of any wait.
+
 The receiving side's state, one :class:`Incoming` per connection, is written by the network's
 I/O thread (the order of the frames, the notices) and by whichever thread holds the engine's turn
 (parking); what both touch changes under this module's condition, which the turn's holder waits
@@ -234,23 +241,31 @@ class EarlyLinks:
         with self._cond:
             for conn, position in deps.items():
                 while conn.durable < position:
-                    if conn.closed:
-                        raise DependencyLost(
-                            f"the connection from server {conn.peer} closed before the frames "
-                            "this group applied were durable there"
-                        )
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        conn.late_until = self._clock() + LATE_FOR_S
-                        raise DependencyLost(
-                            f"server {conn.peer} did not say within {budget_s * 1000:g} ms "
-                            "that the frames this group applied were durable; they wait apart"
-                        )
+                    self._check(conn, deadline, budget_s)
                     self.sleeping += 1
                     try:
-                        self._cond.wait(remaining)
+                        self._cond.wait(deadline - time.monotonic())
                     finally:
                         self.sleeping -= 1
+
+    def wait_reading(
+        self, deps: dict[Incoming, int], read: Callable[[int, float], bool], budget_s: float
+    ) -> bool:
+        """:meth:`wait`, on the thread that reads the notices: the network's I/O thread, running
+        a group of the frames it just read. ``read(peer, timeout)`` goes on with that thread's
+        work (the notices among it) for at most ``timeout`` seconds, and returns False if this
+        is not that thread: then nothing was done, and nothing is here either (False: the
+        caller waits with :meth:`wait`). Raises as :meth:`wait` does.
+        """
+        # No lock: this thread is the one that writes ``durable`` and ``closed`` (on_frames,
+        # on_down), or the turn's holder that parks (and may close) -- both are this one.
+        deadline = time.monotonic() + budget_s
+        for conn, position in deps.items():
+            while conn.durable < position:
+                self._check(conn, deadline, budget_s)
+                if not read(conn.peer, deadline - time.monotonic()):
+                    return False
+        return True
 
     def parked_now(self) -> int:
         """Frames waiting apart for their sender's notice now, over every connection."""
@@ -258,6 +273,21 @@ class EarlyLinks:
             return sum(len(c.parked) for c in self._incoming.values() if c.parked is not None)
 
     # -- helpers (holding the condition) ------------------------------------------------------
+
+    def _check(self, conn: Incoming, deadline: float, budget_s: float) -> None:
+        """Raise if a group waiting for ``conn``'s notice must give up: the connection closed,
+        or the wait's ``deadline`` passed (the connection is then late)."""
+        if conn.closed:
+            raise DependencyLost(
+                f"the connection from server {conn.peer} closed before the frames this group "
+                "applied were durable there"
+            )
+        if time.monotonic() >= deadline:
+            conn.late_until = self._clock() + LATE_FOR_S
+            raise DependencyLost(
+                f"server {conn.peer} did not say within {budget_s * 1000:g} ms that the frames "
+                "this group applied were durable; they wait apart"
+            )
 
     def _park(self, conn: Incoming, item: Item, size: int) -> bool:
         parked = conn.parked if conn.parked is not None else []

@@ -449,31 +449,35 @@ class Network:
 
     def _run(self) -> None:
         self._io_ident = threading.get_ident()
-        sel = self._sel
-        assert sel is not None
         try:
             while not self._stopping:
-                timeout = self._run_timers()
-                for key, events in sel.select(timeout):
-                    data = key.data
-                    if isinstance(data, _Conn):
-                        try:
-                            self._on_event(data, events)
-                        except Exception as exc:
-                            # A bug met on one connection must not take down the others: drop
-                            # that one (the layer above resends after the reconnection).
-                            self._log.exception("%s: error on %s", self._name, data.label)
-                            self._fail(data, f"internal error: {exc!r}")
-                    elif data is None:
-                        self._drain_wake()
-                    else:
-                        self._accept(data)
-                self._process_flush_requests()
-                self._process_tls_results()
+                self._turn(_MAX_SELECT)
         except Exception:
             self._log.exception("%s: I/O thread crashed", self._name)
         finally:
             self._shutdown()
+
+    def _turn(self, longest: float) -> None:
+        """One turn of the I/O loop: due timers, then the selector (sleeping at most
+        ``longest`` seconds), the events it gives, the other threads' requests."""
+        sel = self._sel
+        assert sel is not None
+        for key, events in sel.select(min(self._run_timers(), longest)):
+            data = key.data
+            if isinstance(data, _Conn):
+                try:
+                    self._on_event(data, events)
+                except Exception as exc:
+                    # A bug met on one connection must not take down the others: drop that
+                    # one (the layer above resends after the reconnection).
+                    self._log.exception("%s: error on %s", self._name, data.label)
+                    self._fail(data, f"internal error: {exc!r}")
+            elif data is None:
+                self._drain_wake()
+            else:
+                self._accept(data)
+        self._process_flush_requests()
+        self._process_tls_results()
 
     def _shutdown(self) -> None:
         if self._tls_pool is not None:
@@ -734,30 +738,66 @@ class Network:
                 self._flush(conn)
         elif state == _CONNECTING:
             self._connected(conn)
-        elif state == _TLS:
+        elif state == _TLS and conn not in self._in_worker:
+            # (Already there if a turn run inside on_frames took this event: see read_from.)
             self._tls_step(conn)
 
-    def _readable(self, conn: _Conn) -> None:
+    def _readable(self, conn: _Conn) -> bool:
+        """Read and handle what ``conn`` holds; False if there was nothing to read."""
         sock = conn.sock
         while True:
             try:
                 count = sock.recv_into(self._rbuf)
                 self.read_ns = time.perf_counter_ns()
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
-                return
+                return False
             except OSError as exc:
                 self._fail(conn, f"read failed: {exc}")
-                return
+                return True
             if count == 0:
                 if conn.state == _UP:
                     self._fail(conn, "connection closed by the peer")
                 else:
                     self._fail(conn, "connection closed during the handshake")
-                return
+                return True
             self._received(conn, self._rview[:count])
             # A TLS socket may hold decrypted bytes the selector cannot see: read them now.
             if conn.state == _CLOSED or not isinstance(sock, ssl.SSLSocket) or not sock.pending():
-                return
+                return True
+
+    def on_io_thread(self) -> bool:
+        """Whether the calling thread is this network's I/O thread."""
+        return threading.get_ident() == self._io_ident
+
+    def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
+        """Go on with the I/O thread's work for at most ``timeout`` seconds, returning after
+        the first turn that handled something: first polling ``peer``'s connection alone for
+        ``spin_ns``, yielding the CPU between looks, then one turn of the loop over every
+        connection. I/O thread only, from inside ``on_frames``: returns False at once, doing
+        nothing, on any other thread.
+
+        For a layer above that must hear from ``peer`` before it can finish what an
+        ``on_frames`` call started (aaabus.core.channel: a group run on this thread, waiting
+        for the durability notice of the frames it applied): it calls this until it has, rather
+        than handing its work to another thread, which costs two thread hand-offs. Meanwhile
+        the other connections are served as usual (their frames go to ``on_frames``, which
+        must then not start anything that waits in turn).
+        """
+        if not self.on_io_thread():
+            return False
+        if spin_ns:
+            conn = self._up.get(peer)
+            if conn is not None and conn.state == _UP:
+                clock = time.perf_counter_ns
+                until = clock() + min(spin_ns, int(timeout * 1e9))
+                while True:
+                    if self._readable(conn):
+                        return True
+                    if clock() >= until:
+                        break
+                    os.sched_yield()
+        self._turn(timeout)
+        return True
 
     def _received(self, conn: _Conn, data: memoryview | bytes) -> None:
         if conn.doomed:
