@@ -83,9 +83,10 @@ def make_net() -> Iterator[Factory]:
         peers: dict[int, tuple[str, int]],
         port: int = 0,
         secret: bytes = SECRET,
+        recorder: Recorder | None = None,
         **kwargs: object,
     ) -> tuple[Network, Recorder]:
-        rec = Recorder()
+        rec = recorder if recorder is not None else Recorder()
         net = Network(
             my_id=my_id,
             listen=[(LOCAL, port)],
@@ -222,6 +223,58 @@ def test_three_servers_all_pairs(make_net: Factory) -> None:
             if other != me:
                 expected = [b"%d->%d #%d" % (other, me, i) for i in range(50)]
                 assert rec.wait_frames(other, 50) == expected
+
+
+class Waiting(Recorder):
+    """A Recorder whose ``on_frames``, given a ``wait`` frame, goes on with the I/O thread's work
+    (:meth:`Network.read_from`) until a ``notice`` frame came from the same peer -- as a group
+    run on the I/O thread waits for its durability notice -- recording what it saw meanwhile."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net: Network | None = None
+        self.waiting = threading.Event()
+        self.during: list[tuple[int, bytes]] = []
+        self._in_wait = False
+
+    def on_frames(self, peer: int, payloads: list[bytes]) -> None:
+        if self._in_wait:
+            self.during.extend((peer, payload) for payload in payloads)
+        super().on_frames(peer, payloads)
+        if b"wait" not in payloads:
+            return
+        assert self.net is not None
+        self._in_wait = True
+        self.waiting.set()
+        deadline = time.monotonic() + WAIT
+        while b"notice" not in self.frames[peer] and time.monotonic() < deadline:
+            assert self.net.read_from(peer, deadline - time.monotonic(), spin_ns=100_000)
+        self._in_wait = False
+
+
+def test_a_callback_waiting_for_one_peer_serves_the_other_connections(make_net: Factory) -> None:
+    net2, rec2 = make_net(2, {1: (LOCAL, 0)})
+    net3, rec3 = make_net(3, {1: (LOCAL, 0)})
+    waiting = Waiting()
+    net1, _ = make_net(1, {2: addr(net2), 3: addr(net3)}, recorder=waiting)
+    waiting.net = net1
+    for peer in (2, 3):
+        waiting.wait_up(peer)
+    rec2.wait_up(1)
+    rec3.wait_up(1)
+    assert not net1.read_from(2, 0.0)  # not on its I/O thread: nothing done
+    net2.send(1, b"wait")
+    assert waiting.waiting.wait(WAIT)
+    net3.send(1, b"from 3")
+    waiting.wait(lambda: (3, b"from 3") in waiting.during, "server 3's frame, during the wait")
+    net1.send(3, b"sent meanwhile")  # another thread's send still goes out
+    assert rec3.wait_frames(1, 1) == [b"sent meanwhile"]
+    net2.send(1, b"notice")
+    waiting.wait(lambda: not waiting._in_wait, "the end of the wait")
+    net3.send(1, b"after")
+    assert waiting.wait_frames(3, 2) == [b"from 3", b"after"]
+    assert (3, b"after") not in waiting.during
+    exchange(net1, waiting, 1, net2, rec2, 2)
 
 
 def test_send_when_down_is_dropped_and_oversize_refused(make_net: Factory) -> None:

@@ -132,11 +132,9 @@ def test_bad_window_and_unwritable_directory(tmp_path: Path) -> None:
         TrafficRecorder(blocker, 0)
 
 
-def test_servers_with_the_property_record_end_to_end_counts(
-    tmp_path: Path, make_config: Callable[..., Path]
-) -> None:
-    """s0 bounces with an echo on s2 through the router s1: s1 forwards both ways but sends
-    nothing of its own, so the rows say s0 -> s2 and s2 -> s0 only, in equal numbers."""
+def _bounce_counts(tmp_path: Path, make_config: Callable[..., Path]) -> tuple[Counter, int]:
+    """s0 bounces 100 times with an echo on s2 through the router s1, all recording traffic:
+    the notifications counted per (source, destination), and the aborts s2's engine made."""
     config = make_config(
         layout=[[0, 1], [1, 2]],
         properties={"aaabus.traffic": "traces", "aaabus.store": "memory"},
@@ -145,13 +143,32 @@ def test_servers_with_the_property_record_end_to_end_counts(
     args = json.dumps({"echo": 2, "n": 100, "done": str(done)})
     service = f"<service class=\"aaabus.testing.workload:bounce_setup\" args='{args}'/>"
     add_to_server(config, 0, service)
-    with InProcessBus(load_config(config)):
+    with InProcessBus(load_config(config)) as bus:
         assert wait_json(done, [], 60) == {"count": 100, "errors": 0}
-    rows = read_rows(tmp_path / "traces")
+        aborts = bus[2]._require_engine().stats.aborts
     notes: Counter[tuple[int, int]] = Counter()
-    for r in rows:
+    for r in read_rows(tmp_path / "traces"):
         notes[r["src"], r["dst"]] += r["notes"]
         assert r["bytes"] > 0 and r["window_ms"] == 10_000
+    return notes, aborts
+
+
+def test_servers_with_the_property_record_end_to_end_counts(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """s1 forwards both ways but sends nothing of its own, so the rows say s0 -> s2 and s2 -> s0
+    only, in equal numbers."""
+    notes, _aborts = _bounce_counts(tmp_path, make_config)
     assert {pair for pair in notes} == {(0, 2), (2, 0)}  # nothing from the router s1
     assert notes[2, 0] == 100  # one echo per bounce
     assert notes[0, 2] >= 100  # the bounces, plus the creation of the echo agent
+
+
+def test_a_group_replayed_after_a_failure_counts_its_sends_once(
+    tmp_path: Path, make_config: Callable[..., Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every server's 31st commit fails once, after its reactions sent: the group is replayed.
+    monkeypatch.setenv("AAABUS_FAILPOINTS", "engine.commit:raise:30:1")
+    notes, aborts = _bounce_counts(tmp_path, make_config)
+    assert aborts >= 1
+    assert notes[2, 0] == 100

@@ -771,10 +771,10 @@ class Network:
 
     def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
         """Go on with the I/O thread's work for at most ``timeout`` seconds, returning after
-        the first turn that handled something: first polling ``peer``'s connection alone for
-        ``spin_ns``, yielding the CPU between looks, then one turn of the loop over every
-        connection. I/O thread only, from inside ``on_frames``: returns False at once, doing
-        nothing, on any other thread.
+        the first turn that handled something: first what this thread queued for itself, then
+        ``peer``'s connection alone, polled for ``spin_ns`` (yielding the CPU between looks),
+        then one turn of the loop over every connection. I/O thread only, from inside
+        ``on_frames``: returns False at once, doing nothing, on any other thread.
 
         For a layer above that must hear from ``peer`` before it can finish what an
         ``on_frames`` call started (aaabus.core.channel: a group run on this thread, waiting
@@ -785,18 +785,34 @@ class Network:
         """
         if not self.on_io_thread():
             return False
-        if spin_ns:
-            conn = self._up.get(peer)
+        conn = self._up.get(peer)
+        try:
+            # What this thread queued for itself (what its last group owes its peers, the
+            # notice among it; a reset) goes now: the end of the outer turn is a wait away.
+            self._process_flush_requests()
             if conn is not None and conn.state == _UP:
-                clock = time.perf_counter_ns
-                until = clock() + min(spin_ns, int(timeout * 1e9))
-                while True:
-                    if self._readable(conn):
-                        return True
-                    if clock() >= until:
-                        break
-                    os.sched_yield()
-        self._turn(timeout)
+                sock = conn.sock
+                # A TLS socket may hold decrypted bytes the selector cannot see: look first.
+                if spin_ns or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
+                    clock = time.perf_counter_ns
+                    until = clock() + min(spin_ns, int(timeout * 1e9))
+                    while True:
+                        if self._readable(conn):
+                            # The others too, without waiting: a peer that keeps sending
+                            # must not hold them up.
+                            self._turn(0.0)
+                            return True
+                        if clock() >= until:
+                            break
+                        os.sched_yield()
+            self._turn(timeout)
+        except Exception as exc:
+            # A bug met while serving must not count as the waiting group's failure: the
+            # connection it waits on is dropped, as the loop drops one whose event failed,
+            # and the wait ends on that.
+            self._log.exception("%s: error while waiting on server %d", self._name, peer)
+            if conn is not None:
+                self._fail(conn, f"internal error: {exc!r}")
         return True
 
     def _received(self, conn: _Conn, data: memoryview | bytes) -> None:
