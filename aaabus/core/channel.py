@@ -314,9 +314,7 @@ class Channel:
         transport = self.transport
         if deps:
             # A group run on the I/O thread reads the notices itself (see on_frames).
-            if transport is None or not self.links.wait_reading(
-                deps, self._read_from, self.notice_wait_s
-            ):
+            if not self.links.wait_reading(deps, self._read_from, self.notice_wait_s):
                 self.links.wait(deps, self.notice_wait_s, self.notice_spin_ns)
             if tracer is not None:
                 tracer.mark("notified")

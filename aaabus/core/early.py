@@ -272,11 +272,12 @@ class EarlyLinks:
         with self._cond:
             return sum(len(c.parked) for c in self._incoming.values() if c.parked is not None)
 
-    # -- helpers (holding the condition) ------------------------------------------------------
+    # -- helpers (holding the condition, or on the thread that writes what they read) ---------
 
     def _check(self, conn: Incoming, deadline: float, budget_s: float) -> None:
         """Raise if a group waiting for ``conn``'s notice must give up: the connection closed,
-        or the wait's ``deadline`` passed (the connection is then late)."""
+        or the wait's ``deadline`` passed (the connection is then late). For :meth:`wait` and
+        :meth:`wait_reading`."""
         if conn.closed:
             raise DependencyLost(
                 f"the connection from server {conn.peer} closed before the frames this group "
