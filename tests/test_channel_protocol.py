@@ -287,7 +287,9 @@ def test_an_event_arriving_in_order_is_gathered_in_memory_then_delivered_at_its_
     for i, frame in enumerate(frames[:-1], 1):
         events = list(receiver.receive(0, frame))
         assert delivered(events) == []
-        assert acked(events) == 0  # nothing of the link delivered: nothing vouched for
+        # Nothing of the link delivered: nothing vouched for; the first sibling says so, the
+        # next ones add nothing (no acknowledgement per message of a gathered event).
+        assert acked(events) == (0 if i == 1 else -1)
         assert len(waiting) == 0  # the persistent held-back set is not written
         assert receiver.depths()[1] == i  # but the messages count as held back
     last = list(receiver.receive(0, frames[-1]))
@@ -334,7 +336,7 @@ def test_gathered_messages_lost_with_memory_come_again_with_the_senders_resend()
     first, waiting, clock = receiver_state()
     frames = event_frames(sender, ["p", "q", "r"])
     for frame in frames[:2]:
-        assert acked(list(first.receive(0, frame))) == 0
+        assert acked(list(first.receive(0, frame))) in (0, -1)  # never beyond 0
     qout = {(peer, D): PersistentQueue() for peer in (0, 2)}
     rebooted = LinkProtocol(1, {D: MEMBERS}, {D: clock}, {D: waiting}, qout)
     resent, _acks = sender.resend(1)

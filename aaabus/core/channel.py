@@ -434,7 +434,8 @@ class Channel:
                 item = _FrameInput(
                     self, peer, payload, times, (conn, conn.received), conn.tentative
                 )
-                held = links.hold(conn, item, len(payload))
+                # (hold's own first test, inlined: nothing of this connection is parked.)
+                held = False if conn.parked is None else links.hold(conn, item, len(payload))
                 if held is None:
                     self._reset(peer, "it parked more frames than allowed, waiting for a notice")
                 elif not held:

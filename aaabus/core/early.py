@@ -211,6 +211,16 @@ class EarlyLinks:
         parking the same item twice, as a replayed group does, keeps one) or ``"reset"``
         (parking it would exceed the cap: close the connection)."""
         conn, position = dep
+        if conn.parked is None and (
+            not tentative
+            or conn.durable >= position
+            or (not conn.closed and conn.late_until <= self._clock())
+        ):
+            # The usual cases, without the lock: a parked list is only ever created by the
+            # turn's holder (this thread), ``durable`` only grows, and a connection that
+            # closes or turns late just after this look is met by the group's wait, as it is
+            # when that happens just after the look under the lock.
+            return "apply"
         with self._cond:
             if conn.parked is not None:  # older frames of the connection wait: behind them
                 return "park" if self._park(conn, item, size) else "reset"

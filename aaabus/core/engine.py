@@ -132,8 +132,9 @@ class EngineStats:
     """Counters of the engine thread; read by other threads without locking (ints are atomic).
 
     ``reactions``, ``sent`` and ``errors`` count committed work only: a group that aborts takes
-    its counts back with its other effects, so that once a bus is idle the notifications sent by
-    all servers equal those delivered by all servers. ``commits`` and ``aborts`` count attempts.
+    its counts back with its other effects (``reactions`` are added when the group commits), so
+    that once a bus is idle the notifications sent by all servers equal those delivered by all
+    servers. ``commits`` and ``aborts`` count attempts.
     """
 
     def __init__(self) -> None:
@@ -484,18 +485,30 @@ class Engine:
             self._ready_ok = False
             # Messages that arrived deliverable while the input queue was empty are run at once,
             # without ever being written to it: two records less in this commit.
-            while self._ready:
-                self._react_one(self._take_ready(), careful=False)
-                reactions += 1
-            limit = 1 if self._careful else self.max_batch
-            deadline = time.perf_counter() + self.max_group_s
-            qin = self.store.qin
-            while qin and reactions < limit:
-                self._react_one(qin.peek(), careful=bool(self._careful), from_qin=True)
-                reactions += 1
-                if time.perf_counter() > deadline:
-                    break
+            # The reactions' context is set once for all of them (it is the same object), not
+            # around the commit: after-commit actions are not reactions.
+            with running(self._context):
+                ready = self._ready
+                if ready:
+                    # Taken all at once (nothing is added while reactions run: _ready_ok is
+                    # off), with one undo entry rather than one per message.
+                    batch = list(ready)
+                    ready.clear()
+                    self.effects.undo(ready.extend, batch)
+                    for msg in batch:
+                        self._react_one(msg, careful=False)
+                        reactions += 1
+                limit = 1 if self._careful else self.max_batch
+                deadline = time.perf_counter() + self.max_group_s
+                qin = self.store.qin
+                while qin and reactions < limit:
+                    self._react_one(qin.peek(), careful=bool(self._careful), from_qin=True)
+                    reactions += 1
+                    if time.perf_counter() > deadline:
+                        break
             self._commit()
+            # Counted once committed, all at once: an aborted group counts nothing.
+            self.stats.reactions += reactions
         except ReactionFailed:
             self._abort()
             # Replay one reaction per transaction; the failing one is then alone in its own.
@@ -616,18 +629,13 @@ class Engine:
         else:
             self.store.qin.put(msg)
 
-    def _take_ready(self) -> Message:
-        msg = self._ready.popleft()
-        self.effects.undo(self._ready.appendleft, msg)
-        return msg
-
     def _react_one(self, msg: Message, careful: bool, from_qin: bool = False) -> None:
         # In careful mode the reaction gets a savepoint of its own, so that it can be rolled
         # back alone without losing the inputs applied earlier in the same group.
         savepoint = self.store.tm.savepoint() if careful else None
         if from_qin:
             self.store.qin.pop()
-        self._count("reactions")
+        # (Counted in stats.reactions by the caller, once the group has committed.)
         failpoints = self.failpoints
         tracer = self.tracer
         if tracer is not None:
@@ -639,23 +647,23 @@ class Engine:
             # Decoded inside the try: a body this server cannot unpickle (a class it cannot
             # import, or garbage from a peer) fails this reaction alone, like a raising react.
             note = self.trust.loads(msg.body)
-            with running(self._context):
-                if target.stamp == FACTORY_STAMP:
-                    self._factory_react(msg.sender, note, careful)
-                elif target.stamp == SERVER_STAMP:
-                    for listener in self._listeners:
-                        self.after_commit(lambda ln=listener: ln(msg.sender, note))  # type: ignore[misc]
+            # (The reaction's context is set by the caller, for the group's reactions.)
+            if target.stamp == FACTORY_STAMP:
+                self._factory_react(msg.sender, note, careful)
+            elif target.stamp == SERVER_STAMP:
+                for listener in self._listeners:
+                    self.after_commit(lambda ln=listener: ln(msg.sender, note))  # type: ignore[misc]
+            else:
+                agent = self._load(target)
+                if agent is None:
+                    self._unknown_agent(msg.sender, target, note)
                 else:
-                    agent = self._load(target)
-                    if agent is None:
-                        self._unknown_agent(msg.sender, target, note)
-                    else:
-                        if failpoints.armed:
-                            failpoints.hit("engine.react")
-                        agent.react(msg.sender, note)
-                        if failpoints.armed:
-                            failpoints.hit("engine.reacted")
-                        self._finish(target, agent)
+                    if failpoints.armed:
+                        failpoints.hit("engine.react")
+                    agent.react(msg.sender, note)
+                    if failpoints.armed:
+                        failpoints.hit("engine.reacted")
+                    self._finish(target, agent)
             if tracer is not None:
                 tracer.mark("reacted")
             # A reaction is one event: its remote sends are counted and stamped together.
@@ -677,7 +685,6 @@ class Engine:
     def _report_failure(self, msg: Message, note: Any, exc: Exception) -> None:
         """Consume the input of a failed reaction and tell its sender (careful mode)."""
         self.store.qin.pop()
-        self._count("reactions")
         self._count("errors")
         log.warning(
             "server %s: reaction of %s to %s from %s raised %s: %s",

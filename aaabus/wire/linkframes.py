@@ -68,7 +68,12 @@ def encode_data(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
 
 def data_frame_size(domain: str, stamp_size: int, message: Message) -> int:
     """The length of the data frame :func:`encode_data` makes for a stamp of ``stamp_size``."""
-    return _DATA.size + len(domain.encode()) + stamp_size + len(message.body)
+    return data_frame_overhead(domain, stamp_size) + len(message.body)
+
+
+def data_frame_overhead(domain: str, stamp_size: int) -> int:
+    """What a data frame in ``domain`` with a stamp of ``stamp_size`` adds to its body."""
+    return _DATA.size + len(domain.encode()) + stamp_size
 
 
 def decode_data(payload: bytes) -> tuple[int, str, bytes, Message]:

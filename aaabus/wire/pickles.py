@@ -46,6 +46,9 @@ def _opcode_tables() -> tuple[list[int | None], list[int]]:
 
 
 _LAYOUT, _STEP = _opcode_tables()
+#: Opcodes whose argument is one length byte and that many bytes (short strings and bytes, the
+#: most common of the variable-length ones): tested right after the fixed-size ones.
+_SHORT = [layout == _LEN1 for layout in _LAYOUT]
 _PUT, _LONG_BINPUT, _STOP = (ord(c) for c in ("p", "r", "."))
 
 
@@ -60,12 +63,17 @@ def pickle_end(data: bytes, start: int = 0) -> int:
     """
     size = len(data)
     step = _STEP
+    short = _SHORT
     i = start
     try:
         while i < size:
             code = data[i]
-            if step[code]:
-                i += step[code]
+            n = step[code]
+            if n:
+                i += n
+                continue
+            if short[code]:
+                i += 2 + data[i + 1]
                 continue
             layout = _LAYOUT[code]
             if layout is None:
@@ -76,8 +84,6 @@ def pickle_end(data: bytes, start: int = 0) -> int:
                 if int.from_bytes(data[i + 1 : i + 5], "little") >= size:
                     raise MalformedPickle(f"the memo index at byte {i} is too big")
                 i += 5
-            elif layout == _LEN1:
-                i += 2 + data[i + 1]
             elif layout in (_LINE, _LINE_PAIR):
                 end = data.find(b"\n", i + 1)
                 if layout == _LINE_PAIR and end >= 0:
