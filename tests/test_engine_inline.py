@@ -167,3 +167,92 @@ def test_lazy_work_waits_its_delay_after_a_group_took_the_lazy_work_before_it(
         assert applied[0] - submitted >= 0.15  # its own delay, not the expired one
     finally:
         engine.stop()
+
+
+class CountingCondition(threading.Condition):
+    """The engine's real condition, counting its wake-ups (each costs the waker a futex call,
+    and on a VM an interrupt to the other CPU)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.notified = 0
+        self.asleep = threading.Event()  # someone waits without a deadline
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if timeout is None:
+            self.asleep.set()
+        return super().wait(timeout)
+
+
+def test_work_handed_over_while_a_group_runs_wakes_nobody_and_is_done_after_it(
+    store: Store,
+) -> None:
+    """Whoever holds the turn looks for more work when its group ends: waking the engine
+    thread meanwhile (it could only go back to sleep) would cost the hand-over for nothing.
+    Lazy work is the exception, once: the engine thread asleep without a deadline must learn
+    of it."""
+    engine = Engine(store, 0, name="engine-wakes")
+    cond = engine._cond = CountingCondition()  # before the engine thread ever waits on it
+    engine.start()
+    try:
+        assert cond.asleep.wait(TIMEOUT)  # the engine thread is idle, with no deadline
+        started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+        def blocker(_engine: Engine) -> None:
+            started.set()
+            assert release.wait(TIMEOUT)
+
+        inline = threading.Thread(
+            target=engine.submit_many, args=([blocker],), kwargs={"run_here": True}
+        )
+        inline.start()  # an inline group: the turn is that thread's
+        assert started.wait(TIMEOUT)
+        before = cond.notified
+        committed: list[str] = []
+        for key in "abc":
+            engine.submit(writer(key, [], committed))
+        engine.submit_many([writer("d", [], committed)], run_here=True)  # queued, not run
+        assert cond.notified == before  # nobody woken while the group runs
+        engine.submit_lazy(lambda e: None)
+        engine.submit_lazy(lambda e: e.after_commit(done.set))
+        assert cond.notified == before + 1  # the first lazy work only
+        release.set()
+        inline.join(TIMEOUT)
+        assert done.wait(TIMEOUT)  # the end of the group handed the rest to the engine thread
+        assert committed == ["a", "b", "c", "d"]
+    finally:
+        engine.stop()
+
+
+def test_lazy_work_handed_over_during_an_inline_group_is_done_within_its_delay(
+    store: Store,
+) -> None:
+    """The engine thread asleep without a deadline learns of the first lazy work even while
+    another thread holds the turn, and comes back for it by itself once the turn is free."""
+    engine = Engine(store, 0, name="engine-lazy-inline")
+    engine.lazy_delay_s = 0.1
+    engine.start()
+    try:
+        started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+        def blocker(_engine: Engine) -> None:
+            started.set()
+            assert release.wait(TIMEOUT)
+
+        inline = threading.Thread(
+            target=engine.submit_many, args=([blocker],), kwargs={"run_here": True}
+        )
+        inline.start()
+        assert started.wait(TIMEOUT)
+        engine.submit_lazy(lambda e: e.after_commit(done.set))
+        release.set()
+        inline.join(TIMEOUT)
+        assert not inline.is_alive()
+        assert done.wait(TIMEOUT)  # nothing else came: the engine thread did it on its own
+        assert engine.stats.commits == 2  # the inline group, then the lazy work's own
+    finally:
+        engine.stop()

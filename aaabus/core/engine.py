@@ -226,6 +226,9 @@ class Engine:
         # The turn: True while some thread runs a group (guarded by _cond). Groups never
         # overlap, so the store and everything reached from it still have one user at a time.
         self._busy = False
+        # The engine thread sleeps with no deadline (idle, no lazy work): the first lazy work
+        # must wake it (guarded by _cond; see _wake_for_deadline).
+        self._asleep_untimed = False
         self._started = False
         # What stopped a group run by another thread: the engine thread stops on it.
         self._inline_failure: BaseException | None = None
@@ -250,7 +253,7 @@ class Engine:
         """
         with self._cond:
             self._inbox.append(item)
-            self._cond.notify()
+            self._wake_for_work()
 
     def submit_many(
         self, items: Iterable[Input], lazy: Iterable[Input] = (), *, run_here: bool = False
@@ -269,12 +272,13 @@ class Engine:
             # something this thread itself must deliver (aaabus.core.early's notices).
             run_here = run_here and not self._inbox
             self._inbox.extend(items)
-            if lazy:
-                self._add_lazy(lazy)
+            armed = self._add_lazy(lazy) if lazy else False
             if not self._inbox:
+                if armed:
+                    self._wake_for_deadline()
                 return
             if not (run_here and self._may_take_turn()):
-                self._cond.notify()
+                self._wake_for_work()
                 return
             self._busy = True
             inputs = self._take_inputs()
@@ -288,8 +292,10 @@ class Engine:
         with self._cond:
             self._busy = False
             self._inline_failure = failure
-            if failure is not None or self._inbox or self._lazy or self._stopping or self.store.qin:
+            if failure is not None or self._inbox or self._stopping or self.store.qin:
                 self._cond.notify()
+            elif self._lazy:
+                self._wake_for_deadline()
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the engine thread, as ``#s.s.0``, inside the next group.
@@ -325,7 +331,8 @@ class Engine:
         done after ``lazy_delay_s``.
         """
         with self._cond:
-            self._add_lazy((item,))
+            if self._add_lazy((item,)):
+                self._wake_for_deadline()
 
     def _may_take_turn(self) -> bool:
         """Whether a thread other than the engine's may run a group now (holding _cond): inline
@@ -339,13 +346,31 @@ class Engine:
             and self._failure is None
         )
 
-    def _add_lazy(self, items: Iterable[Input]) -> None:
-        """Queue lazy work (holding _cond); the first of it arms the deadline and wakes the
-        engine thread, so that it waits on that deadline."""
+    def _add_lazy(self, items: Iterable[Input]) -> bool:
+        """Queue lazy work (holding _cond); True if it is the first, which arms the deadline
+        (the caller then wakes the engine thread if it must learn of it)."""
         first = not self._lazy
         self._lazy.extend(items)
         if first and self._lazy:
             self._lazy_deadline = time.monotonic() + self.lazy_delay_s
+            return True
+        return False
+
+    # Waking the engine thread costs the waker a futex call and, on a VM, an interrupt to the
+    # other CPU: tens of µs, measured on the I/O thread of a remote hop, on the critical path.
+    # So it is woken only when nobody else will act on the work: not while a group runs (its
+    # end looks for more work: the engine thread's loop, or the inline runner's release), and
+    # for a lazy deadline only when it sleeps without one (a thread waiting for another's group
+    # looks again every lazy_delay_s by itself).
+
+    def _wake_for_work(self) -> None:
+        """New inputs are queued (holding _cond)."""
+        if not self._busy:
+            self._cond.notify()
+
+    def _wake_for_deadline(self) -> None:
+        """The first lazy work is queued (holding _cond)."""
+        if self._asleep_untimed:
             self._cond.notify()
 
     def stop(self, timeout: float = 10.0) -> None:
@@ -427,8 +452,9 @@ class Engine:
                     raise self._inline_failure
                 if self._busy:
                     # Another thread runs a group (see submit_many): the store is not ours to
-                    # read, not even qin; it wakes us when it is done.
-                    self._cond.wait()
+                    # read, not even qin; it wakes us when it is done, except for lazy work
+                    # alone, which we come back for by ourselves (_wake_for_deadline).
+                    self._cond.wait(self.lazy_delay_s)
                     continue
                 if self._stopping:
                     return None
@@ -442,7 +468,11 @@ class Engine:
                         break
                     self._cond.wait(remaining)
                 else:
-                    self._cond.wait()
+                    self._asleep_untimed = True
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._asleep_untimed = False
             self._busy = True
             return self._take_inputs()
 
