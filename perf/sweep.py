@@ -161,6 +161,12 @@ def _ports_needed(point: Point, domain_size: int) -> int:
 
 def run_point(point: Point, args: argparse.Namespace, work: Path) -> list[dict[str, Any]]:
     """Run every test of one point; return the drivers' results (in test order)."""
+    # Always from nothing: the stores of an attempt that failed (or of a sweep that was
+    # killed) hold its messages in flight, and the retry's driver would time one of them as
+    # a round trip of minutes.
+    _cleanup(work)
+    for stale in work.glob("result-*.json"):
+        stale.unlink()
     work.mkdir(parents=True, exist_ok=True)
     store = args.store or ("memory" if args.inprocess else DEFAULT_STORE_KIND)
     props = {"aaabus.trace": "traces", "aaabus.store": store}
@@ -337,6 +343,7 @@ def run(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 failed.append(point.key)
+                _cleanup(work)
                 bar.update(1)
                 continue
             _write(out, point, rtt_rows, hop_rows)
@@ -358,7 +365,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cleanup(work: Path) -> None:
-    """Drop a finished point's stores (they can be large); keep its config and results."""
+    """Drop a point's stores and traces (they can be large); keep its config and results."""
     import shutil
 
     shutil.rmtree(work / "store", ignore_errors=True)

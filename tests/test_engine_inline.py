@@ -177,6 +177,7 @@ class CountingCondition(threading.Condition):
         super().__init__()
         self.notified = 0
         self.asleep = threading.Event()  # someone waits without a deadline
+        self.sleeps = threading.Semaphore(0)  # released at each wait without a deadline
 
     def notify(self, n: int = 1) -> None:
         self.notified += 1
@@ -185,6 +186,7 @@ class CountingCondition(threading.Condition):
     def wait(self, timeout: float | None = None) -> bool:
         if timeout is None:
             self.asleep.set()
+            self.sleeps.release()
         return super().wait(timeout)
 
 
@@ -254,5 +256,43 @@ def test_lazy_work_handed_over_during_an_inline_group_is_done_within_its_delay(
         assert not inline.is_alive()
         assert done.wait(TIMEOUT)  # nothing else came: the engine thread did it on its own
         assert engine.stats.commits == 2  # the inline group, then the lazy work's own
+    finally:
+        engine.stop()
+
+
+def test_lazy_work_due_while_another_group_runs_is_done_as_that_group_ends(store: Store) -> None:
+    """Lazy work that falls due while another thread holds the turn is the engine thread's
+    as soon as the turn is free: it sleeps without a deadline once the work is due (nothing
+    to come back for by itself), and the end of the group wakes it, rather than leaving the
+    work to a periodic look that could make it twice as late as its delay."""
+    engine = Engine(store, 0, name="engine-lazy-due")
+    engine.lazy_delay_s = 0.05
+    cond = engine._cond = CountingCondition()
+    engine.start()
+    try:
+        assert cond.sleeps.acquire(timeout=TIMEOUT)  # idle, no deadline
+        started, release, done = threading.Event(), threading.Event(), threading.Event()
+
+        def blocker(_engine: Engine) -> None:
+            started.set()
+            assert release.wait(TIMEOUT)
+
+        inline = threading.Thread(
+            target=engine.submit_many, args=([blocker],), kwargs={"run_here": True}
+        )
+        inline.start()
+        assert started.wait(TIMEOUT)
+        engine.submit_lazy(lambda e: e.after_commit(done.set))  # wakes the engine thread once
+        # It finds the turn taken, waits for the lazy deadline, finds the turn still taken
+        # and sleeps without a deadline: the group's end is now what it waits for.
+        assert cond.sleeps.acquire(timeout=TIMEOUT)
+        assert not done.is_set()
+        before = cond.notified
+        release.set()
+        inline.join(TIMEOUT)
+        assert not inline.is_alive()
+        assert cond.notified == before + 1  # the group's end woke it for the due lazy work
+        assert done.wait(TIMEOUT)
+        assert engine.stats.commits == 2
     finally:
         engine.stop()

@@ -206,10 +206,12 @@ def test_sweep_in_process(tmp_path: Path) -> None:
 
 def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # A timeout far too short for a million rounds: each point fails alone, in one line, and
-    # is not recorded as done, so that the same command retries it.
+    # is not recorded as done, so that the same command retries it. The stores are on disk
+    # (`--store log`), as a real sweep's are: a failed point must leave none behind, or its
+    # retry would deliver the failed attempt's pings and time them as round trips.
     args = ["sweep", "--topologies", "flat,tree", "--sizes", "3", "--domain-size", "2",
             "--tests", "local", "--clock-modes", "delta", "--rounds", "1000000", "--inprocess",
-            "--timeout", "0.001", "--out", str(tmp_path)]  # fmt: skip
+            "--store", "log", "--timeout", "0.001", "--out", str(tmp_path)]  # fmt: skip
     proc = subprocess.run(
         [sys.executable, "-m", "perf", *args],
         cwd=REPO_ROOT,
@@ -225,6 +227,8 @@ def test_a_failed_point_is_reported_and_the_sweep_goes_on(tmp_path: Path) -> Non
     last = json.loads(proc.stdout.strip().splitlines()[-1])
     assert last["failed"] == ["flat-3-delta", "tree-3-delta"] and last["rows"] == 0
     assert not (tmp_path / "points.jsonl").exists()
+    assert (tmp_path / "work" / "flat-3-delta" / "base.xml").exists()  # the point did start
+    assert not list((tmp_path / "work").glob("*/store")), "a failed point keeps no stores"
 
 
 def test_analyze_end_to_end_on_a_tiny_real_sweep(tmp_path: Path) -> None:

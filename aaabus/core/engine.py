@@ -226,8 +226,9 @@ class Engine:
         # The turn: True while some thread runs a group (guarded by _cond). Groups never
         # overlap, so the store and everything reached from it still have one user at a time.
         self._busy = False
-        # The engine thread sleeps with no deadline (idle, no lazy work): the first lazy work
-        # must wake it (guarded by _cond; see _wake_for_deadline).
+        # The engine thread sleeps with no deadline (idle with no lazy work, or waiting for
+        # another thread's group with no lazy work due later): the first lazy work, or the
+        # end of that group with lazy work due, must wake it (guarded by _cond).
         self._asleep_untimed = False
         self._started = False
         # What stopped a group run by another thread: the engine thread stops on it.
@@ -360,8 +361,8 @@ class Engine:
     # other CPU: tens of µs, measured on the I/O thread of a remote hop, on the critical path.
     # So it is woken only when nobody else will act on the work: not while a group runs (its
     # end looks for more work: the engine thread's loop, or the inline runner's release), and
-    # for a lazy deadline only when it sleeps without one (a thread waiting for another's group
-    # looks again every lazy_delay_s by itself).
+    # for a lazy deadline only when it sleeps without one (waiting for another's group, it
+    # comes back by itself at the deadline of lazy work queued before).
 
     def _wake_for_work(self) -> None:
         """New inputs are queued (holding _cond)."""
@@ -452,9 +453,16 @@ class Engine:
                     raise self._inline_failure
                 if self._busy:
                     # Another thread runs a group (see submit_many): the store is not ours to
-                    # read, not even qin; it wakes us when it is done, except for lazy work
-                    # alone, which we come back for by ourselves (_wake_for_deadline).
-                    self._cond.wait(self.lazy_delay_s)
+                    # read, not even qin. Its end wakes us for work it leaves (inbox, qin,
+                    # failure, stop) and for lazy work if we sleep without a deadline; lazy
+                    # work not yet due we come back for by ourselves, at its deadline (the
+                    # group may end first and take it: the wait is then a stale one).
+                    deadline = self._lazy_deadline
+                    remaining = 0.0 if deadline is None else deadline - time.monotonic()
+                    if remaining > 0:
+                        self._cond.wait(remaining)
+                    else:
+                        self._sleep_untimed()
                     continue
                 if self._stopping:
                     return None
@@ -468,13 +476,17 @@ class Engine:
                         break
                     self._cond.wait(remaining)
                 else:
-                    self._asleep_untimed = True
-                    try:
-                        self._cond.wait()
-                    finally:
-                        self._asleep_untimed = False
+                    self._sleep_untimed()
             self._busy = True
             return self._take_inputs()
+
+    def _sleep_untimed(self) -> None:
+        """Wait without a deadline (holding _cond): whoever queues lazy work must wake us."""
+        self._asleep_untimed = True
+        try:
+            self._cond.wait()
+        finally:
+            self._asleep_untimed = False
 
     def _take_inputs(self) -> list[Input]:
         inputs = self._lazy + list(self._inbox)
@@ -523,8 +535,8 @@ class Engine:
                     # Taken all at once (nothing is added while reactions run: _ready_ok is
                     # off), with one undo entry rather than one per message.
                     batch = list(ready)
+                    self.effects.undo(ready.extend, batch)  # before the clear it takes back
                     ready.clear()
-                    self.effects.undo(ready.extend, batch)
                     for msg in batch:
                         self._react_one(msg, careful=False)
                         reactions += 1
