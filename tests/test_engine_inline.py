@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,32 @@ def test_lazy_work_waits_its_delay_after_a_group_took_the_lazy_work_before_it(
         engine.stop()
 
 
+@contextmanager
+def turn_held_by_another_thread(engine: Engine) -> Iterator[None]:
+    """For the block, an inline group on a thread of its own holds the engine's turn; the
+    block's end lets that group end and waits for it."""
+    started, release = threading.Event(), threading.Event()
+
+    def blocker(_engine: Engine) -> None:
+        started.set()
+        assert release.wait(TIMEOUT)
+
+    inline = threading.Thread(
+        target=engine.submit_many,
+        args=([blocker],),
+        kwargs={"run_here": True},
+        name="inline-group",
+    )
+    inline.start()
+    try:
+        assert started.wait(TIMEOUT)
+        yield
+    finally:
+        release.set()
+        inline.join(TIMEOUT)
+    assert not inline.is_alive()
+
+
 class CountingCondition(threading.Condition):
     """The engine's real condition, counting its wake-ups (each costs the waker a futex call,
     and on a VM an interrupt to the other CPU)."""
@@ -202,28 +229,17 @@ def test_work_handed_over_while_a_group_runs_wakes_nobody_and_is_done_after_it(
     engine.start()
     try:
         assert cond.asleep.wait(TIMEOUT)  # the engine thread is idle, with no deadline
-        started, release, done = threading.Event(), threading.Event(), threading.Event()
-
-        def blocker(_engine: Engine) -> None:
-            started.set()
-            assert release.wait(TIMEOUT)
-
-        inline = threading.Thread(
-            target=engine.submit_many, args=([blocker],), kwargs={"run_here": True}
-        )
-        inline.start()  # an inline group: the turn is that thread's
-        assert started.wait(TIMEOUT)
-        before = cond.notified
+        done = threading.Event()
         committed: list[str] = []
-        for key in "abc":
-            engine.submit(writer(key, [], committed))
-        engine.submit_many([writer("d", [], committed)], run_here=True)  # queued, not run
-        assert cond.notified == before  # nobody woken while the group runs
-        engine.submit_lazy(lambda e: None)
-        engine.submit_lazy(lambda e: e.after_commit(done.set))
-        assert cond.notified == before + 1  # the first lazy work only
-        release.set()
-        inline.join(TIMEOUT)
+        with turn_held_by_another_thread(engine):
+            before = cond.notified
+            for key in "abc":
+                engine.submit(writer(key, [], committed))
+            engine.submit_many([writer("d", [], committed)], run_here=True)  # queued, not run
+            assert cond.notified == before  # nobody woken while the group runs
+            engine.submit_lazy(lambda e: None)
+            engine.submit_lazy(lambda e: e.after_commit(done.set))
+            assert cond.notified == before + 1  # the first lazy work only
         assert done.wait(TIMEOUT)  # the end of the group handed the rest to the engine thread
         assert committed == ["a", "b", "c", "d"]
     finally:
@@ -239,21 +255,9 @@ def test_lazy_work_handed_over_during_an_inline_group_is_done_within_its_delay(
     engine.lazy_delay_s = 0.1
     engine.start()
     try:
-        started, release, done = threading.Event(), threading.Event(), threading.Event()
-
-        def blocker(_engine: Engine) -> None:
-            started.set()
-            assert release.wait(TIMEOUT)
-
-        inline = threading.Thread(
-            target=engine.submit_many, args=([blocker],), kwargs={"run_here": True}
-        )
-        inline.start()
-        assert started.wait(TIMEOUT)
-        engine.submit_lazy(lambda e: e.after_commit(done.set))
-        release.set()
-        inline.join(TIMEOUT)
-        assert not inline.is_alive()
+        done = threading.Event()
+        with turn_held_by_another_thread(engine):
+            engine.submit_lazy(lambda e: e.after_commit(done.set))
         assert done.wait(TIMEOUT)  # nothing else came: the engine thread did it on its own
         assert engine.stats.commits == 2  # the inline group, then the lazy work's own
     finally:
@@ -271,26 +275,14 @@ def test_lazy_work_due_while_another_group_runs_is_done_as_that_group_ends(store
     engine.start()
     try:
         assert cond.sleeps.acquire(timeout=TIMEOUT)  # idle, no deadline
-        started, release, done = threading.Event(), threading.Event(), threading.Event()
-
-        def blocker(_engine: Engine) -> None:
-            started.set()
-            assert release.wait(TIMEOUT)
-
-        inline = threading.Thread(
-            target=engine.submit_many, args=([blocker],), kwargs={"run_here": True}
-        )
-        inline.start()
-        assert started.wait(TIMEOUT)
-        engine.submit_lazy(lambda e: e.after_commit(done.set))  # wakes the engine thread once
-        # It finds the turn taken, waits for the lazy deadline, finds the turn still taken
-        # and sleeps without a deadline: the group's end is now what it waits for.
-        assert cond.sleeps.acquire(timeout=TIMEOUT)
-        assert not done.is_set()
-        before = cond.notified
-        release.set()
-        inline.join(TIMEOUT)
-        assert not inline.is_alive()
+        done = threading.Event()
+        with turn_held_by_another_thread(engine):
+            engine.submit_lazy(lambda e: e.after_commit(done.set))  # wakes the engine thread
+            # It finds the turn taken, waits for the lazy deadline, finds the turn still
+            # taken and sleeps without a deadline: the group's end is now what it waits for.
+            assert cond.sleeps.acquire(timeout=TIMEOUT)
+            assert not done.is_set()
+            before = cond.notified
         assert cond.notified == before + 1  # the group's end woke it for the due lazy work
         assert done.wait(TIMEOUT)
         assert engine.stats.commits == 2
