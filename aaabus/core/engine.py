@@ -481,7 +481,7 @@ class Engine:
             return self._take_inputs()
 
     def _sleep_untimed(self) -> None:
-        """Wait without a deadline (holding _cond): whoever queues lazy work must wake us."""
+        """Wait without a deadline (holding _cond): lazy work must wake us (_wake_for_deadline)."""
         self._asleep_untimed = True
         try:
             self._cond.wait()
