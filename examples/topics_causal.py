@@ -23,6 +23,7 @@ from __future__ import annotations
 import queue
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
@@ -35,6 +36,7 @@ from aaabus.testing.proxy import FaultProxy
 from examples._bus import wait_for, write_bus
 
 
+@dataclass
 class Order(Notification):
     """From the program to the shop: publish order 42."""
 

@@ -123,7 +123,7 @@ _MODULE_SUITES = [
     ("groups", "perf.groups", "a workload in groups on flat, star, tree and planned domains"),
     ("torture", "perf.torture", "crash schedules with an independent causality checker"),
     ("peers", "perf.peers", "aaabus vs RabbitMQ and Mosquitto: ping-pong and stream, interleaved"),
-    ("loader", "perf.loader", "the restricted unpickler vs pickle.loads, per notification body"),
+    ("codecs", "perf.codecs", "wire formats: encode+decode per notification, aaabus vs the rest"),
     ("commit", "perf.commit", "one store commit: raw floor, FileStorage, LogStorage, interleaved"),
     ("receive", "perf.receive", "the link protocol's CPU per received message, by event size"),
     ("mqtt", "perf.mqtt", "MQTT brokers, same paho programs: latency and throughput at QoS 1, 2"),

@@ -22,8 +22,9 @@ from aaabus.errors import DependencyLost
 from aaabus.model.ids import AgentId
 from aaabus.node.inprocess import InProcessBus
 from aaabus.node.server import AgentServer
+from aaabus.wire.codec import encode_note
 from aaabus.wire.linkframes import DURABLE_FRAME, TENTATIVE_FRAME, encode_data
-from aaabus.wire.message import Message, encode_note
+from aaabus.wire.message import Message
 from tests.support.agents import Inc
 from tests.support.topics import wait_until
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -188,6 +189,7 @@ def test_create_failure_is_reported(single_server: SingleServer) -> None:
     assert "KeyError" in reply.error
 
 
+@dataclass
 class _Note(Notification):
     pass
 

@@ -42,9 +42,10 @@ from aaabus.testing.torture import (
     random_raw_bytes,
     wait_progress,
 )
+from aaabus.wire.codec import encode_note
 from aaabus.wire.frames import MAGIC, VERSION, encode_frame
 from aaabus.wire.linkframes import ACK, DATA, encode_data
-from aaabus.wire.message import Message, encode_note
+from aaabus.wire.message import Message
 
 FUZZ = settings(
     max_examples=1000,

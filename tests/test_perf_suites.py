@@ -290,13 +290,17 @@ def test_sigterm_stops_the_sweep_and_every_server_it_started(tmp_path: Path) -> 
     assert not [pid for pid in servers if Path(f"/proc/{pid}").exists()]
 
 
-def test_loader_suite_reports_the_cost_per_body(capsys: pytest.CaptureFixture[str]) -> None:
+def test_codecs_suite_reports_each_candidate_per_notification(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from perf.__main__ import main
 
-    assert main(["loader", "--number", "200", "--repeat", "1"]) == 0
-    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["loader"]
-    assert [r["payload"] for r in rows] == [0, 1024]
-    assert all(r["restricted_us"] > 0 and r["pickle_loads_us"] > 0 for r in rows)
+    assert main(["codecs", "--number", "200", "--repeat", "1"]) == 0
+    rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["codecs"]
+    assert rows[0]["notification"] == "ping-pong ball" and len(rows) == 4
+    candidates = ("aaabus", "msgpack", "cbor2", "pickle", "restricted")
+    for row in rows:
+        assert row["aaabus_bytes"] > 0 and all(row[f"{c}_us"] > 0 for c in candidates)
 
 
 def test_topics_suite_reports_one_remote_fanout_and_stream() -> None:

@@ -21,7 +21,15 @@ from typing import Any
 import pytest
 
 from aaabus.config.reader import BusConfig, load_config
-from aaabus.config.secret import link_key, load_credential, load_secret, load_server_keys, tool_key
+from aaabus.config.scopes import Scope
+from aaabus.config.secret import (
+    admin_key,
+    link_key,
+    load_credential,
+    load_secret,
+    load_server_keys,
+    tool_key,
+)
 from aaabus.tools.buswide import bus_status
 from aaabus.tools.launch import Bus
 from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
@@ -95,8 +103,10 @@ def test_a_tool_key_or_another_pairs_key_cannot_pass_for_a_server(
     # The tool key comes from the bus key, in a private file, and is enough for the tools.
     make_key(tmp_path, "--tool", "--out", "tool.key")
     tool = load_credential(tmp_path / "tool.key")
-    assert tool.is_tool and tool.tool_key() == tool_key(bus_key)
-    assert b"aaabus-tool-key-v1" in (tmp_path / "tool.key").read_bytes()
+    operate = tool_key(bus_key, Scope.OPERATE)
+    assert tool.is_tool and tool.scope is Scope.OPERATE
+    assert tool.admin_key(ATTACKED) == admin_key(operate, ATTACKED)
+    assert b"aaabus-tool-key-v2 operate " in (tmp_path / "tool.key").read_bytes()
     assert bus_key.hex().encode() not in (tmp_path / "tool.key").read_bytes()
 
     with Bus(config, [0, 1, 2], tmp_path / "store", cwd=REPO_ROOT) as bus:
@@ -111,16 +121,18 @@ def test_a_tool_key_or_another_pairs_key_cannot_pass_for_a_server(
         )  # fmt: skip
         assert status.returncode == 0 and " up " in status.stdout, (status.stdout, status.stderr)
 
-        # The tool key on a network port, and every key of server 0's file: all refused.
+        # The tool key (and the admin key it gives for server 2) on a network port, and every
+        # link key of server 0's file: all refused.
         for name, key in (
-            ("tool key", tool.tool_key()),
+            ("tool key", operate),
+            ("server 2's admin key", tool.admin_key(ATTACKED)),
             ("server 0's key of its link to 1", captured.link_key(1)),
             ("server 0's key of its link to 2", captured.link_key(ATTACKED)),
         ):
             accepted, local = claim(target, key, CLAIMED, ATTACKED)
             assert not accepted, f"{name} passed for server {CLAIMED}"
         deadline = time.monotonic() + 10  # the server's lines reach us through a pipe
-        while "\n".join(bus[ATTACKED].lines).count("failed authentication") < 3:
+        while "\n".join(bus[ATTACKED].lines).count("failed authentication") < 4:
             assert time.monotonic() < deadline, list(bus[ATTACKED].lines)
             time.sleep(0.05)
         server_log = "\n".join(bus[ATTACKED].lines)

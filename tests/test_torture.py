@@ -103,8 +103,9 @@ def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(
     from aaabus.model.ids import AgentId
     from aaabus.node.inprocess import InProcessBus
     from aaabus.testing.torture import Start
+    from aaabus.wire.codec import encode_note
     from aaabus.wire.linkframes import encode_data
-    from aaabus.wire.message import Message, encode_note
+    from aaabus.wire.message import Message
 
     config = load_config(make_config(servers=2, properties={"aaabus.store": "memory"}))
     # Server 0 is not started: the frames it "sent" are made here with a clock of its own.

@@ -129,7 +129,7 @@ def test_handshake_success_and_session_key() -> None:
     connector = ConnectorHandshake(SECRET, 3, 9)
     acceptor = AcceptorHandshake(SECRET, 9, {1, 3})
     challenge, answer, proof = handshake(connector, acceptor)
-    assert (len(challenge), len(answer), len(proof)) == (42, 78, 38)
+    assert (len(challenge), len(answer), len(proof)) == (42, 79, 38)
     assert challenge[:5] == answer[:5] == proof[:5] == wire.MAGIC + bytes([wire.VERSION])
     assert connector.done and acceptor.done
     assert connector.peer_id == 9 and acceptor.peer_id == 3
@@ -164,8 +164,9 @@ def test_connector_refuses_acceptor_with_wrong_secret() -> None:
     impostor = AcceptorHandshake(OTHER_SECRET, 2, {1})
     challenge = one_frame(impostor.start())
     answer = one_frame(connector.receive(challenge))
-    nonce_a, nonce_c = challenge[10:42], answer[14:46]
-    forged = wire._mac(OTHER_SECRET, wire._LABEL_ACCEPTOR, nonce_c, nonce_a, answer[6:14])
+    nonce_a, nonce_c = challenge[10:42], answer[15:47]
+    context = wire._CONTEXT.pack(wire.VERSION, 1, 2, wire.ROLE_SERVER)
+    forged = wire._mac(OTHER_SECRET, wire._LABEL_ACCEPTOR, nonce_c, nonce_a, context)
     proof = wire._PROOF.pack(wire.MAGIC, wire.VERSION, wire._T_PROOF, forged)
     with pytest.raises(AuthError, match="failed to prove"):
         connector.receive(proof)
@@ -176,7 +177,7 @@ def test_connector_refuses_reflected_answer_as_proof() -> None:
     connector = ConnectorHandshake(SECRET, 1, 2)
     acceptor = AcceptorHandshake(SECRET, 2, {1})
     answer = one_frame(connector.receive(one_frame(acceptor.start())))
-    reflected = wire._PROOF.pack(wire.MAGIC, wire.VERSION, wire._T_PROOF, answer[46:78])
+    reflected = wire._PROOF.pack(wire.MAGIC, wire.VERSION, wire._T_PROOF, answer[47:79])
     with pytest.raises(AuthError, match="failed to prove"):
         connector.receive(reflected)
 
@@ -234,12 +235,12 @@ def test_answer_for_another_acceptor_is_refused() -> None:
     ("mutate", "reason"),
     [
         (lambda m: b"XXXX" + m[4:], "bad magic"),
-        (lambda m: m[:4] + b"\x03" + m[5:], "version 3"),
+        (lambda m: m[:4] + b"\x04" + m[5:], "wire version 4, this side wire version 3"),
         # A server of version 1 would take early frames for durable ones: refused.
-        (lambda m: m[:4] + b"\x01" + m[5:], "version 1"),
+        (lambda m: m[:4] + b"\x01" + m[5:], "wire version 1"),
         (lambda m: m[:5] + b"\x03" + m[6:], "expected an answer"),
-        (lambda m: m[:-1], "77 bytes, expected 78"),
-        (lambda m: m + b"\x00", "79 bytes"),
+        (lambda m: m[:-1], "78 bytes, expected 79"),
+        (lambda m: m + b"\x00", "80 bytes"),
         (lambda m: m[:3], "too short"),
     ],
 )
@@ -248,6 +249,59 @@ def test_malformed_answer_refused(mutate: object, reason: str) -> None:
     answer = one_frame(ConnectorHandshake(SECRET, 1, 2).receive(one_frame(acceptor.start())))
     with pytest.raises(AuthError, match=reason):
         acceptor.receive(mutate(answer))  # type: ignore[operator]
+
+
+def answer_of(connector: ConnectorHandshake, acceptor: AcceptorHandshake) -> bytes:
+    """The connector's ANSWER to a fresh challenge of ``acceptor``."""
+    return one_frame(connector.receive(one_frame(acceptor.start())))
+
+
+def test_both_sides_refuse_another_wire_version_in_one_line_naming_both() -> None:
+    # The connector reads a CHALLENGE of version 2 (from an older server) ...
+    old_challenge = bytearray(one_frame(AcceptorHandshake(SECRET, 2, {1}).start()))
+    old_challenge[4] = 2
+    with pytest.raises(AuthError) as refused:
+        ConnectorHandshake(SECRET, 1, 2).receive(bytes(old_challenge))
+    # ... and the acceptor an ANSWER of version 2 (from an older connector).
+    acceptor = AcceptorHandshake(SECRET, 2, {1})
+    old_answer = bytearray(answer_of(ConnectorHandshake(SECRET, 1, 2), acceptor))
+    old_answer[4] = 2
+    with pytest.raises(AuthError) as also_refused:
+        acceptor.receive(bytes(old_answer))
+    for error in (refused.value, also_refused.value):
+        line = str(error)
+        assert "\n" not in line and "wire version 2, this side wire version 3" in line, line
+
+
+def keyed_by_role(_connector: int, role: int) -> bytes:
+    return SECRET + bytes([role])
+
+
+def test_the_role_is_bound_into_every_mac() -> None:
+    # A tool of scope 1 (read) proves the key of scope 1 to an acceptor serving scopes 1..3.
+    acceptor = AcceptorHandshake(keyed_by_role, 5, None, (1, 2, 3))
+    connector = ConnectorHandshake(keyed_by_role(9, 1), 9, 5, 1)
+    handshake(connector, acceptor)
+    assert acceptor.role == 1 and connector.session_key == acceptor.session_key
+    # Claiming scope 2 with the key of scope 1 fails: the acceptor checks with scope 2's key ...
+    acceptor = AcceptorHandshake(keyed_by_role, 5, None, (1, 2, 3))
+    with pytest.raises(AuthError, match="bad MAC"):
+        acceptor.receive(answer_of(ConnectorHandshake(keyed_by_role(9, 1), 9, 5, 2), acceptor))
+    # ... and rewriting the role byte of an honest answer breaks its MAC, even under one key.
+    acceptor = AcceptorHandshake(SECRET, 5, None, (1, 2, 3))
+    answer = bytearray(answer_of(ConnectorHandshake(SECRET, 9, 5, 1), acceptor))
+    answer[14] = 2
+    with pytest.raises(AuthError, match="bad MAC"):
+        acceptor.receive(bytes(answer))
+
+
+def test_an_acceptor_takes_only_its_roles() -> None:
+    # A network port serves servers only (role 0); an admin port, tools' scopes only.
+    for roles, claimed in (((wire.ROLE_SERVER,), 2), ((1, 2, 3), wire.ROLE_SERVER)):
+        acceptor = AcceptorHandshake(SECRET, 5, None, roles)
+        answer = answer_of(ConnectorHandshake(SECRET, 9, 5, claimed), acceptor)
+        with pytest.raises(AuthError, match=f"claims role {claimed}, which this side"):
+            acceptor.receive(answer)
 
 
 @settings(max_examples=300, deadline=None)
@@ -405,8 +459,10 @@ def test_a_key_readable_by_others_is_refused_with_the_chmod_to_run(tmp_path: Pat
 
 
 def test_a_server_key_file_holds_its_own_links_only(tmp_path: Path) -> None:
+    from aaabus.config.scopes import Scope
     from aaabus.config.secret import (
         ServerKeys,
+        admin_key,
         link_key,
         load_server_keys,
         tool_key,
@@ -420,10 +476,14 @@ def test_a_server_key_file_holds_its_own_links_only(tmp_path: Path) -> None:
     derived = ServerKeys.from_bus_key(bus, 1)
     assert keys.link_key(0) == derived.link_key(0) == link_key(bus, 0, 1)
     assert keys.link_key(2) == link_key(bus, 2, 1) and keys.peers() == {0, 2}
-    assert keys.tool_key == tool_key(bus) and keys.identity == derived.identity
+    for scope in Scope:
+        assert keys.admin_key(scope) == admin_key(tool_key(bus, scope), 1)
+    assert keys.identity == derived.identity
     with pytest.raises(KeyError):
         keys.link_key(3)  # a server the file does not know: no key to guess
-    assert bus.hex() not in (tmp_path / "s1.key").read_text()
+    text = (tmp_path / "s1.key").read_text()
+    assert bus.hex() not in text
+    assert not any(tool_key(bus, scope).hex() in text for scope in Scope)
     with pytest.raises(SecretError, match="key file of server 1, not of server 2"):
         load_server_keys(tmp_path / "s1.key", 2, [0, 1, 2])
     with pytest.raises(SecretError, match=r"no key for the links to server\(s\) 3"):

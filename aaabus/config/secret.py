@@ -10,18 +10,28 @@ key, an empty file, a config pasted by mistake) fail with a clear message rather
 silently used as key material. Blank lines and lines starting with ``#`` are ignored so that an
 operator may annotate the file.
 
-Credentials that mean what they say
-    Nothing on the wire is keyed with the bus key itself. Each pair of servers ``a < b``
-    authenticates its link with its own key, ``link_key = HMAC(bus_key, "aaabus/1 link key" |
-    a | b)``, and the tools authenticate on admin ports with ``tool_key = HMAC(bus_key,
-    "aaabus/1 tool key")``. HMAC is one-way: a tool key gives no link key, and the key of pair
-    (j, k) gives neither the key of (i, k) nor the bus key. So a tool can run requests but never
-    open a link as a server, and whoever learns one pair's key (a captured server j, talking to
-    k) still cannot pass for server i to k. A server derives its keys from the bus key, or
-    reads them from its own server key file (``aaabus secret --server ID``, header
-    ``aaabus-server-key-v1``: its links' keys, the tool key, the bus identity, never the bus
-    key); a tool needs only the tool key (``aaabus secret --tool``, header
-    ``aaabus-tool-key-v1``). Who holds which file and what it allows: docs/security.md.
+Credentials that confine
+    Nothing on the wire is keyed with the bus key itself; every key below is an HMAC-SHA256 of
+    the one above it, so each is one-way: whoever holds a key learns nothing of its parent nor of
+    its siblings.
+
+    * ``link_key(a, b) = HMAC(bus_key, "aaabus/1 link key" | a | b)`` (``a < b``, 32-bit): the
+      link between servers ``a`` and ``b``. A captured server ``j`` holds the keys of its own
+      pairs, so it cannot pass for server ``i`` to ``k``.
+    * ``tool_key(scope) = HMAC(bus_key, "aaabus/2 tool key" | scope)`` (one byte, see
+      :mod:`aaabus.config.scopes`): what a tool of that scope holds (``aaabus secret --tool
+      --scope S``, header ``aaabus-tool-key-v2``). It opens no link.
+    * ``admin_key(scope, i) = HMAC(tool_key(scope), "aaabus/2 admin key" | i)`` (32-bit): what a
+      tool proves, and server ``i`` proves back, on server ``i``'s admin port. A tool derives it
+      for whichever server it talks to; a server holds only its own (one per scope), so a
+      server's key file gives no admin key of another server and no tool key.
+
+    A server derives its keys from the bus key, or reads them from its own server key file
+    (``aaabus secret --server ID``, header ``aaabus-server-key-v2``: its links' keys, its admin
+    keys, the bus identity; never the bus key nor a tool key). Files of the previous formats
+    (``-v1``: a tool key for every scope, which every server key file also held) are refused
+    with the command that makes the new one. Who holds which file and what it allows:
+    docs/security.md.
 
 The bus key lets its holder derive every credential (see docs/security.md, Trust model). A key
 file is therefore created mode 0600 by :func:`write_secret` (exclusive create: an existing file,
@@ -37,20 +47,23 @@ import os
 import secrets
 import struct
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from aaabus.config.scopes import DEFAULT_SCOPE, Scope, parse_scope
 from aaabus.errors import SecretError
 
 if TYPE_CHECKING:
     from aaabus.config.reader import BusConfig
 
 HEADER = "aaabus-secret-v1"
-TOOL_HEADER = "aaabus-tool-key-v1"
-SERVER_HEADER = "aaabus-server-key-v1"
+TOOL_HEADER = "aaabus-tool-key-v2"
+SERVER_HEADER = "aaabus-server-key-v2"
 KEY_BYTES = 32
 
+_TOOL_PREFIX = "aaabus-tool-key-"
+_SERVER_PREFIX = "aaabus-server-key-"
 _FIX = "run `aaabus secret --out bus.key` beside the config (or set property aaabus.secret)"
 
 
@@ -71,9 +84,17 @@ def link_key(bus_key: bytes, a: int, b: int) -> bytes:
     return hmac.digest(bus_key, b"aaabus/1 link key" + struct.pack(">II", low, high), "sha256")
 
 
-def tool_key(bus_key: bytes) -> bytes:
-    """The key tools authenticate with on admin ports; it opens no link between servers."""
-    return hmac.digest(bus_key, b"aaabus/1 tool key", "sha256")
+def tool_key(bus_key: bytes, scope: Scope) -> bytes:
+    """The key of the tools of ``scope``; it opens no link between servers."""
+    return hmac.digest(bus_key, b"aaabus/2 tool key" + struct.pack(">B", scope), "sha256")
+
+
+def admin_key(scoped_tool_key: bytes, server_id: int) -> bytes:
+    """The key a tool proves on the admin port of ``server_id`` (and that server proves back),
+    from the tool key of its scope."""
+    return hmac.digest(
+        scoped_tool_key, b"aaabus/2 admin key" + struct.pack(">I", server_id), "sha256"
+    )
 
 
 def bus_identity(bus_key: bytes) -> bytes:
@@ -82,25 +103,31 @@ def bus_identity(bus_key: bytes) -> bytes:
 
 
 class ServerKeys:
-    """What one server holds: the key of each of its links, the tool key it checks on its admin
-    port, and the identity of its bus (recorded in its store). Immutable; shared by threads.
+    """What one server holds: the key of each of its links, its admin key for each scope (what
+    tools of that scope prove on its admin port), and the identity of its bus (recorded in its
+    store). Immutable; shared by threads.
 
     From the bus key (:meth:`from_bus_key`) every key is derived; from a server key file
     (``aaabus secret --server ID``) only that server's are known, so that a captured server
-    cannot pass for another one to a third.
+    cannot pass for another one, to a server or to a tool.
     """
 
     def __init__(
-        self, server_id: int, links: dict[int, bytes] | bytes, tool: bytes, identity: bytes
+        self,
+        server_id: int,
+        links: dict[int, bytes] | bytes,
+        admin: Mapping[Scope, bytes],
+        identity: bytes,
     ) -> None:
         self.server_id = server_id
         self._links = links  # per peer, or the bus key to derive them from
-        self.tool_key = tool
+        self._admin = dict(admin)
         self.identity = identity
 
     @classmethod
     def from_bus_key(cls, bus_key: bytes, server_id: int) -> ServerKeys:
-        return cls(server_id, bytes(bus_key), tool_key(bus_key), bus_identity(bus_key))
+        admin = {s: admin_key(tool_key(bus_key, s), server_id) for s in Scope}
+        return cls(server_id, bytes(bus_key), admin, bus_identity(bus_key))
 
     def link_key(self, peer: int) -> bytes:
         """The key of the link with ``peer``; KeyError for a peer the key file does not name."""
@@ -108,78 +135,108 @@ class ServerKeys:
             return link_key(self._links, self.server_id, peer)
         return self._links[peer]
 
+    def admin_key(self, scope: Scope) -> bytes:
+        """The key tools of ``scope`` prove on this server's admin port."""
+        return self._admin[scope]
+
     def peers(self) -> frozenset[int] | None:
         """The peers a server key file names (``None``: derived from the bus key, all)."""
         return None if isinstance(self._links, bytes) else frozenset(self._links)
 
     def server_key_text(self, peers: Iterable[int]) -> str:
         """The text of the server key file of this server, naming ``peers``."""
-        lines = [f"{SERVER_HEADER} {self.server_id}", f"tool {self.tool_key.hex()}"]
-        lines.append(f"identity {self.identity.hex()}")
+        lines = [f"{SERVER_HEADER} {self.server_id}", f"identity {self.identity.hex()}"]
+        lines += [f"admin {s.label} {self._admin[s].hex()}" for s in Scope]
         lines += [f"link {p} {self.link_key(p).hex()}" for p in sorted(set(peers))]
         return "\n".join(lines) + "\n"
 
 
 class Credential:
-    """What a process read from its key file: the bus key (a server, or an operator's tool) or
-    a tool key (a tool only). Immutable; shared freely between threads."""
+    """What a tool proves itself with on admin ports: the bus key, which gives every scope and
+    claims ``scope`` (:data:`~aaabus.config.scopes.DEFAULT_SCOPE`, operate, unless the program
+    asks for more), or a tool key (``tool=True``), which is one scope's. Immutable; shared freely
+    between threads."""
 
-    def __init__(self, key: bytes, *, tool: bool = False) -> None:
+    def __init__(self, key: bytes, scope: Scope = DEFAULT_SCOPE, *, tool: bool = False) -> None:
         self._key = bytes(key)
+        self.scope = scope
         self.is_tool = tool
 
-    def tool_key(self) -> bytes:
-        """The key to present on an admin port."""
-        return self._key if self.is_tool else tool_key(self._key)
+    def admin_key(self, server_id: int) -> bytes:
+        """The key to prove on the admin port of ``server_id``."""
+        scoped = self._key if self.is_tool else tool_key(self._key, self.scope)
+        return admin_key(scoped, server_id)
 
 
-def as_tool_key(credential: bytes | Credential) -> bytes:
-    """The admin-port key of ``credential``: plain bytes are a bus key (what servers and
-    programs that read ``bus.key`` hold), a :class:`Credential` may also be a tool key."""
-    if isinstance(credential, Credential):
-        return credential.tool_key()
-    return tool_key(credential)
+def as_credential(secret: bytes | Credential) -> Credential:
+    """``secret`` as a :class:`Credential`: plain bytes are a bus key (what servers and
+    programs that read ``bus.key`` hold), claiming the default scope."""
+    return secret if isinstance(secret, Credential) else Credential(secret)
 
 
 def parse_secret(text: str, where: str = "secret") -> bytes:
     """Decode the text of a ``bus.key`` file; ``where`` names it in the error message."""
-    if text.lstrip().startswith(SERVER_HEADER):
-        raise SecretError(
-            f"{where}: this is one server's key file; this needs the bus key (or, for a tool, "
-            "a tool key); " + _FIX
-        )
-    header, key = _parse_key(text, where)
-    if header == TOOL_HEADER:
+    words = _credential_words(text, where)
+    if words[0].startswith(_TOOL_PREFIX):
         raise SecretError(
             f"{where}: this is a tool key, which opens admin ports only; a server needs the bus "
             f"key; {_FIX}"
         )
-    return key
+    return _bus_key(words, where)
 
 
 def parse_credential(text: str, where: str = "secret") -> Credential:
     """Decode a bus key or a tool key file; ``where`` names it in the error message."""
-    header, key = _parse_key(text, where)
-    return Credential(key, tool=header == TOOL_HEADER)
+    words = _credential_words(text, where)
+    if words[0] == TOOL_HEADER and len(words) == 3:
+        fix = "make it again with `aaabus secret --tool --scope SCOPE --out FILE`"
+        scope = parse_scope(words[1], where)
+        return Credential(_hex(words[2], where, "tool key", fix), scope, tool=True)
+    if words[0].startswith(_TOOL_PREFIX):
+        raise SecretError(
+            f"{where}: a tool key of an older format (one key for every request); move it away "
+            "and make a scoped one with `aaabus secret --tool --scope operate --out FILE`"
+        )
+    return Credential(_bus_key(words, where))
 
 
-def _parse_key(text: str, where: str) -> tuple[str, bytes]:
+def _words(text: str) -> list[str]:
+    """The words of a key file, comments left out (``[""]`` for an empty one)."""
     words: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
         if stripped and not stripped.startswith("#"):
             words.extend(stripped.split())
-    if len(words) != 2 or words[0] not in (HEADER, TOOL_HEADER):
+    return words or [""]
+
+
+def _credential_words(text: str, where: str) -> list[str]:
+    """The words of a key file a tool or a server reads as a credential: never a server key
+    file, which is no bus key and gives no tool's rights."""
+    words = _words(text)
+    if words[0].startswith(_SERVER_PREFIX):
+        raise SecretError(
+            f"{where}: this is one server's key file; this needs the bus key (or, for a tool, "
+            "a tool key: aaabus secret --tool); " + _FIX
+        )
+    return words
+
+
+def _bus_key(words: list[str], where: str) -> bytes:
+    if len(words) != 2 or words[0] != HEADER:
         raise SecretError(f"{where}: not a bus key (expected '{HEADER} <64 hex digits>'); {_FIX}")
-    digits = words[1]
+    return _hex(words[1], where, "bus key", _FIX)
+
+
+def _hex(digits: str, where: str, what: str, fix: str) -> bytes:
     if len(digits) != 2 * KEY_BYTES:
         raise SecretError(
-            f"{where}: bus key has {len(digits)} hex digits, expected {2 * KEY_BYTES}; {_FIX}"
+            f"{where}: {what} has {len(digits)} hex digits, expected {2 * KEY_BYTES}; {fix}"
         )
     try:
-        return words[0], bytes.fromhex(digits)
+        return bytes.fromhex(digits)
     except ValueError:
-        raise SecretError(f"{where}: bus key is not hexadecimal; {_FIX}") from None
+        raise SecretError(f"{where}: {what} is not hexadecimal; {fix}") from None
 
 
 def write_secret(path: str | os.PathLike[str], text: str | None = None) -> None:
@@ -212,16 +269,18 @@ def write_server_keys(
     peers: Iterable[int],
 ) -> None:
     """Create ``path`` (mode 0600, exclusive) holding server ``server_id``'s keys: its links to
-    ``peers``, the tool key, the bus identity. Raises :class:`SecretError` (one line)."""
+    ``peers``, its admin keys, the bus identity. Raises :class:`SecretError` (one line)."""
     keys = ServerKeys.from_bus_key(load_secret(bus_key_file), server_id)
     write_secret(path, keys.server_key_text(p for p in peers if p != server_id))
 
 
-def write_tool_key(path: str | os.PathLike[str], bus_key_file: str | os.PathLike[str]) -> None:
-    """Create ``path`` (mode 0600, exclusive) holding the tool key derived from the bus key
-    in ``bus_key_file``. Raises :class:`SecretError` (one line)."""
-    key = tool_key(load_secret(bus_key_file))
-    write_secret(path, f"{TOOL_HEADER} {key.hex()}\n")
+def write_tool_key(
+    path: str | os.PathLike[str], bus_key_file: str | os.PathLike[str], scope: Scope
+) -> None:
+    """Create ``path`` (mode 0600, exclusive) holding the tool key of ``scope`` derived from
+    the bus key in ``bus_key_file``. Raises :class:`SecretError` (one line)."""
+    key = tool_key(load_secret(bus_key_file), scope)
+    write_secret(path, f"{TOOL_HEADER} {scope.label} {key.hex()}\n")
 
 
 def load_secret(path: str | os.PathLike[str]) -> bytes:
@@ -242,9 +301,16 @@ def load_server_keys(
     must name every one of ``peers``. Raises :class:`SecretError` (one line)."""
     where = os.fspath(path)
     text = _read_private(where)
-    if not text.lstrip().startswith(SERVER_HEADER):
+    header = _words(text)[0]
+    if not header.startswith(_SERVER_PREFIX):
         return ServerKeys.from_bus_key(parse_secret(text, where), server_id)
-    keys = _parse_server_keys(text, where)
+    fix = f"move it away and run `aaabus secret --server {server_id} --config a3.xml --out FILE`"
+    if header != SERVER_HEADER:
+        raise SecretError(
+            f"{where}: a server key file of an older format (it held the tool key, which gave "
+            f"every server's admin port); {fix}"
+        )
+    keys = _parse_server_keys(text, where, fix)
     if keys.server_id != server_id:
         raise SecretError(
             f"{where}: this is the key file of server {keys.server_id}, not of server "
@@ -259,9 +325,9 @@ def load_server_keys(
     return keys
 
 
-def _parse_server_keys(text: str, where: str) -> ServerKeys:
-    fix = "make it again with `aaabus secret --server ID --config a3.xml --out FILE`"
-    values: dict[str, bytes] = {}
+def _parse_server_keys(text: str, where: str, fix: str) -> ServerKeys:
+    identity = b""
+    admin: dict[Scope, bytes] = {}
     links: dict[int, bytes] = {}
     server_id = -1
     try:
@@ -271,17 +337,19 @@ def _parse_server_keys(text: str, where: str) -> ServerKeys:
                 continue
             if words[0] == SERVER_HEADER and len(words) == 2:
                 server_id = int(words[1])
-            elif words[0] in ("tool", "identity") and len(words) == 2:
-                values[words[0]] = bytes.fromhex(words[1])
+            elif words[0] == "identity" and len(words) == 2:
+                identity = bytes.fromhex(words[1])
+            elif words[0] == "admin" and len(words) == 3:
+                admin[parse_scope(words[1], where)] = bytes.fromhex(words[2])
             elif words[0] == "link" and len(words) == 3:
                 links[int(words[1])] = bytes.fromhex(words[2])
             else:
                 raise ValueError(line)
-    except ValueError:
+    except (ValueError, SecretError):
         raise SecretError(f"{where}: not a valid server key file; {fix}") from None
-    if server_id < 0 or set(values) != {"tool", "identity"}:
+    if server_id < 0 or not identity or set(admin) != set(Scope):
         raise SecretError(f"{where}: incomplete server key file; {fix}")
-    return ServerKeys(server_id, links, values["tool"], values["identity"])
+    return ServerKeys(server_id, links, admin, identity)
 
 
 def load_credential(path: str | os.PathLike[str]) -> Credential:

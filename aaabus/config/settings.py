@@ -162,27 +162,26 @@ SETTINGS: tuple[Setting, ...] = (
         "bus.key",
         "The key file: the bus key (`aaabus secret --out bus.key`), the same for every server, "
         "or, set per server, that server's own key file (`aaabus secret --server ID --config "
-        "a3.xml --out sID.key`), which holds only its links' keys (see `docs/security.md`). "
-        "Tools read it too unless given `--key`. A server without a readable key file, or with "
-        "one that its group or others may read, refuses to start.",
+        "a3.xml --out sID.key`), which holds only its links' keys and its own admin keys (see "
+        "`docs/security.md`). Tools read it too unless given `--key` (a tool key, `aaabus "
+        "secret --tool --scope ...`; a server's key file is no tool's). A server without a "
+        "readable key file, or with one that its group or others may read, refuses to start.",
     ),
     Setting(
         "aaabus.trust",
         names,
         None,
         "Comma-separated module prefixes (`myapp` covers `myapp` and `myapp.*`) or qualified "
-        "class names (`myapp.notes.Ping`) whose **classes** the server may construct when it "
-        "unpickles a notification from a peer or a tool, an agent to deploy, or a record of its "
-        "store. Also always allowed: plain data types of the standard library (containers, "
-        "numbers, strings, dates, `Decimal`, `UUID`, `array`), `persistent`/`BTrees`, and "
-        "aaabus's own data classes (notifications, agents, ids, store records). Anything else "
-        "named by a pickle (a function such as `os.system`, a class of another module) is refused "
-        "before anything is built: the reaction fails with `UntrustedClass` naming it (logged, "
-        "and reported to the sender), an admin request is refused with that line, a store whose "
-        "root names it does not boot. Functions are never resolved, even in trusted modules. Name "
-        "every module whose agents or notifications travel. Trusting a module trusts every class "
-        "in it to be constructed with attacker-chosen arguments by any holder of the key: name "
-        "modules of data classes, not of classes that act when built. See `docs/security.md`.",
+        "class names (`myapp.notes.Ping`): the application's modules. Notifications and agents "
+        "cross the bus as data, and a server builds only the registered notification and agent "
+        "classes of modules it has imported; a body naming a class of a module not imported yet "
+        "makes the server import that module only if it is listed here (never a `__main__`). The "
+        "records of the server's store may name these modules' classes too (besides plain data "
+        "of the standard library, `persistent`/`BTrees` and aaabus's own classes); anything else "
+        "a record names is refused before anything is built, and a store whose root names it "
+        "does not boot. Name modules of data classes, not of classes that act when built: any "
+        "key holder can have them constructed with fields of its choosing. See "
+        "`docs/security.md`.",
         shown_default="the modules of the config's `<service>` classes",
     ),
     Setting(
@@ -192,9 +191,22 @@ SETTINGS: tuple[Setting, ...] = (
         "`true` lets this server load agents and notifications that travel **by value** "
         "(classes defined in `__main__`, a notebook or a function, which cloudpickle sends as "
         "code). A pickle by value is a program: with `true` the checks of `aaabus.trust` are off "
-        "altogether on this server, and **anyone holding the bus key (or a tool key) can run "
-        "any code inside it**. Enable it only on a bus whose every key holder you would give a "
-        "shell on the server's machine.",
+        "altogether on this server, and **anyone holding a tool key of scope `code` (or a "
+        "peer's key file) can run any code inside it**; deploying an agent by value through the "
+        "admin port needs both that scope and this property. Enable it only where every such "
+        "key holder may have a shell on the server's machine.",
+    ),
+    Setting(
+        "aaabus.wire.pickle",
+        boolean,
+        False,
+        "`true` lets notifications and payloads that have no data form (not a dataclass, a "
+        "value under `Any` of no data type) travel as pickles, and makes this server and the "
+        "tools that talk to it **load** pickles from peers and tools. A pickle is a program: "
+        "with `true`, **every holder of a key that reaches the server (a peer's key file, a tool "
+        "key) can run any code inside it**, whatever `aaabus.trust` says. Set it for the whole "
+        "bus (in `<config>`), or not at all. Off, every byte that crosses a socket is data "
+        "(docs/security.md).",
     ),
     Setting(
         "aaabus.max_frame",

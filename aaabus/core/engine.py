@@ -48,7 +48,7 @@ from persistent import Persistent
 from aaabus.config.trust import TrustPolicy
 from aaabus.core.effects import TransactionEffects
 from aaabus.core.failpoints import Failpoints
-from aaabus.errors import DependencyLost, EngineStopped, ReactionFailed, StoreWriteFailed
+from aaabus.errors import BadBody, DependencyLost, EngineStopped, ReactionFailed, StoreWriteFailed
 from aaabus.model.agent import Agent
 from aaabus.model.context import running
 from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
@@ -59,7 +59,8 @@ from aaabus.model.notifications import (
     Notification,
     UnknownAgent,
 )
-from aaabus.wire.message import Message, encode_note
+from aaabus.wire.codec import Codec, is_pickle, travels_by_name
+from aaabus.wire.message import Message
 
 if TYPE_CHECKING:
     from aaabus.core.store import Store
@@ -143,6 +144,11 @@ class EngineStats:
         self.commits = 0
         self.aborts = 0
         self.errors = 0
+        #: Inputs consumed without a reaction because their body did not decode (garbage from
+        #: a peer, a type not registered here, a field of the wrong type): each is logged with
+        #: its reason, the last one kept here, and its sender told (ExceptionNotification).
+        self.dead_letters = 0
+        self.last_dead_letter = ""
         self.commit_ns = 0
         self.commit_total_ns = 0
         self.started = time.time()
@@ -177,11 +183,16 @@ class Engine:
         name: str | None = None,
         on_exit: Callable[[], None] | None = None,
         trust: TrustPolicy | None = None,
+        codec: Codec | None = None,
     ) -> None:
         self.store = store
         #: What bodies and deployed agents may construct (aaabus.trust); the default trusts
         #: everything, which suits only an engine fed by its own process (tests, simulation).
         self.trust = trust or TrustPolicy(by_value=True)
+        #: How bodies are decoded and encoded (aaabus.wire.codec); the default imports nothing
+        #: and pickles what has no data form, which again suits only an engine fed by its own
+        #: process.
+        self.codec = codec or Codec(pickles=True)
         self.server_id = server_id
         self.channel = channel
         self.max_batch = max_batch
@@ -686,9 +697,10 @@ class Engine:
         note: Any = None
         self._current = target
         try:
-            # Decoded inside the try: a body this server cannot unpickle (a class it cannot
-            # import, or garbage from a peer) fails this reaction alone, like a raising react.
-            note = self.trust.loads(msg.body)
+            # Decoded inside the try: a body this server cannot decode (a type not registered
+            # here, a field of the wrong type, garbage from a peer) fails this reaction alone,
+            # like a raising react: consumed, its sender told, counted as a dead letter.
+            note = self.codec.decode(msg.body)
             # (The reaction's context is set by the caller, for the group's reactions.)
             if target.stamp == FACTORY_STAMP:
                 self._factory_react(msg.sender, note, careful)
@@ -728,15 +740,23 @@ class Engine:
         """Consume the input of a failed reaction and tell its sender (careful mode)."""
         self.store.qin.pop()
         self._count("errors")
-        log.warning(
-            "server %s: reaction of %s to %s from %s raised %s: %s",
-            self.server_id,
-            msg.target,
-            type(note).__name__ if note is not None else "an undecodable notification",
-            msg.sender,
-            type(exc).__name__,
-            exc,
-        )
+        if isinstance(exc, BadBody):
+            self._count("dead_letters")
+            self.stats.last_dead_letter = f"from {msg.sender} to {msg.target}: {exc}"
+            log.warning(
+                "server %s: dead letter from %s to %s: %s", self.server_id, msg.sender,
+                msg.target, exc,
+            )  # fmt: skip
+        else:
+            log.warning(
+                "server %s: reaction of %s to %s from %s raised %s: %s",
+                self.server_id,
+                msg.target,
+                type(note).__name__,
+                msg.sender,
+                type(exc).__name__,
+                exc,
+            )
         if isinstance(note, _ERROR_REPORTS) or msg.sender.stamp == SERVER_STAMP:
             return
         report = ExceptionNotification(msg.target, note, type(exc).__name__, str(exc))
@@ -831,7 +851,17 @@ class Engine:
     def _create(self, agent_id: AgentId, payload: bytes) -> None:
         failpoints = self.failpoints
         key = (agent_id.origin, agent_id.stamp)
-        agent = self.trust.loads(payload)
+        if is_pickle(payload):
+            # By value: code, loaded only where the operator allowed it (trust.by_value).
+            if not self.trust.by_value:
+                raise BadBody(
+                    f"agent {agent_id} came by value (code) and server {self.server_id} does not "
+                    "load code: deploy a class of a module the servers import, or set property "
+                    "aaabus.trust.by_value (docs/security.md)"
+                )
+            agent = self.trust.loads(payload)
+        else:
+            agent = self.codec.decode_agent(payload)
         if not isinstance(agent, Agent):
             raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
         agent._aaabus_id = agent_id
@@ -869,7 +899,7 @@ class Engine:
     # -- sending (the ReactionContext the agents see) ----------------------------------------------
 
     def _send_from(self, sender: AgentId, to: AgentId, note: Notification) -> None:
-        self.route(Message(sender, to, encode_note(note)))
+        self.route(Message(sender, to, self.codec.encode(note)))
 
     def send(self, to: AgentId, note: Notification) -> None:
         """Send ``note`` to ``to`` in the current group, as ``send_to`` does in a reaction.
@@ -892,7 +922,7 @@ class Engine:
         elif self.channel is not None and self.channel.knows(to.server):
             self.channel.send(msg)
         else:
-            self._unknown_agent(msg.sender, to, self.trust.loads(msg.body))
+            self._unknown_agent(msg.sender, to, self.codec.decode(msg.body))
             return
         self._count("sent")
         if self.failpoints.armed:
@@ -930,7 +960,12 @@ class _EngineContext:
         # or a call's group, is replayed), it must be deployable again.
         agent._aaabus_id = agent_id
         engine.effects.undo(setattr, agent, "_aaabus_id", None)
-        payload = cloudpickle.dumps(agent)
+        if travels_by_name(type(agent)):
+            payload = engine.codec.encode_agent(agent)  # TypeError names an attribute
+        else:
+            # A class defined in __main__ or a function: by value, which the target loads
+            # only if its operator allowed code.
+            payload = cloudpickle.dumps(agent)
         engine._send_from(
             engine._current, AgentId.factory(server), AgentCreateRequest(agent_id, payload, reply)
         )

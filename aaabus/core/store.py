@@ -45,6 +45,7 @@ from aaabus.core.cachesweep import CacheSweeper
 from aaabus.core.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
 from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
+from aaabus.core.records import VettedDB, check_record
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
 from aaabus.wire.pickles import pickle_end
 
@@ -270,9 +271,10 @@ def open_store(
 ) -> Store:
     """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
 
-    With ``trust``, every record is unpickled under that policy (:mod:`aaabus.config.trust`): a
-    store planted with an object of a class the server does not trust is refused at boot when the
-    object hangs off the root, and otherwise fails whatever touches it, never constructed.
+    With ``trust``, every record is vetted by that policy before it is unpickled
+    (:mod:`aaabus.core.records`): a store planted with a record the server did not write (a
+    global it does not trust, a BUILD on a class...) is refused at boot when the record is the
+    root or read by the boot, and otherwise fails whatever touches it; nothing of it runs.
     With ``identity`` (:func:`aaabus.config.secret.bus_identity`), a store recorded under another
     bus is refused. ``segment_size``: of the log store's new segment files (existing ones keep
     theirs). ``pack_every``: a file store is packed in the background each time it grew by this
@@ -282,13 +284,10 @@ def open_store(
     another user owns or that its group or others may write is refused (they could swap the
     files).
     """
-    factory = None if trust is None else trust.zodb_class_factory
     if kind == "memory":
-        # The same object cache as a file store: ZODB's default (400 objects) is smaller than
-        # what one group touches on a busy router, and an evicted agent loses its volatile
-        # (_v_) attributes and is unpickled again at its next notification.
-        db = ZODB.DB(None, cache_size=CACHE_SIZE, class_factory=factory)
-        return _open_root(db, f"in-memory store of server {server_id}", server_id, trust, identity)
+        description = f"in-memory store of server {server_id}"
+        db = _database(None, trust, description)
+        return _open_root(db, description, server_id, identity)
     if kind not in STORE_KINDS:
         raise StoreError(
             f"unknown store kind {kind!r}; "
@@ -300,10 +299,10 @@ def open_store(
     _prepare_directory(path)
     _refuse_other_kind(path, kind)
     if kind == "log":
-        db, description = _open_log(path / LOG_DIR, server_id, segment_size, factory)
-        return _open_root(db, description, server_id, trust, identity)
-    db = _open_file(path / FILE_NAME, server_id, factory)
-    return _open_root(db, f"storage {path / FILE_NAME}", server_id, trust, identity, pack_every)
+        db, description = _open_log(path / LOG_DIR, server_id, segment_size, trust)
+        return _open_root(db, description, server_id, identity)
+    db = _open_file(path / FILE_NAME, server_id, trust)
+    return _open_root(db, f"storage {path / FILE_NAME}", server_id, identity, pack_every)
 
 
 def _refuse_other_kind(path: Path, kind: str) -> None:
@@ -323,18 +322,23 @@ def _refuse_other_kind(path: Path, kind: str) -> None:
     )
 
 
-def _open_log(path: Path, server_id: int, segment_size: int, factory: Any) -> tuple[ZODB.DB, str]:
+def _open_log(
+    path: Path, server_id: int, segment_size: int, trust: TrustPolicy | None
+) -> tuple[ZODB.DB, str]:
     # LogStorage's own errors (damage, in use, disk) are already one-line StoreErrors.
     storage = LogStorage(path, segment_size=segment_size)
     try:
-        db = ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=factory)
+        db = _database(storage, trust, f"log store {path}")
+    except StoreError:
+        storage.close()
+        raise
     except Exception as exc:
         storage.close()
         raise StoreError(f"log store {path} is damaged ({type(exc).__name__}: {exc})") from None
     return db, f"log store {path}"
 
 
-def _open_file(data: Path, server_id: int, factory: Any) -> ZODB.DB:
+def _open_file(data: Path, server_id: int, trust: TrustPolicy | None) -> ZODB.DB:
     _refuse_cut_commits(data)
     try:
         # pack_keep_old=False: a pack must shrink the disk use, not keep the old file beside.
@@ -356,7 +360,7 @@ def _open_file(data: Path, server_id: int, factory: Any) -> ZODB.DB:
     try:
         _verify_current_records(storage, data)
         _private_files(data.parent)
-        db = ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=factory)
+        db = _database(storage, trust, f"storage {data}")
     except StoreError:
         storage.close()
         raise
@@ -366,24 +370,47 @@ def _open_file(data: Path, server_id: int, factory: Any) -> ZODB.DB:
     return db
 
 
+def _database(storage: Any, trust: TrustPolicy | None, description: str) -> ZODB.DB:
+    """ZODB over ``storage`` (None: in memory); with ``trust``, every record it loads is vetted
+    (:class:`~aaabus.core.records.VettedDB`), the root first, before ZODB reads any of it.
+
+    The root is also loaded once as a check, its references unfollowed: what only unpickling
+    can refuse (a plain type's wrapper refusing its arguments) is then one line naming it too.
+    """
+    # The same object cache for every kind: ZODB's default (400 objects) is smaller than what
+    # one group touches on a busy router, and an evicted agent loses its volatile (_v_)
+    # attributes and is unpickled again at its next notification.
+    if trust is None:
+        return ZODB.DB(storage, cache_size=CACHE_SIZE)
+    if storage is not None and len(storage):
+        try:
+            check_record(trust, storage.load(ZODB.utils.z64)[0])
+        except (UntrustedClass, MalformedPickle) as exc:
+            root = ZODB.utils.oid_repr(ZODB.utils.z64)
+            raise _refused(description, f"record {root}: {exc}") from None
+    return VettedDB(storage, trust, cache_size=CACHE_SIZE)
+
+
 def _open_root(
     db: ZODB.DB,
     description: str,
     server_id: int,
-    trust: TrustPolicy | None,
     identity: bytes | None,
     pack_every: int = 0,
 ) -> Store:
     try:
-        if trust is not None and len(db.storage):
-            trust.check_record(db.storage.load(ZODB.utils.z64)[0])
         return Store(db, description, server_id, identity, pack_every=pack_every)
-    except UntrustedClass as exc:
+    except (UntrustedClass, MalformedPickle) as exc:  # a record the boot reads (names its oid)
         db.close()
-        raise StoreError(
-            f"{description} holds an object this server does not trust ({exc}); if the store "
-            "is yours, trust its classes (property aaabus.trust), else move it away"
-        ) from None
+        raise _refused(description, str(exc)) from None
+
+
+def _refused(description: str, reason: str) -> StoreError:
+    """One line for a store holding a record this server refuses to load."""
+    return StoreError(
+        f"{description} holds a record this server refuses to load ({reason}); "
+        "if the store is not yours, move it away"
+    )
 
 
 def _prepare_directory(path: Path) -> None:

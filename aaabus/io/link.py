@@ -1,10 +1,13 @@
 """A blocking, authenticated connection carrying JSON objects: both ends of the admin protocol.
 
 The handshake is exactly the one of the links between servers (:mod:`aaabus.wire.frames`): a
-mutual HMAC challenge-response (a client proves the tool key derived from the bus key, see
-:mod:`aaabus.config.secret`), then every frame sequenced and MACed by a
-:class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's 32-bit
-id field, so clients take their ids in a reserved range, :data:`CLIENT_ID_BASE` (2**31) and above;
+mutual HMAC challenge-response on the admin key of that server for the tool's scope (see
+:mod:`aaabus.config.secret`), the scope being the connector's role, inside every MAC; then every
+frame sequenced and MACed by a :class:`~aaabus.wire.frames.SessionCipher`. The proof is mutual: a
+tool that talks to server N learns that the other end holds server N's admin key for its scope,
+which neither another server's key file nor a key of another scope gives, before it sends a
+request or reads an answer. Server ids and client ids share the handshake's 32-bit id field, so
+clients take their ids in a reserved range, :data:`CLIENT_ID_BASE` (2**31) and above;
 :meth:`Link.accept` refuses any other connector id. Runs on the caller's thread (a tool's, or one
 admin connection thread of the server); blocking sockets, no selector, no store.
 """
@@ -18,9 +21,11 @@ import socket
 import ssl
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from aaabus.config.secret import Credential, as_tool_key
+from aaabus.config.scopes import Scope
+from aaabus.config.secret import Credential, as_credential
 from aaabus.errors import AdminError, ServerBusy, ServerUnreachable, WireError
 from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
@@ -71,11 +76,13 @@ class Link:
 
         With ``tls`` (the dialing context of :func:`aaabus.io.tls.tls_contexts`) the connection
         runs inside TLS first, as the server's does when its config sets ``aaabus.tls.cert``.
-        ``secret``: the bus key (bytes) or a :class:`~aaabus.config.secret.Credential` (a bus key
-        or a tool key file's); either way the handshake proves the tool key, never the bus key.
+        ``secret``: the bus key (bytes, claiming the default scope) or a
+        :class:`~aaabus.config.secret.Credential` (a bus key or a tool key file's); either way the
+        handshake proves the admin key of ``server_id`` for the credential's scope, never the bus
+        key nor the tool key, and the server must prove it back.
         Raises :class:`ServerUnreachable` when nothing listens, :class:`AdminError` when the
-        handshake fails (another bus's secret, another server on that port, a certificate the
-        server does not accept).
+        handshake fails (another bus's secret, another server or an impostor on that port, another
+        wire version, a certificate the server does not accept).
         """
         where = f"server {server_id} at {address[0]}:{address[1]}"
         try:
@@ -103,7 +110,10 @@ class Link:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             # A fresh random client id per connection: ids only have to differ from server ids.
             client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
-            handshake = ConnectorHandshake(as_tool_key(secret), client_id, server_id)
+            credential = as_credential(secret)
+            handshake = ConnectorHandshake(
+                credential.admin_key(server_id), client_id, server_id, credential.scope
+            )
             sock.sendall(handshake.receive(link._read_raw()))
             answered = True
             handshake.receive(link._read_raw())
@@ -117,7 +127,8 @@ class Link:
             if answered:
                 # It challenged us and hung up on our answer: it refused our proof.
                 raise AdminError(
-                    f"{where} refused the authentication: it does not use this bus secret"
+                    f"{where} refused the authentication: it does not use this bus secret (or "
+                    "this tool key was made from another bus key)"
                 ) from None
             # Something listens and took the connection, but dropped it (or kept silent)
             # before its challenge: the server is up and turning connections away.
@@ -129,24 +140,32 @@ class Link:
 
     @classmethod
     def accept(
-        cls, sock: socket.socket, secret: bytes, server_id: int, max_frame: int, deadline: float
-    ) -> tuple[Link, int]:
+        cls,
+        sock: socket.socket,
+        admin_key: Callable[[Scope], bytes],
+        server_id: int,
+        max_frame: int,
+        deadline: float,
+    ) -> tuple[Link, int, Scope]:
         """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
-        the link and the client's id. ``secret``: the tool key (what clients prove). Raises
-        ``TimeoutError`` past the deadline, however slowly the bytes trickle in."""
+        the link, the client's id and the scope it proved. ``admin_key``: this server's admin
+        key for a scope (what clients of that scope prove). Raises ``TimeoutError`` past the
+        deadline, however slowly the bytes trickle in."""
         link = cls(sock, deadline)
-        handshake = AcceptorHandshake(secret, server_id, None)
+        roles = [int(scope) for scope in Scope]  # never ROLE_SERVER: servers have no business here
+        handshake = AcceptorHandshake(
+            lambda _client, role: admin_key(Scope(role)), server_id, None, roles
+        )
         sock.sendall(handshake.start())
         proof = handshake.receive(link._read_raw())
-        client_id = handshake.peer_id
-        assert client_id is not None
+        client_id, role = handshake.peer_id, handshake.role
+        assert client_id is not None and role is not None
         if client_id < CLIENT_ID_BASE:
-            # A server of the bus holds the secret too, but has no business here: no proof.
             raise WireError(f"id {client_id} is a server id, not a client id")
         sock.sendall(proof)
         link._authenticated(handshake.cipher(), max_frame)
         link._deadline = None
-        return link, client_id
+        return link, client_id, Scope(role)
 
     def _read_raw(self) -> bytes:
         while not self._frames:

@@ -690,7 +690,10 @@ class Network:
             key = self._pair_key(conn.peer)
             conn.handshake = ConnectorHandshake(key, self._my_id, conn.peer)
         else:
-            conn.handshake = AcceptorHandshake(self._pair_key, self._my_id, self._acceptable)
+            # Servers only (the default roles): a tool's scope is no role on a network port.
+            conn.handshake = AcceptorHandshake(
+                lambda peer, _role: self._pair_key(peer), self._my_id, self._acceptable
+            )
         first = conn.handshake.start()
         self._set_mask(conn)
         if first:

@@ -33,6 +33,15 @@ from aaabus.model.topicnames import check_filter, check_topic
 
 log = logging.getLogger("aaabus.agent")
 
+#: Every agent class of this process, by tag (``module:QualName``): the classes a deployment by
+#: class may name (:meth:`aaabus.wire.codec.Codec.decode_agent`).
+_CLASSES: dict[str, type[Agent]] = {}
+
+
+def registered_agent(tag: str) -> type[Agent] | None:
+    """The agent class registered under ``tag`` in this process, if any."""
+    return _CLASSES.get(tag)
+
 
 class Agent(Persistent):
     """Base class of user agents.
@@ -57,6 +66,10 @@ class Agent(Persistent):
     #: subscriptions with the creation request, so that no publication made after the deploy
     #: (in causal order) is missed. The boot-time way to declare subscriptions.
     subscriptions: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _CLASSES[f"{cls.__module__}:{cls.__qualname__}"] = cls
 
     def __init__(self, name: str = "") -> None:
         #: Free text shown in logs; not an address.

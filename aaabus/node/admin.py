@@ -7,13 +7,16 @@ The port is property ``aaabus.admin.port`` of the server, by default its first n
 
 Authentication
     Exactly the handshake of the links between servers (:mod:`aaabus.wire.frames`): a mutual HMAC
-    challenge-response on the tool key (derived from the bus key; it opens no link between
-    servers, see :mod:`aaabus.config.secret`), then every frame sequenced and MACed by a
-    :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's
+    challenge-response on this server's admin key for the scope the tool claims (derived from the
+    tool key of that scope and this server's id; it opens no link between servers and no other
+    server's admin port, see :mod:`aaabus.config.secret`), then every frame sequenced and MACed by
+    a :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's
     32-bit id field, so clients take their ids in a reserved range (:mod:`aaabus.io.link`) and
-    above; the endpoint refuses any other connector id, and the network ports refuse client ids
-    (they only accept the configured peers). Nothing is read from a connection beyond the 256-byte
-    handshake limit before the peer has proven it holds the tool key.
+    above; the endpoint refuses any other connector id and the role of a server, and the network
+    ports refuse client ids and tools' roles (they only accept the configured peers). Nothing is
+    read from a connection beyond the 256-byte handshake limit before the peer has proven it holds
+    an admin key of this server. Each request is then checked against the scope the session
+    proved (:mod:`aaabus.node.rights`).
 
 Protocol
     After the handshake the client sends requests and the server answers each in order, one
@@ -56,6 +59,7 @@ import socketserver
 import ssl
 import threading
 import time
+from functools import partial
 from typing import Any
 
 from aaabus.errors import AdminError, WireError
@@ -65,6 +69,7 @@ from aaabus.io.tls import tls_contexts
 from aaabus.node.control import NodeControl
 from aaabus.node.dispatch import answer
 from aaabus.node.rates import RateMeter
+from aaabus.node.rights import Session
 
 __all__ = ["AdminEndpoint"]
 
@@ -121,8 +126,9 @@ class AdminEndpoint:
         self._sessions = 0
         self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
-        # Clients prove the tool key, which opens no link between servers (aaabus.config.secret).
-        self._tool_key = server.keys.tool_key
+        # Clients prove this server's admin key of their scope (aaabus.config.secret), which
+        # opens no link between servers and no other server's admin port.
+        self._admin_key = server.keys.admin_key
         self._tls = tls_contexts(server.config, server.server_id)[0]
         try:
             self._tcp = _TCPServer(address, _Handler, bind_and_activate=True)
@@ -204,8 +210,8 @@ class AdminEndpoint:
                     self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client = Link.accept(
-                    sock, self._tool_key, server.server_id, server.max_frame, deadline
+                link, client, scope = Link.accept(
+                    sock, self._admin_key, server.server_id, server.max_frame, deadline
                 )
             except (WireError, OSError) as exc:
                 self._refusals.refused(where, str(exc) or type(exc).__name__)
@@ -215,15 +221,20 @@ class AdminEndpoint:
                 link.send({"ok": False, "error": "busy: every admin session is taken"})
                 return
             log.debug(
-                "server %s: admin client %s connected from %s", server.server_id, client, where
+                "server %s: admin client %s (scope %s) connected from %s",
+                server.server_id,
+                client,
+                scope.label,
+                where,
             )
+            session = Session(scope)
             sock.settimeout(IDLE_TIMEOUT)
             while True:
                 try:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                link.send(answer(server, self.rates, request))
+                link.send(session.serve(request, partial(answer, server, self.rates, request)))
         except OSError:
             return
         finally:

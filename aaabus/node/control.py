@@ -16,6 +16,7 @@ from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.node.mailboxes import MailboxDesk
+from aaabus.wire.codec import Codec
 
 __all__ = ["NodeControl"]
 
@@ -29,12 +30,18 @@ class NodeControl(Protocol):
     def config(self) -> BusConfig: ...
     @property
     def keys(self) -> ServerKeys:
-        """Its keys: clients of the admin port prove ``keys.tool_key``."""
+        """Its keys: clients of the admin port prove ``keys.admin_key(scope)``."""
         ...
 
     @property
     def trust(self) -> TrustPolicy:
         """What pickles it loads (admin requests are loaded under it too)."""
+        ...
+
+    @property
+    def codec(self) -> Codec:
+        """How requests' notifications, agents and payloads are decoded (data only, unless the
+        bus opted in to pickles)."""
         ...
 
     @property

@@ -12,12 +12,13 @@ import binascii
 import logging
 from typing import Any
 
-from aaabus.errors import AaabusError, RequestRefused, UntrustedClass
+from aaabus.errors import AaabusError, BadBody, RequestRefused, UntrustedClass
 from aaabus.model.ids import AgentId
 from aaabus.model.pubsub import Publish
 from aaabus.model.topicnames import check_filter, check_topic
 from aaabus.node.control import NodeControl
 from aaabus.node.rates import RateMeter
+from aaabus.wire.codec import is_pickle
 from aaabus.wire.message import vet_body
 
 __all__ = ["MAX_REQUEST_ID", "answer"]
@@ -48,12 +49,12 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
             return {"ok": True}
         if op == "send":
             to = _target(server, request.get("to"))
-            note = _unpickle(server, request.get("note"), "notification")
+            note = _decode(server, request.get("note"), "notification")
             key = _request_id(request)
             _, duplicate = server.accept_once(key, lambda: server.send_now(to, note))
             return {"ok": True, "duplicate": duplicate}
         if op == "deploy":
-            agent = _unpickle(server, request.get("agent"), "agent")
+            agent = _decode(server, request.get("agent"), "agent")
             where = request.get("server")
             if where is not None and (
                 not isinstance(where, int) or where not in server.config.servers
@@ -79,7 +80,7 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
 
 def _publish(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
     topic = check_topic(request.get("topic"))
-    payload = _unpickle(server, request.get("payload"), "payload")
+    payload = _decode(server, request.get("payload"), "payload")
     note = Publish(topic, payload, bool(request.get("retain", False)))
     rep = AgentId.topics_of(server.server_id)
     _, duplicate = server.accept_once(_request_id(request), lambda: server.send_now(rep, note))
@@ -110,7 +111,7 @@ def _unsubscribe(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]
 
 def _request(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
     to = _target(server, request.get("to"))
-    note = _unpickle(server, request.get("note"), "notification")
+    note = _decode(server, request.get("note"), "notification")
     # The mailbox is named after the request id: a retried request finds it and sends nothing.
     existed = server.mailboxes.open(f"request-{_request_id(request)}", None, (to, note))
     return {"ok": True, "duplicate": existed}
@@ -151,23 +152,33 @@ def _target(server: NodeControl, text: Any) -> AgentId:
     return to
 
 
-def _unpickle(server: NodeControl, text: Any, what: str) -> Any:
-    # Only ever reached on an authenticated session, and even then loaded under the server's
-    # trust policy: holding a tool credential must not mean running code inside the server.
+def _decode(server: NodeControl, text: Any, what: str) -> Any:
+    # Only ever reached on an authenticated session, and even then decoded as data: holding a
+    # tool credential must not mean running code inside the server. The one exception is an
+    # agent by value (code), loaded only where the operator allowed code (trust.by_value).
     if not isinstance(text, str):
         raise RequestRefused(f"the {what} is missing")
     try:
         data = base64.b64decode(text, validate=True)
     except (binascii.Error, ValueError):
         raise RequestRefused(f"the {what} is not base64") from None
+    codec = server.codec
     try:
+        if what == "notification":
+            return codec.decode(data)
+        if what == "payload":
+            return codec.decode_value(data)
+        if not is_pickle(data):
+            return codec.decode_agent(data)
+        if not server.trust.by_value:
+            raise BadBody(
+                f"an agent by value (code) refused: server {server.server_id} does not load "
+                "code (property aaabus.trust.by_value, docs/security.md)"
+            )
         vet_body(data)
         return server.trust.loads(data)
-    except UntrustedClass as exc:
+    except (BadBody, UntrustedClass) as exc:
         log.warning("server %s: admin %s refused: %s", server.server_id, what, exc)
         raise RequestRefused(f"the {what} was refused: {exc}") from None
     except Exception as exc:
-        raise RequestRefused(
-            f"cannot load the {what} here ({type(exc).__name__}: {exc}); its class must be "
-            "importable by the server"
-        ) from None
+        raise RequestRefused(f"cannot load the {what} here ({type(exc).__name__}: {exc})") from None

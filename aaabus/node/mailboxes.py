@@ -27,7 +27,6 @@ from aaabus.model.notifications import Notification
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.messages import CloseMailbox, MailboxGrew, OpenMailbox
 from aaabus.topics.representative import TopicRepresentative
-from aaabus.wire.message import encode_note
 
 __all__ = ["MAX_FETCH_BYTES", "MailboxDesk"]
 
@@ -52,8 +51,10 @@ class MailboxDesk:
         call: Callable[[Callable[[], Any]], Any],
         agents: Callable[[], Any],
         send: Callable[[AgentId, Notification], None],
+        encode: Callable[[Notification], bytes],
     ) -> None:
         self.server_id = server_id
+        self._encode = encode
         self._call = call
         self._agents = agents
         self._send = send
@@ -123,7 +124,7 @@ class MailboxDesk:
         """Acknowledge items up to ``after``; return up to ``most`` items numbered above it,
         waiting up to ``wait`` seconds for one if there is none.
 
-        The answer: ``items`` (``[seq, base64 pickle]``, oldest first), ``dropped`` (items
+        The answer: ``items`` (``[seq, base64 body]``, oldest first), ``dropped`` (items
         dropped at the backlog limit so far) and ``exists`` (whether the mailbox exists yet).
         """
 
@@ -135,7 +136,7 @@ class MailboxDesk:
             items: list[list[Any]] = []
             size = 0
             for seq, note in box.take(after, most):
-                body = encode_note(note)
+                body = self._encode(note)
                 size += len(body)
                 if items and size > MAX_FETCH_BYTES:
                     break

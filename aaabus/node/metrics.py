@@ -30,6 +30,11 @@ _COUNTERS = (
     (("reactions",), "aaabus_reactions", "Reactions run since the server started."),
     (("commits",), "aaabus_commits", "Group commits since the server started."),
     (("errors",), "aaabus_reaction_errors", "Reactions that raised, since the server started."),
+    (
+        ("dead_letters", "count"),
+        "aaabus_dead_letters",
+        "Inputs consumed unread because their body did not decode, since the server started.",
+    ),
     (("messages", "sent"), "aaabus_notifications_sent", "Notifications sent since start."),
     (
         ("messages", "delivered"),

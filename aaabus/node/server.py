@@ -45,6 +45,7 @@ from aaabus.node.mqttsessions import MqttSessions
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
 from aaabus.topics.representative import TopicRepresentative
+from aaabus.wire.codec import Codec
 
 if TYPE_CHECKING:
     from aaabus.core.traffic import TrafficRecorder
@@ -138,10 +139,15 @@ class AgentServer:
             topology = Topology.from_config(config, allow_cycles=allow_cycles)
         self.topology = topology
         self.secret_path = secret_path(config, server_id)
-        #: This server's link keys, the tool key, its bus's identity (see aaabus.config.secret).
+        #: This server's link keys, its admin keys, its bus's identity (see aaabus.config.secret).
         self.keys = load_server_keys(self.secret_path, server_id, config.servers)
         #: What pickles from peers, tools and the store may construct (see aaabus.config.trust).
         self.trust = policy_for(config, server_id)
+        #: How notifications cross its sockets (data; pickles only if the bus opted in).
+        self.codec = Codec(
+            may_import=self.trust.may_import,
+            pickles=config.setting(server_id, "aaabus.wire.pickle"),
+        )
         trace_dir: str | None = config.setting(server_id, "aaabus.trace")
         self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
         traffic_dir: str | None = config.setting(server_id, "aaabus.traffic")
@@ -155,7 +161,11 @@ class AgentServer:
         self.engine: Engine | None = None
         #: The mailboxes of outside consumers (client subscriptions and requests).
         self.mailboxes = MailboxDesk(
-            server_id, self.call, lambda: self._require_store().agents, self._send_from_server
+            server_id,
+            self.call,
+            lambda: self._require_store().agents,
+            self._send_from_server,
+            self.codec.encode,
         )
         #: The sessions of MQTT devices (used by the MQTT listener, if there is one).
         self.mqtt_sessions = MqttSessions(
@@ -200,6 +210,7 @@ class AgentServer:
                 max_group_s=self.max_group_ms / 1000.0,
                 on_exit=self.stopped.set,
                 trust=self.trust,
+                codec=self.codec,
             )
             self.engine.run_inline = self.inline
             # The variable being set at all (even empty) is the operator's opt-in to arming

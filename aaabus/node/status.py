@@ -92,6 +92,8 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
             "reactions": stats.reactions,
             "commits": stats.commits,
             "errors": stats.errors,
+            # Inputs consumed unread: their body did not decode (aaabus.core.engine.EngineStats).
+            "dead_letters": {"count": stats.dead_letters, "last": stats.last_dead_letter},
             "boots": store.record.boots,
             "clocks": clocks,
             "clock_cells": sum(k * k for k in clocks.values()),

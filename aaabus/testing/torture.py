@@ -488,12 +488,13 @@ def raw_poke(addr: tuple[str, int], data: bytes) -> None:
 def template_frames(domain: str, target: AgentId, sender: AgentId) -> list[bytes]:
     """Well-formed channel payloads to mutate: a data frame with a real stamp, and an ack."""
     from aaabus.core.clock import DomainClock
+    from aaabus.wire.codec import Codec
     from aaabus.wire.linkframes import ACK, encode_data
-    from aaabus.wire.message import Message, encode_note
+    from aaabus.wire.message import Message
 
     clock = DomainClock(2, 0)
     stamp = clock.prepare_send(1)
-    data = encode_data(1, domain, stamp, Message(sender, target, encode_note(Start(0, 0))))
+    data = encode_data(1, domain, stamp, Message(sender, target, Codec().encode(Start(0, 0))))
     ack = ACK + (5).to_bytes(8, "big") + domain.encode()
     return [data, ack]
 
@@ -549,7 +550,7 @@ class FuzzTarget:
         self.s2_d0 = ("127.0.0.1", cfg.servers[2].port_in("D0"))
         self.s2_d1 = ("127.0.0.1", cfg.servers[2].port_in("D1"))
         self.s1_d1 = ("127.0.0.1", cfg.servers[1].port_in("D1"))
-        self.dropped = 0  # log lines of the engine dropping a bad input
+        self.dropped = 0  # log lines of the engine dropping a bad input or a dead letter
         self._dropped_changed = threading.Condition()
         self.bus = Bus(self.config, [1, 2], workdir / "stores", sink=self._line)
         self._peer: FakePeer | None = None
@@ -560,7 +561,9 @@ class FuzzTarget:
         self.templates = template_frames("D0", AgentId(2, 2, 999), AgentId(0, 0, 20))
 
     def _line(self, line: str) -> None:
-        if "dropping an input" in line:
+        # An input refused where it arrives (a frame that fails the link's checks), or a body
+        # the engine consumed unread (a dead letter: it does not decode).
+        if "dropping an input" in line or "dead letter from" in line:
             with self._dropped_changed:
                 self.dropped += 1
                 self._dropped_changed.notify_all()
@@ -648,11 +651,11 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
     """One garbage payload for an authenticated session (several shapes, chosen at random)."""
     import pickle
 
+    from aaabus.wire.codec import Codec
     from aaabus.wire.linkframes import ACK, DATA
-    from aaabus.wire.message import encode_note
 
     data, ack = templates
-    body = encode_note(Start(0, 0))
+    body = Codec().encode(Start(0, 0))
     kind = rng.randrange(7)
     if kind == 0:
         return rng.randbytes(rng.randint(0, 300))
@@ -660,7 +663,7 @@ def random_authenticated_payload(rng: random.Random, templates: list[bytes]) -> 
         return _protected_mutation(rng, data, body)
     if kind == 2:
         return mutate(rng, ack)
-    if kind == 3:  # a well-formed frame whose body is a mutated pickle (see vet_body)
+    if kind == 3:  # a well-formed frame whose body is a mutated data body
         return data[: -len(body)] + mutate(rng, body)
     if kind == 4:
         return DATA + pickle.dumps(_random_object(rng), pickle.HIGHEST_PROTOCOL)

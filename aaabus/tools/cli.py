@@ -156,6 +156,7 @@ def _cmd_topology(args: argparse.Namespace) -> int:
 
 def _cmd_secret(args: argparse.Namespace) -> int:
     from aaabus.config.reader import load_config
+    from aaabus.config.scopes import DEFAULT_SCOPE, parse_scope
     from aaabus.config.secret import make_secret, write_secret, write_server_keys, write_tool_key
     from aaabus.errors import ConfigError
 
@@ -163,8 +164,11 @@ def _cmd_secret(args: argparse.Namespace) -> int:
         raise ConfigError("--tool and --server need --out FILE (derived keys are never printed)")
     if args.tool and args.server is not None:
         raise ConfigError("--tool and --server make different files: give one of them")
+    if args.scope is not None and not args.tool:
+        raise ConfigError("--scope is the scope of a tool key: give it with --tool")
     if args.tool:
-        write_tool_key(args.out, args.bus_key)
+        scope = DEFAULT_SCOPE if args.scope is None else parse_scope(args.scope, "--scope")
+        write_tool_key(args.out, args.bus_key, scope)
     elif args.server is not None:
         if args.config is None:
             raise ConfigError("--server needs --config a3.xml (the servers it links to)")
@@ -415,8 +419,8 @@ def _cmd_server(args: argparse.Namespace) -> int:
 
 
 KEY_HELP = (
-    "key file to authenticate with: a tool key (aaabus secret --tool) or the bus key "
-    "(default: the config's aaabus.secret, bus.key)"
+    "key file to authenticate with: a tool key (aaabus secret --tool --scope ...) or the bus key, "
+    "which claims scope operate (default: the config's aaabus.secret, bus.key)"
 )
 
 
@@ -451,15 +455,23 @@ def _main_parser() -> _Parser:
     secret.add_argument(
         "--tool",
         action="store_true",
-        help="write the tool key derived from the bus key instead: it lets its holder run "
-        "status, stop, send and Client requests, and cannot open a link as a server",
+        help="write a tool key derived from the bus key instead: it lets its holder make the "
+        "admin requests of its --scope on every server, and cannot open a link as a server",
+    )
+    secret.add_argument(
+        "--scope",
+        metavar="SCOPE",
+        help="with --tool: read (status, subscribe), operate (also send, publish, deploy by "
+        "class, stop; the default) or code (also what may carry code, deploying by value "
+        "included, on servers that load code); see docs/security.md",
     )
     secret.add_argument(
         "--server",
         type=int,
         metavar="ID",
         help="write the key file of server ID instead: the keys of its links (to every server "
-        "of --config) and the tool key, not the bus key; set it as that server's aaabus.secret",
+        "of --config) and its own admin keys, not the bus key nor a tool key; set it as that "
+        "server's aaabus.secret",
     )
     secret.add_argument("--config", help="with --server: the bus's a3.xml")
     secret.add_argument(

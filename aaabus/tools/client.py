@@ -51,7 +51,7 @@ from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication
 from aaabus.model.topicnames import check_filter, check_topic
 from aaabus.tools.subscription import FETCH_WAIT, Subscription
-from aaabus.wire.message import encode_note
+from aaabus.wire.codec import Codec
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]
 
@@ -62,8 +62,10 @@ class Client:
     ``config``: the bus's ``a3.xml`` (path or loaded). ``server``: the server to go through
     (default: the lowest id). ``secret``: the bus key, or a
     :class:`~aaabus.config.secret.Credential` from
-    :func:`~aaabus.config.secret.load_credential` (a tool key file, ``aaabus secret --tool``);
-    default: the file the config names, ``bus.key`` beside it.
+    :func:`~aaabus.config.secret.load_credential` (a tool key file, ``aaabus secret --tool
+    --scope S``, whose scope bounds what the server lets this client do); default: the file the
+    config names, ``bus.key`` beside it. The bus key claims scope ``operate``; a program that
+    must deploy by value passes ``Credential(bus_key, Scope.CODE)`` (docs/security.md).
     ``timeout``: seconds a request may take, retries included. When the server's config sets
     ``aaabus.tls.cert``, the connection runs inside TLS with the certificate files the config
     names.
@@ -92,6 +94,8 @@ class Client:
         # TLS when the server's properties ask for it (aaabus.tls.*): the client presents the
         # same certificate, so it must run where those files are readable.
         self._tls = tls_contexts(self.config, self.server)[1]
+        #: Data both ways; pickles only where the bus opted in (property aaabus.wire.pickle).
+        self.codec = Codec(pickles=self.config.setting(self.server, "aaabus.wire.pickle"))
         self._link: Link | None = None
         self._pause = threading.Event()  # never set: a wait that cannot be cut short
 
@@ -110,17 +114,26 @@ class Client:
         target = AgentId.parse(to) if isinstance(to, str) else to
         if not isinstance(note, Notification):
             raise TypeError(f"{type(note).__name__} is not an aaabus.Notification")
-        body = base64.b64encode(encode_note(note)).decode("ascii")
+        body = base64.b64encode(self.codec.encode(note)).decode("ascii")
         answer = self._request(
             {"op": "send", "id": request_id or _new_id(), "to": str(target), "note": body}
         )
         return not answer.get("duplicate", False)
 
     def deploy(
-        self, agent: Agent, server: int | None = None, *, request_id: str | None = None
+        self,
+        agent: Agent,
+        server: int | None = None,
+        *,
+        request_id: str | None = None,
+        by_value: bool = False,
     ) -> AgentId:
         """Create ``agent`` on ``server`` (default: the client's server); returns its id.
 
+        The agent travels as its class's name and its attributes, as data: its class must be
+        in a module the servers import. ``by_value``: send its code instead (cloudpickle), for a
+        class defined in ``__main__`` or a notebook -- code execution, which the server accepts
+        only where its operator allowed it and from a credential allowed to (docs/security.md).
         As with a deploy from a reaction, anything sent to the new id afterwards through this
         client arrives after the creation.
         """
@@ -128,7 +141,8 @@ class Client:
             raise TypeError(f"{type(agent).__name__} is not an aaabus.Agent")
         if agent.deployed:
             raise RuntimeError(f"{agent!r} is already deployed")
-        body = base64.b64encode(cloudpickle.dumps(agent)).decode("ascii")
+        data = cloudpickle.dumps(agent) if by_value else self.codec.encode_agent(agent)
+        body = base64.b64encode(data).decode("ascii")
         answer = self._request(
             {"op": "deploy", "id": request_id or _new_id(), "agent": body, "server": server}
         )
@@ -137,14 +151,14 @@ class Client:
     def publish(
         self, topic: str, payload: Any, *, retain: bool = False, request_id: str | None = None
     ) -> bool:
-        """Publish ``payload`` (picklable, of a class the server trusts) on ``topic``.
+        """Publish ``payload`` (data: see :mod:`aaabus.wire.codec`) on ``topic``.
 
         Returns once the server has committed it, as :meth:`send` does (``False``: the server
         had already accepted ``request_id``). The publisher is the server, ``#s.s.0``: in causal
         order with everything this client published or sent through the same server before.
         Raises :class:`~aaabus.TopicError` for a malformed topic name.
         """
-        body = base64.b64encode(encode_note(payload)).decode("ascii")
+        body = base64.b64encode(self.codec.encode_value(payload)).decode("ascii")
         answer = self._request(
             {
                 "op": "publish",
@@ -171,7 +185,12 @@ class Client:
         mailbox = name if name is not None else f"client-{_new_id()}"
         self._request({"op": "subscribe", "name": mailbox, "filter": topic_filter})
         return Subscription[Publication](
-            self._request, mailbox, topic_filter, durable=durable, wait=self._fetch_wait()
+            self._request,
+            mailbox,
+            topic_filter,
+            durable=durable,
+            decode=self.codec.decode,
+            wait=self._fetch_wait(),
         )
 
     def unsubscribe(self, name: str) -> None:
@@ -192,10 +211,16 @@ class Client:
         if not isinstance(note, Notification):
             raise TypeError(f"{type(note).__name__} is not an aaabus.Notification")
         key = _new_id()
-        body = base64.b64encode(encode_note(note)).decode("ascii")
+        body = base64.b64encode(self.codec.encode(note)).decode("ascii")
         self._request({"op": "request", "id": key, "to": str(target), "note": body})
         replies = Subscription[Notification](
-            self._request, f"request-{key}", "", durable=False, batch=1, wait=self._fetch_wait()
+            self._request,
+            f"request-{key}",
+            "",
+            durable=False,
+            decode=self.codec.decode,
+            batch=1,
+            wait=self._fetch_wait(),
         )
         try:
             reply = replies.get(timeout)

@@ -22,12 +22,14 @@ Not thread-safe, like the :class:`~aaabus.tools.client.Client` it uses.
 from __future__ import annotations
 
 import base64
+import binascii
 import collections
-import pickle
 import time
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, Generic, TypeVar
+
+from aaabus.errors import AdminError, BadBody
 
 __all__ = ["Subscription"]
 
@@ -41,7 +43,8 @@ class Subscription(Generic[T]):
     """Publications matching ``topic_filter`` (see the module docstring); ``T`` is
     :class:`~aaabus.Publication` (a request's reply mailbox holds any notification).
 
-    ``request`` is the client's request function (retries included); ``durable``: keep the
+    ``request`` is the client's request function (retries included); ``decode`` its codec's
+    (:meth:`aaabus.wire.codec.Codec.decode`); ``durable``: keep the
     server's mailbox at :meth:`close`; ``wait``: the longest one fetch waits on the server (it
     must stay below the client's answer timeout).
     """
@@ -53,10 +56,12 @@ class Subscription(Generic[T]):
         topic_filter: str,
         *,
         durable: bool,
+        decode: Callable[[bytes], Any],
         batch: int = 100,
         wait: float = FETCH_WAIT,
     ) -> None:
         self._request = request
+        self._decode = decode
         self.name = name
         self.topic_filter = topic_filter
         self.durable = durable
@@ -105,12 +110,23 @@ class Subscription(Generic[T]):
         answer = self._request(
             {"op": "fetch", "name": self.name, "after": self._after, "most": most, "wait": wait}
         )
-        self.dropped = int(answer.get("dropped", 0))
-        for seq, body in answer["items"]:
-            last = self._buffer[-1][0] if self._buffer else self._after
-            if seq > last:
-                # The server authenticated itself with the bus key: what it sends is trusted.
-                self._buffer.append((seq, pickle.loads(base64.b64decode(body))))
+        try:
+            self.dropped = int(answer.get("dropped", 0))
+            for seq, body in answer["items"]:
+                last = self._buffer[-1][0] if self._buffer else self._after
+                if seq > last:
+                    # Data, decoded into the types this program registered: whoever answers
+                    # on the server's address can make it build nothing else, and run nothing.
+                    self._buffer.append((seq, self._decode(base64.b64decode(body))))
+        except BadBody as exc:
+            raise AdminError(
+                f"subscription {self.name!r}: the server sent an item this program refuses: {exc}"
+            ) from None
+        except (KeyError, TypeError, ValueError, binascii.Error) as exc:
+            raise AdminError(
+                f"subscription {self.name!r}: the server's answer to a fetch is malformed "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
 
     def close(self) -> None:
         """Acknowledge what was handed out; delete the subscription unless it is named."""

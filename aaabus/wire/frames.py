@@ -12,22 +12,31 @@ Framing
 Handshake (mutual challenge-response over a shared key; never pickle)
     All integers are big-endian, ids are unsigned 32-bit, nonces are 32 random bytes, MACs are
     HMAC-SHA256 keyed with the connection's key (``secret`` below): between servers the key of
-    that pair of servers, on an admin port the tool key (see :mod:`aaabus.config.secret`). Each
-    message is the payload of one frame and starts with ``MAGIC`` (``b"AAAB"``), ``VERSION`` (one
-    byte, currently 1) and a type byte::
+    that pair of servers, on an admin port the admin key of that server for the tool's scope
+    (see :mod:`aaabus.config.secret`). Each message is the payload of one frame and starts with
+    ``MAGIC`` (``b"AAAB"``), ``VERSION`` (one byte, currently 3) and a type byte::
 
         CHALLENGE  acceptor -> connector  42 bytes
             magic(4) version(1) type=1(1) acceptor_id(4) nonce_a(32)
-        ANSWER     connector -> acceptor  78 bytes
-            magic(4) version(1) type=2(1) connector_id(4) acceptor_id(4) nonce_c(32) mac_c(32)
-            mac_c = HMAC(secret, "aaabus/1 connect" | nonce_a | nonce_c | ids)
+        ANSWER     connector -> acceptor  79 bytes
+            magic(4) version(1) type=2(1) connector_id(4) acceptor_id(4) role(1) nonce_c(32)
+            mac_c(32)
+            mac_c = HMAC(secret, "aaabus/1 connect" | nonce_a | nonce_c | context)
         PROOF      acceptor -> connector  38 bytes
             magic(4) version(1) type=3(1) mac_a(32)
-            mac_a = HMAC(secret, "aaabus/1 accept " | nonce_c | nonce_a | ids)
+            mac_a = HMAC(secret, "aaabus/1 accept " | nonce_c | nonce_a | context)
 
-    session_key = HMAC(secret, "aaabus/1 session" | nonce_a | nonce_c | ids)
+    session_key = HMAC(secret, "aaabus/1 session" | nonce_a | nonce_c | context)
 
-    where ``ids`` is ``connector_id(4) | acceptor_id(4)``.
+    where ``context`` is ``version(1) | connector_id(4) | acceptor_id(4) | role(1)``. ``role``
+    says what the connector is: :data:`ROLE_SERVER` (0) for a server opening a link, else a
+    tool's scope (:mod:`aaabus.config.scopes`), which the acceptor uses to pick the key and
+    which every MAC covers: a tool cannot claim more than its key's scope, nor a tool pass for
+    a server or a server for a tool. An acceptor takes only the roles it was built for.
+
+    Both sides refuse a message of another ``VERSION`` with one line naming both versions (the
+    connector on reading the CHALLENGE, the acceptor on reading the ANSWER): a server or tool
+    of another release is refused at the door, before anything else is read from it.
 
     The acceptor's fresh ``nonce_a`` makes a recorded ANSWER worthless on any later connection;
     the connector's fresh ``nonce_c`` does the same for a recorded PROOF and makes the session key
@@ -59,6 +68,7 @@ from aaabus.errors import AuthError, FrameTooLarge, WireError
 
 __all__ = [
     "MAGIC",
+    "ROLE_SERVER",
     "VERSION",
     "AcceptorHandshake",
     "AuthError",
@@ -73,10 +83,14 @@ __all__ = [
 MAGIC = b"AAAB"
 #: 2: the channel's TENTATIVE and DURABLE frames (aaabus.core.early). A server of version 1 would
 #: take tentative frames for durable ones, so the versions refuse each other at the handshake.
-VERSION = 2
+#: 3: notifications travel as data, not pickles (aaabus.wire.codec), and the handshake carries
+#: the connector's role (a server, or a tool's scope) inside its MACs, with per-server admin keys.
+VERSION = 3
+#: The ``role`` of a connector that is a server opening a link; tools' roles are their scopes.
+ROLE_SERVER = 0
 NONCE_BYTES = 32
 MAC_BYTES = 32
-#: Largest frame a peer may send before it has authenticated: the biggest handshake message is 78
+#: Largest frame a peer may send before it has authenticated: the biggest handshake message is 79
 #: bytes, so anything much larger is garbage and must not make us buffer megabytes.
 HANDSHAKE_MAX_FRAME = 256
 MAX_SERVER_ID = 0xFFFFFFFF
@@ -94,9 +108,9 @@ _LABEL_A2C = b"aaabus/1 a->c   "
 _LEN = struct.Struct(">I")
 _HEAD = struct.Struct(">4sBB")  # magic, version, type
 _CHALLENGE = struct.Struct(f">4sBBI{NONCE_BYTES}s")
-_ANSWER = struct.Struct(f">4sBBII{NONCE_BYTES}s{MAC_BYTES}s")
+_ANSWER = struct.Struct(f">4sBBIIB{NONCE_BYTES}s{MAC_BYTES}s")
 _PROOF = struct.Struct(f">4sBB{MAC_BYTES}s")
-_IDS = struct.Struct(">II")
+_CONTEXT = struct.Struct(">BIIB")  # version, connector_id, acceptor_id, role
 _SEQ = struct.Struct(">Q")
 _FRAME_HEAD = struct.Struct(">IQ")  # length prefix + seq of a session frame
 
@@ -236,8 +250,8 @@ class _Hmac:
         return outer.digest()
 
 
-def _mac(key: bytes, label: bytes, first: bytes, second: bytes, ids: bytes) -> bytes:
-    return hmac.digest(key, label + first + second + ids, "sha256")
+def _mac(key: bytes, label: bytes, first: bytes, second: bytes, context: bytes) -> bytes:
+    return hmac.digest(key, label + first + second + context, "sha256")
 
 
 # --------------------------------------------------------------------------------------------
@@ -260,7 +274,9 @@ def _unpack_message(
         raise AuthError(f"bad handshake: bad magic {magic!r} (not an aaabus server)")
     if version != VERSION:
         raise AuthError(
-            f"bad handshake: peer speaks protocol version {version}, this server speaks {VERSION}"
+            f"bad handshake: the other side speaks wire version {version}, this side wire version "
+            f"{VERSION}; every server and tool of a bus must run the same release (docs/"
+            "operations.md, Upgrading a running bus)"
         )
     if got != kind:
         raise AuthError(f"bad handshake: expected {name}, got message type {got}")
@@ -293,8 +309,8 @@ class _Handshake:
         self._failed = error
         return error
 
-    def _derive(self, nonce_a: bytes, nonce_c: bytes, ids: bytes) -> bytes:
-        return _mac(self._secret, _LABEL_SESSION, nonce_a, nonce_c, ids)
+    def _derive(self, nonce_a: bytes, nonce_c: bytes, context: bytes) -> bytes:
+        return _mac(self._secret, _LABEL_SESSION, nonce_a, nonce_c, context)
 
     def cipher(self) -> SessionCipher:
         """The session cipher for this side of the connection (only once :attr:`done`)."""
@@ -304,22 +320,24 @@ class _Handshake:
 
 
 class ConnectorHandshake(_Handshake):
-    """The side that opened the TCP connection (the lower server id).
+    """The side that opened the TCP connection (the lower server id, or a tool).
 
     Protocol: ``start()`` (sends nothing: the acceptor speaks first), then ``receive(challenge)``
     returns the framed ANSWER to send, then ``receive(proof)`` returns ``b""`` and sets
-    :attr:`done`. Any violation raises :class:`AuthError`.
+    :attr:`done`. Any violation raises :class:`AuthError`. ``role``: what this side is
+    (:data:`ROLE_SERVER`, or a tool's scope), bound into every MAC.
     """
 
     _connector = True
 
-    def __init__(self, secret: bytes, my_id: int, peer_id: int) -> None:
+    def __init__(self, secret: bytes, my_id: int, peer_id: int, role: int = ROLE_SERVER) -> None:
         super().__init__(secret, my_id)
         _check_id(peer_id, "peer_id")
         self._expected_peer = peer_id
+        self._role = role
         self._nonce_a = b""
         self._nonce_c = b""
-        self._ids = _IDS.pack(my_id, peer_id)
+        self._context = _CONTEXT.pack(VERSION, my_id, peer_id, role)
 
     def start(self) -> bytes:
         """Bytes to send first: none, the connector waits for the challenge."""
@@ -347,50 +365,63 @@ class ConnectorHandshake(_Handshake):
                 )
             self._nonce_a = nonce_a
             self._nonce_c = secrets.token_bytes(NONCE_BYTES)
-            mac = _mac(self._secret, _LABEL_CONNECTOR, nonce_a, self._nonce_c, self._ids)
+            mac = _mac(self._secret, _LABEL_CONNECTOR, nonce_a, self._nonce_c, self._context)
             answer = _ANSWER.pack(
-                MAGIC, VERSION, _T_ANSWER, self.my_id, self._expected_peer, self._nonce_c, mac
+                MAGIC,
+                VERSION,
+                _T_ANSWER,
+                self.my_id,
+                self._expected_peer,
+                self._role,
+                self._nonce_c,
+                mac,
             )
             return encode_frame(answer)
         try:
             _, _, _, mac = _unpack_message(message, _T_PROOF, _PROOF, "a proof")
         except AuthError as exc:
             raise self._fail(exc) from None
-        expected = _mac(self._secret, _LABEL_ACCEPTOR, self._nonce_c, self._nonce_a, self._ids)
+        expected = _mac(self._secret, _LABEL_ACCEPTOR, self._nonce_c, self._nonce_a, self._context)
         if not hmac.compare_digest(mac, expected):
             raise self._fail(
                 AuthError(
-                    f"server {self._expected_peer} failed to prove it holds the bus secret "
-                    "(bad MAC: the two servers use different bus keys)"
+                    f"server {self._expected_peer} failed to prove it is server "
+                    f"{self._expected_peer} of this bus (bad MAC: it holds another key: another "
+                    "bus's, or it is posing as that server)"
                 )
             )
         self.peer_id = self._expected_peer
-        self.session_key = self._derive(self._nonce_a, self._nonce_c, self._ids)
+        self.session_key = self._derive(self._nonce_a, self._nonce_c, self._context)
         return b""
 
 
 class AcceptorHandshake(_Handshake):
-    """The side that accepted the TCP connection (the higher server id).
+    """The side that accepted the TCP connection (the higher server id, or an admin port).
 
     Protocol: ``start()`` returns the framed CHALLENGE, ``receive(answer)`` checks the connector
-    and returns the framed PROOF; :attr:`done` is then set and :attr:`peer_id` is the connector's
-    proven id. ``allowed_ids`` restricts which ids may connect (``None``: any id but our own).
-    ``secret``: the key, or a function giving the key for a connector id (pairwise link keys).
+    and returns the framed PROOF; :attr:`done` is then set, :attr:`peer_id` is the connector's
+    proven id and :attr:`role` its proven role. ``allowed_ids`` restricts which ids may connect
+    (``None``: any id but our own), ``roles`` which roles (default: servers only).
+    ``secret``: the key, or a function giving the key for a connector id and role (pairwise
+    link keys, per-scope admin keys).
     """
 
     _connector = False
 
     def __init__(
         self,
-        secret: bytes | Callable[[int], bytes],
+        secret: bytes | Callable[[int, int], bytes],
         my_id: int,
         allowed_ids: Collection[int] | None = None,
+        roles: Collection[int] = (ROLE_SERVER,),
     ) -> None:
-        # ``secret`` may depend on who connects (pairwise link keys): it is then a function of
-        # the connector's claimed id, called once the ANSWER names it.
+        # ``secret`` may depend on who connects (pairwise link keys, a tool's scope): it is then
+        # a function of the connector's claimed id and role, called once the ANSWER names them.
         self._key_for = secret if callable(secret) else None
         super().__init__(b"\0" if callable(secret) else secret, my_id)
         self._allowed = None if allowed_ids is None else frozenset(allowed_ids)
+        self._roles = frozenset(roles)
+        self.role: int | None = None
         self._nonce_a = b""
 
     def start(self) -> bytes:
@@ -411,7 +442,7 @@ class AcceptorHandshake(_Handshake):
         if self.done:
             raise self._fail(AuthError("bad handshake: unexpected message after the answer"))
         try:
-            _, _, _, connector_id, acceptor_id, nonce_c, mac = _unpack_message(
+            _, _, _, connector_id, acceptor_id, role, nonce_c, mac = _unpack_message(
                 message, _T_ANSWER, _ANSWER, "an answer"
             )
         except AuthError as exc:
@@ -428,10 +459,17 @@ class AcceptorHandshake(_Handshake):
             raise self._fail(
                 AuthError(f"unknown server id {connector_id}: not a peer allowed to connect here")
             )
-        ids = _IDS.pack(connector_id, self.my_id)
+        if role not in self._roles:
+            raise self._fail(
+                AuthError(
+                    f"bad handshake: connector {connector_id} claims role {role}, which this side "
+                    f"does not serve (roles {', '.join(map(str, sorted(self._roles)))})"
+                )
+            )
+        context = _CONTEXT.pack(VERSION, connector_id, self.my_id, role)
         if self._key_for is not None:
-            self._secret = self._key_for(connector_id)
-        expected = _mac(self._secret, _LABEL_CONNECTOR, self._nonce_a, nonce_c, ids)
+            self._secret = self._key_for(connector_id, role)
+        expected = _mac(self._secret, _LABEL_CONNECTOR, self._nonce_a, nonce_c, context)
         if not hmac.compare_digest(mac, expected):
             raise self._fail(
                 AuthError(
@@ -440,8 +478,9 @@ class AcceptorHandshake(_Handshake):
                 )
             )
         self.peer_id = connector_id
-        self.session_key = self._derive(self._nonce_a, nonce_c, ids)
-        proof = _mac(self._secret, _LABEL_ACCEPTOR, nonce_c, self._nonce_a, ids)
+        self.role = role
+        self.session_key = self._derive(self._nonce_a, nonce_c, context)
+        proof = _mac(self._secret, _LABEL_ACCEPTOR, nonce_c, self._nonce_a, context)
         return encode_frame(_PROOF.pack(MAGIC, VERSION, _T_PROOF, proof))
 
 
