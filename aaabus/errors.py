@@ -11,7 +11,7 @@ Four families, by who sees them and what may catch them::
     │   ├── UntrustedClass (also a pickle.UnpicklingError)
     │   ├── TopicError (also a ValueError)
     │   └── AdminError
-    │       ├── RequestRefused
+    │       ├── RequestRefused → UndecodableRequest
     │       └── ServerUnreachable, ServerBusy (also TransientErrors)
     ├── AgentError             raised into or by agent code, handled like any agent exception
     │   ├── OutsideReactionError (also a RuntimeError)
@@ -77,6 +77,7 @@ __all__ = [
     "TopicError",
     "TrafficError",
     "TransientError",
+    "UndecodableRequest",
     "UnknownNotificationError",
     "UnreadableRecord",
     "UntrustedClass",
@@ -181,6 +182,11 @@ class ServerBusy(AdminError, TransientError):
 
 class RequestRefused(AdminError):
     """The server received the request and refused it (bad target, undecodable notification)."""
+
+
+class UndecodableRequest(RequestRefused):
+    """A request whose notification, payload or agent does not decode (or is code this server
+    does not load): refused in one line, and the server ends that connection after answering."""
 
 
 # -- agent code -------------------------------------------------------------------------------

@@ -232,10 +232,16 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
             status = link.request({"op": "status"})["status"]
             assert status["id"] == 0 and status["up"] and status["router"] is False
             # A client holds the secret, but what it sends is decoded as data: bytes that are
-            # not a notification are refused in one line, and the server goes on answering.
+            # not a notification are refused in one line, that connection ends, and the
+            # server goes on answering the next one.
             garbage = base64.b64encode(b")r\x99\n\xd6L.").decode()
             answer = link.request({"op": "send", "id": "x", "to": "#0.0.1", "note": garbage})
             assert answer["ok"] is False and "does not decode" in answer["error"], answer
+            assert answer["close"] is True and link.wait_closed(10)
+        finally:
+            link.close()
+        link = Link.connect(address, load_secret(tmp_path / "bus.key"), 0)
+        try:
             assert link.request({"op": "status"})["status"]["up"]
         finally:
             link.close()

@@ -37,7 +37,7 @@ TRACE_VERSION = 1
 #: took it up: ``handoff``, the engine thread's wake-up, or with an inline group the group's start
 #: and the inputs before it), ``tested`` (frame decoded, stamp tested against the clock,
 #: message queued for delivery: ``clock_test``), ``react_start`` (other inputs of the group:
-#: ``to_reaction``), ``reacted`` (body unpickled and ``react`` run: ``reaction``), ``sealed`` (the
+#: ``to_reaction``), ``reacted`` (body decoded and ``react`` run: ``reaction``), ``sealed`` (the
 #: reaction's sends stamped, encoded and queued: ``stamp``), ``commit`` (``to_commit``),
 #: [``notified`` (the durability notices of the tentative frames the group applied came:
 #: ``notice_wait``), ``sent_early`` (early frames, aaabus.core.early: the group's frames left,

@@ -21,9 +21,9 @@ Authentication
 Protocol
     After the handshake the client sends requests and the server answers each in order, one
     session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
-    ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 pickle>}``,
-    ``{"op": "deploy", "id": ..., "agent": <base64 cloudpickle>, "server": n}``,
-    ``{"op": "publish", "id": ..., "topic": ..., "payload": <base64 pickle>, "retain": b}``,
+    ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 body>}``,
+    ``{"op": "deploy", "id": ..., "agent": <base64 body>, "server": n}``,
+    ``{"op": "publish", "id": ..., "topic": ..., "payload": <base64 value>, "retain": b}``,
     ``{"op": "subscribe", "name": ..., "filter": ...}`` (open a client subscription's mailbox),
     ``{"op": "fetch", "name": ..., "after": n, "most": k, "wait": s}`` (acknowledge up to ``n``,
     get what follows, waiting up to ``s`` seconds), ``{"op": "unsubscribe", "name": ...}``,
@@ -31,10 +31,11 @@ Protocol
     ``request-<id>``; see :mod:`aaabus.node.mailboxes`),
     ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
     :meth:`AgentServer.arm_failpoints`). Answers are
-    ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}``. Notifications and agents are
-    pickles, as between servers, and are unpickled only on an authenticated session and under the
-    server's trust policy (:mod:`aaabus.config.trust`); everything else is JSON, which carries no
-    code.
+    ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}`` (with ``"close": true`` when
+    the request's body did not decode: the server then ends the connection). Notifications,
+    payloads and agents are data, as between servers (:mod:`aaabus.wire.codec`), decoded only on
+    an authenticated session; an agent by value (a pickle: code) only on a ``code`` session of a
+    server that loads code; everything else is JSON, which carries no code either.
 
 Threads
     One listener thread (``admin-<id>``) accepts connections and runs one short-lived thread per
@@ -234,7 +235,10 @@ class AdminEndpoint:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                link.send(session.serve(request, partial(answer, server, self.rates, request)))
+                reply = session.serve(request, partial(answer, server, self.rates, request))
+                link.send(reply)
+                if reply.get("close"):
+                    return  # a request that did not decode ends its connection, not the server
         except OSError:
             return
         finally:

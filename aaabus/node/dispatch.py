@@ -12,7 +12,7 @@ import binascii
 import logging
 from typing import Any
 
-from aaabus.errors import AaabusError, BadBody, RequestRefused, UntrustedClass
+from aaabus.errors import AaabusError, BadBody, RequestRefused, UndecodableRequest, UntrustedClass
 from aaabus.model.ids import AgentId
 from aaabus.model.pubsub import Publish
 from aaabus.model.topicnames import check_filter, check_topic
@@ -72,6 +72,10 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
             server.arm_failpoints(spec)
             return {"ok": True}
         raise RequestRefused(f"unknown request {op!r}")
+    except UndecodableRequest as exc:
+        # Bytes that are not what they claim: answered, then the connection ends (the server
+        # goes on); a client that meant well reconnects for its next request.
+        return {"ok": False, "error": str(exc), "close": True}
     except (AaabusError, TimeoutError) as exc:
         return {"ok": False, "error": str(exc) or type(exc).__name__}
     except Exception as exc:  # a failing send or deploy: its transaction was rolled back
@@ -179,6 +183,8 @@ def _decode(server: NodeControl, text: Any, what: str) -> Any:
         return server.trust.loads(data)
     except (BadBody, UntrustedClass) as exc:
         log.warning("server %s: admin %s refused: %s", server.server_id, what, exc)
-        raise RequestRefused(f"the {what} was refused: {exc}") from None
+        raise UndecodableRequest(f"the {what} was refused: {exc}") from None
     except Exception as exc:
-        raise RequestRefused(f"cannot load the {what} here ({type(exc).__name__}: {exc})") from None
+        raise UndecodableRequest(
+            f"cannot load the {what} here ({type(exc).__name__}: {exc})"
+        ) from None

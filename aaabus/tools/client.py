@@ -290,6 +290,8 @@ class Client:
                 delay = min(2 * delay, 1.0)
                 continue
             if not answer.get("ok"):
+                if answer.get("close"):
+                    self.close()  # the server ends the connection after such a refusal
                 raise RequestRefused(f"server {self.server}: {answer.get('error', 'refused')}")
             return answer
 
