@@ -47,6 +47,7 @@ from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
 from aaabus.core.records import VettedDB, check_record
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
+from aaabus.wire.frames import VERSION as WIRE_VERSION
 from aaabus.wire.pickles import pickle_end
 
 log = logging.getLogger("aaabus.store")
@@ -109,6 +110,7 @@ class ServerRecord(Persistent):
     """Counters of one server: which server owns the store, boots, and id allocation."""
 
     bus_identity: bytes | None = None  # stores made before identities were recorded
+    wire_version: int | None = None  # stores made before wire version 3 (the data codec)
 
     def __init__(self, server_id: int) -> None:
         self.server_id = server_id
@@ -117,6 +119,8 @@ class ServerRecord(Persistent):
         #: Which bus this store belongs to: an HMAC of the bus key
         #: (aaabus.config.secret.bus_identity).
         self.bus_identity: bytes | None = None
+        #: The wire version of the bodies its queues hold (aaabus.wire.frames.VERSION).
+        self.wire_version: int | None = WIRE_VERSION
         #: Boot services already started once (their class paths): ``first_time`` is per service,
         #: so that a service added to the config later still sees its first time.
         self.services_started: PersistentMapping = PersistentMapping()
@@ -179,6 +183,38 @@ class Store:
         self.qin: PersistentQueue = root["qin"]
         #: Named structures of the channel side (outgoing queues, held-back messages, clocks).
         self.queues: OOBTree = root["queues"]
+        if self.record.wire_version != WIRE_VERSION:
+            self._upgrade_wire()
+
+    def _upgrade_wire(self) -> None:
+        """Record this version's wire in a store written by another one, if that is safe.
+
+        Queued bodies are in the writer's wire format, which another version may not read (a
+        version-2 body is a pickle, which a version-3 server refuses as a dead letter): a store
+        of another version must have been drained. Agents and their state carry over.
+        """
+        old = self.record.wire_version
+        if old is not None and old > WIRE_VERSION:
+            self.close()
+            raise StoreError(
+                f"{self.description} was written by wire version {old}, newer than this "
+                f"server's {WIRE_VERSION}: run it with the aaabus that wrote it"
+            )
+        # Held-back messages ("wait") and outgoing queues ("out"); clocks hold no body.
+        pending = len(self.qin) + sum(
+            len(value) for key, value in self.queues.items() if key[0] in ("wait", "out")
+        )
+        if pending:
+            self.close()
+            written = f"wire version {old}" if old is not None else "wire version 2 or earlier"
+            raise StoreError(
+                f"{self.description} was written by {written} and still holds {pending} queued "
+                f"messages that wire version {WIRE_VERSION} cannot read: run it under its own "
+                "version until the bus is drained, then upgrade (docs/operations.md, Upgrading "
+                "a running bus)"
+            )
+        self.record.wire_version = WIRE_VERSION
+        self.tm.commit()
 
     def commit(self) -> None:
         try:
