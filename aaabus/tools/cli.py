@@ -100,7 +100,11 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     # first, so that no garbage cycle of the boot is frozen with it (never to be freed).
     gc.collect()
     gc.freeze()
-    print(READY_LINE.format(id=args.id), flush=True)
+    # One write of the whole line: print() writes the text and its newline apart, and a log
+    # line from another thread landing between them (stdout and stderr may share a pipe, and
+    # are unbuffered under the launcher) would hide the ready line from it.
+    sys.stdout.write(READY_LINE.format(id=args.id) + "\n")
+    sys.stdout.flush()
     # The engine stopping on its own (e.g. the disk is full) ends the process too, and so does
     # a stop asked through the admin port (`aaabus stop`), which sets server.stopped.
     while not stop.is_set() and not server.stopped.is_set():
