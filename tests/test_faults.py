@@ -147,6 +147,9 @@ def test_gossip_across_domains_through_a_faulty_link_is_causal(
             for _ in range(4):
                 threading.Event().wait(rng.uniform(0.05, 0.3))  # a random moment: the schedule
                 proxy.cut(after_bytes=rng.randint(1, 200))
+                # More traffic, so that bytes cross the armed cut however fast the earlier
+                # gossip went: the fault must happen, not just be scheduled.
+                expected += kick_all(bus.servers, agents, count=1, ttl=5)
             proxy.partition()
             threading.Event().wait(0.5)  # the partition lasts: the fault
             proxy.heal()
