@@ -62,11 +62,12 @@ def _peak_rss_mb(pid: int) -> float:
 
 def _wait_for(what: Callable[[], Any], timeout: float = 30.0) -> Any:
     deadline = time.monotonic() + timeout
+    pause = threading.Event()  # never set: a wait that cannot be cut short
     while True:
         value = what()
         if value or time.monotonic() > deadline:
             return value
-        time.sleep(0.05)  # polling a server's status, not synchronising threads
+        pause.wait(0.05)  # the server works on its own: poll its status until the deadline
 
 
 @pytest.mark.slow

@@ -744,9 +744,12 @@ class Engine:
             self._count("dead_letters")
             self.stats.last_dead_letter = f"from {msg.sender} to {msg.target}: {exc}"
             log.warning(
-                "server %s: dead letter from %s to %s: %s", self.server_id, msg.sender,
-                msg.target, exc,
-            )  # fmt: skip
+                "server %s: dead letter from %s to %s: %s",
+                self.server_id,
+                msg.sender,
+                msg.target,
+                exc,
+            )
         else:
             log.warning(
                 "server %s: reaction of %s to %s from %s raised %s: %s",
