@@ -1,8 +1,17 @@
 """aaabus: persistent agents reacting atomically to notifications, delivered exactly once and in
 causal order across many servers, with causality domains joined by router servers.
 
-The public surface is what this module exports; everything else is internal.
+The public surface is what this module exports; everything else is internal. The server
+(``AgentServer``, ``BootContext``) and the ``Client`` are imported when first named: agent modules
+import aaabus for the programming model, and must not pay for the engine, the store, the network
+and the data codec (three quarters of the import time of the whole) in every process that loads
+them; a client does not load the server either.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from persistent.list import PersistentList
 from persistent.mapping import PersistentMapping
@@ -32,8 +41,17 @@ from aaabus.model.notifications import (
     UnknownAgent,
 )
 from aaabus.model.pubsub import Publication
-from aaabus.node.server import AgentServer, BootContext
-from aaabus.tools.client import Client
+
+if TYPE_CHECKING:
+    from aaabus.node.server import AgentServer, BootContext
+    from aaabus.tools.client import Client
+
+#: Exported names imported on first use, and their module.
+_LATER = {
+    "AgentServer": "aaabus.node.server",
+    "BootContext": "aaabus.node.server",
+    "Client": "aaabus.tools.client",
+}
 
 # The errors: the programming model's, and every one Client raises (besides TypeError for a
 # wrong argument): ConfigError and SecretError reading the config, AdminError and its
@@ -66,3 +84,13 @@ __all__ = [
     "UnknownAgent",
     "UnknownNotificationError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """``aaabus.AgentServer``, ``from aaabus import Client``...: imported at first use."""
+    module = _LATER.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aaabus' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # the next lookups find it without coming here
+    return value

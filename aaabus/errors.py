@@ -5,8 +5,9 @@ Four families, by who sees them and what may catch them::
     Exception
     ├── AaabusError            a user caused it (bad file, flag, port, request): one line
     │   ├── TransientError     ... and retrying the same operation later may succeed
-    │   ├── ConfigError, SecretError, NetworkError, ServiceFailed, LaunchError, MetricsError
-│   ├── TrafficError
+    │   ├── ConfigError → ExtraMissing
+    │   ├── SecretError, NetworkError, ServiceFailed, LaunchError, MetricsError, TrafficError
+    │   ├── TraceError, SparkStartError (aaabus.analysis: ``aaabus plan``, ``aaabus analyze``)
     │   ├── StoreError → StoreInUse, LogStoreDamaged
     │   ├── UntrustedClass (also a pickle.UnpicklingError)
     │   ├── TopicError (also a ValueError)
@@ -52,6 +53,7 @@ __all__ = [
     "ConfigError",
     "DependencyLost",
     "EngineStopped",
+    "ExtraMissing",
     "FailpointError",
     "FatalError",
     "FormatError",
@@ -71,10 +73,12 @@ __all__ = [
     "ServerBusy",
     "ServerUnreachable",
     "ServiceFailed",
+    "SparkStartError",
     "StoreError",
     "StoreInUse",
     "StoreWriteFailed",
     "TopicError",
+    "TraceError",
     "TrafficError",
     "TransientError",
     "UndecodableRequest",
@@ -111,6 +115,11 @@ class ConfigError(AaabusError):
         self.message = message
         self.where = where
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class ExtraMissing(ConfigError):
+    """A feature was asked for (a property, a command) whose library is an optional dependency
+    that is not installed; the message names the extra that brings it (see aaabus.extras)."""
 
 
 class StoreError(AaabusError):
@@ -160,7 +169,18 @@ class MetricsError(AaabusError):
 
 
 class TrafficError(AaabusError):
-    """Traffic recording cannot start (pyarrow missing, directory not writable)."""
+    """Traffic recording cannot start (bad window sizes, directory not writable)."""
+
+
+class TraceError(AaabusError):
+    """Traces that ``aaabus plan`` or ``aaabus analyze`` cannot read or analyse (missing,
+    another schema, corrupted), or a result they cannot write."""
+
+
+class SparkStartError(AaabusError):
+    """Spark itself could not start (no Java, bad master URL...)."""
+
+    exit_code = 1
 
 
 class AdminError(AaabusError):

@@ -4,20 +4,29 @@ through a delaying :class:`~aaabus.testing.proxy.FaultProxy` (the WAN of ``perf 
 
 Runs in the suite's main thread; servers are processes (stopped by PID through
 :class:`~aaabus.tools.launch.Bus`), proxies are threads of this process, all stopped on exit.
+
+For the scale scenarios of ``perf mqtt --devices``/``--storm``, :func:`mqtt_servers` also gives
+each server's PID (its RSS, threads and CPU are read from ``/proc``), takes listener properties
+(``aaabus.mqtt.max_connections`` ...) and can start the servers with a raised file limit
+(``nofile``: their soft ``RLIMIT_NOFILE``, set by ``preexec_fn`` in the child before it runs the
+server, never above the hard limit, never the system's).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import os
+import subprocess
+import threading
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus.config.reader import load_config
 from aaabus.config.topology import render
 from aaabus.testing.proxy import FaultProxy
-from aaabus.tools.launch import Bus, free_port_base
-from perf.brokers import Endpoint, free_ports
+from aaabus.tools.launch import Bus, ServerProcess, free_port_base
+from perf.brokers import Endpoint, free_ports, nofile_raiser
 from perf.harness import REPO_ROOT
 
 
@@ -41,6 +50,54 @@ def _splice(text: str, server: int, properties: Mapping[str, str]) -> str:
     return text[:end] + xml + text[end:]
 
 
+class LimitedServerProcess(ServerProcess):
+    """A server process started with ``preexec_fn`` (a raised file limit): ``ServerProcess.start``
+    with that one argument more (Popen has no rlimit argument of its own)."""
+
+    def __init__(self, base: ServerProcess, preexec: Callable[[], None]) -> None:
+        super().__init__(
+            base.config,
+            base.server_id,
+            base.storage,
+            env=base.env,
+            sink=base.sink,
+            log_level=base.log_level,
+            cwd=base.cwd,
+        )
+        self._preexec = preexec
+
+    def start(self) -> ServerProcess:
+        env = dict(os.environ if self.env is None else self.env)
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        self._ready.clear()
+        self._terminated = False
+        self.proc = subprocess.Popen(
+            self.command(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env=env,
+            cwd=self.cwd,
+            start_new_session=True,
+            # Runs in the child between fork and exec: only setrlimit, no lock taken.
+            preexec_fn=self._preexec,
+        )
+        self._reader = threading.Thread(
+            target=self._relay, args=(self.proc,), name=f"relay-s{self.server_id}", daemon=True
+        )
+        self._reader.start()
+        return self
+
+
+@dataclass
+class MqttServers:
+    """A running bus: each listener's endpoint and each server's PID."""
+
+    endpoints: dict[int, Endpoint]
+    pids: dict[int, int]
+
+
 @contextlib.contextmanager
 def mqtt_bus(
     work: Path,
@@ -50,6 +107,22 @@ def mqtt_bus(
 ) -> Iterator[dict[int, Endpoint]]:
     """Start the bus of ``layout`` in ``work``; ``listeners`` maps a server to the inflight
     window of its MQTT listener. Yields each listener's endpoint; stops everything on exit."""
+    with mqtt_servers(work, layout, listeners, wan) as servers:
+        yield servers.endpoints
+
+
+@contextlib.contextmanager
+def mqtt_servers(
+    work: Path,
+    layout: list[list[int]],
+    listeners: Mapping[int, int],
+    wan: tuple[WanLink, ...] = (),
+    properties: Mapping[str, str] | None = None,
+    nofile: int | None = None,
+) -> Iterator[MqttServers]:
+    """:func:`mqtt_bus`, with ``properties`` added to every listener's server (they win over the
+    defaults set here), and with ``nofile`` the servers' soft file limit raised to it
+    (``perf.brokers.NOFILE_HARD``: to the hard limit). Yields the endpoints and the PIDs."""
     work.mkdir(parents=True, exist_ok=True)
     servers = 1 + max(max(members) for members in layout)
     ports = sum(len(m) for m in layout)
@@ -80,12 +153,22 @@ def mqtt_bus(
         for server, port in mqtt_ports.items():
             extra[server]["aaabus.mqtt.port"] = str(port)
             extra[server]["aaabus.mqtt.inflight"] = str(listeners[server])
+            extra[server].update(properties or {})
         for server, props in extra.items():
             if props:
                 text = _splice(text, server, props)
         config.write_text(text)
-        with Bus(config, range(servers), work / "store", cwd=REPO_ROOT):
-            yield {s: Endpoint("127.0.0.1", p) for s, p in mqtt_ports.items()}
+        bus = Bus(config, range(servers), work / "store", cwd=REPO_ROOT)
+        if nofile is not None:
+            preexec = nofile_raiser(nofile)
+            bus.servers = {
+                sid: LimitedServerProcess(proc, preexec) for sid, proc in bus.servers.items()
+            }
+        with bus:
+            yield MqttServers(
+                {s: Endpoint("127.0.0.1", p) for s, p in mqtt_ports.items()},
+                {sid: proc.pid for sid, proc in bus.servers.items()},
+            )
     finally:
         for proxy in proxies:
             proxy.stop()

@@ -6,6 +6,8 @@ SIGKILL). The start functions append every process they start to the caller's ``
 *before* waiting for it, so a caller that stops ``procs`` in a ``finally`` never leaks one, also
 when a start fails. They run in the caller's thread and raise ``FileNotFoundError`` (binary not
 installed), ``RuntimeError`` (the broker exited) or ``TimeoutError`` (it never listened).
+With ``nofile`` they start the broker with its soft file limit raised (``perf mqtt --devices``
+holds thousands of connections): in the child, before exec, capped at the hard limit.
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ from __future__ import annotations
 import contextlib
 import getpass
 import os
+import resource
 import shutil
 import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,6 +50,26 @@ def stop_group(proc: subprocess.Popen[Any], timeout: float = STOP_TIMEOUT) -> No
         # The leader is gone; anything left in its group is still ours to clean.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+#: ``nofile`` value meaning "as high as the hard limit allows".
+NOFILE_HARD = -1
+
+
+def nofile_raiser(limit: int | None) -> Callable[[], None]:
+    """A ``preexec_fn`` that raises the child's soft RLIMIT_NOFILE to ``limit`` (None or
+    :data:`NOFILE_HARD`: to the hard limit), capped at the hard limit: a process of ours, never a
+    change to the system. It only calls setrlimit (no lock taken between fork and exec)."""
+
+    def raise_limit() -> None:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        want = hard if limit is None or limit == NOFILE_HARD else limit
+        if hard != resource.RLIM_INFINITY:
+            want = min(want, hard)
+        if want > soft:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+    return raise_limit
 
 
 def free_ports(count: int) -> list[int]:
@@ -88,7 +112,10 @@ class Endpoint:
 
 
 def start_rabbitmq(
-    work: Path, procs: list[subprocess.Popen[Any]], mqtt: bool = False
+    work: Path,
+    procs: list[subprocess.Popen[Any]],
+    mqtt: bool = False,
+    nofile: int | None = None,
 ) -> tuple[Endpoint, Endpoint | None]:
     """A private RabbitMQ node: own node name, data dir, cookie and epmd, loopback only.
 
@@ -161,6 +188,7 @@ def start_rabbitmq(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=None if nofile is None else nofile_raiser(nofile),
             )
         )
     wait_port("rabbitmq", "127.0.0.1", amqp, base / "rabbitmq.log", procs[-1])
@@ -176,6 +204,7 @@ def start_mosquitto(
     window: int,
     name: str = "mosquitto",
     extra_conf: str = "",
+    nofile: int | None = None,
 ) -> Endpoint:
     """A private Mosquitto in ``work/name``; ``extra_conf`` is appended to its configuration
     (bridges, for instance: their sections must come after the listener's settings)."""
@@ -209,6 +238,7 @@ def start_mosquitto(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=None if nofile is None else nofile_raiser(nofile),
             )
         )
     wait_port(name, "127.0.0.1", port, base / "mosquitto.log", procs[-1], 20.0)

@@ -1,9 +1,9 @@
 """A private Spark standalone cluster on 127.0.0.1: one master, one worker, from the jars and
 scripts the installed pyspark package ships (``pyspark/bin/spark-class``; nothing downloaded).
 
-It proves that the Spark jobs of ``perf`` run on a real cluster (the driver in this machine's
-``perf`` process, the executors in JVMs the worker launches), and serves the tests that check
-it. ``with standalone_cluster(workdir) as cluster:`` gives ``cluster.url``
+It proves that the Spark jobs of ``aaabus plan`` and ``aaabus analyze`` run on a real cluster
+(the driver in this machine's process, the executors in JVMs the worker launches), and serves the
+tests that check it. ``with standalone_cluster(workdir) as cluster:`` gives ``cluster.url``
 (``spark://127.0.0.1:PORT``) and ``cluster.env`` (what a driver process needs: the same
 ``SPARK_HOME`` and ``SPARK_LOCAL_IP``); both JVMs are stopped by PID when the block ends, also
 on failure or Ctrl-C.

@@ -8,7 +8,7 @@ peer drawn inside its group with probability ``--inside``, else outside.
 
 1. **Observe.** The workload runs briefly on a flat bus with the traffic recorder on
    (``aaabus.traffic``), as a production bus would before it is planned.
-2. **Plan.** ``perf plan`` (Spark, ``--master``) turns those traffic traces into domains of at
+2. **Plan.** ``aaabus plan`` (Spark, ``--master``) turns those traffic traces into domains of at
    most ``--max-domain-size`` members and predicts the cost per notification of the plan and of
    the generated layouts of the same servers.
 3. **Measure.** The workload runs on every layout of ``--layouts`` (``planned`` first: its ports
@@ -245,7 +245,7 @@ def _summary(runs: list[tuple[dict[str, Any], Path]]) -> dict[str, Any]:
 
 
 def _plan(traces: Path, out: Path, args: argparse.Namespace, base_port: int) -> dict[str, Any]:
-    from perf import plan as plan_suite
+    from aaabus.analysis import plan as plan_suite
 
     parser = argparse.ArgumentParser()
     plan_suite.add_arguments(parser)
@@ -258,7 +258,7 @@ def _plan(traces: Path, out: Path, args: argparse.Namespace, base_port: int) -> 
 
 def _renumber_ports(config_text: str, needed: int) -> str:
     """The plan's ``a3.xml`` with its ports numbered afresh, in document order, from a base free
-    now (as ``perf plan`` numbers them): ports free at planning time may not be at every run."""
+    now (as ``aaabus plan`` numbers them): ports free at planning time may not be at every run."""
     ports = iter(range(free_port_base(needed), 65536))
     return re.sub(r'\bport="\d+"', lambda _: f'port="{next(ports)}"', config_text)
 

@@ -18,12 +18,25 @@ system whose broker is missing is skipped (stderr, ``"skipped"``); one that fail
 measurement is dropped from the remaining repetitions (``"failed"``, exit status 1). Runs in the
 main thread; paho clients have their network threads; brokers and client children are stopped
 by PID on exit, also on failure or Ctrl-C.
+
+**Scale** (``--devices N``; :func:`run_scale`): the same systems, each started afresh for every
+repetition (interleaved), driven by the independent load client of perf/mqttload.py (its own
+MQTT codec, asyncio, thousands of connections per process, several processes): ``idle`` (N
+devices connect at once and idle: connect rate, the holding process's RSS per connection,
+threads and CPU, then one publication must reach one of them), ``fan_in`` (N devices publish
+``--count`` QoS 1 messages each, ``--window`` in flight, one subscriber of ``dev/+/data`` counts
+them: PUBACKs/s, PUBACK latency, server CPU per message) and ``fan_out`` (one publisher, N
+subscribers). aaabus: the N devices on the listener of s0, the single client on s1's. **Storm**
+(``--storm N``): N devices connect at once while ``--silent`` connections from the same address
+never send CONNECT: do all devices get CONNACK 0, are the silent ones closed by the deadline?
+The last line of stdout is one JSON object (see perf/README.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import queue
 import statistics
@@ -35,8 +48,16 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from agents.pingpong import summarise
-from perf.aaabus_mqtt import mqtt_bus
-from perf.brokers import Endpoint, find_binary, start_mosquitto, start_rabbitmq, stop_group
+from perf import mqttload
+from perf.aaabus_mqtt import mqtt_bus, mqtt_servers
+from perf.brokers import (
+    NOFILE_HARD,
+    Endpoint,
+    find_binary,
+    start_mosquitto,
+    start_rabbitmq,
+    stop_group,
+)
 from perf.harness import scratch
 from perf.peers import PahoSession, mqtt_stream
 
@@ -55,6 +76,57 @@ class MqttSystem(Protocol):
     def endpoint(self, work: Path, window: int) -> contextlib.AbstractContextManager[Endpoint]:
         """Start the system in ``work``; yield its MQTT endpoint; stop it on exit."""
         ...
+
+    def scale(
+        self, work: Path, settings: ScaleSettings
+    ) -> contextlib.AbstractContextManager[mqttload.Target]:
+        """Start the system for the scale scenarios; yield what the load client needs."""
+        ...
+
+
+@dataclasses.dataclass(frozen=True)
+class ScaleSettings:
+    """How a system is configured for ``--devices``/``--storm``."""
+
+    connections: int  # the most connections it must hold at once (devices + others + slack)
+    window: int  # messages in flight towards one subscriber
+    backlog: int  # messages one subscriber's queue must keep
+    connect_ms: int  # aaabus: the CONNECT deadline
+    per_address: int | None  # aaabus: connections awaiting CONNECT per address (None: default)
+    max_waiting: int | None  # aaabus: connections awaiting CONNECT in all (None: default)
+
+
+def _known(prop: str) -> bool:
+    """Whether this checkout's server knows property ``prop`` (the listener's settings change
+    with it; a server refuses a configuration with an unknown property)."""
+    from aaabus.config.settings import find
+
+    try:
+        find(prop)
+    except ValueError:
+        return False
+    return True
+
+
+def _session_member(session: int, comm: str, timeout: float = 30.0) -> int:
+    """The PID of the process named ``comm`` in session ``session`` (the broker's start script
+    runs the Erlang VM as a child: its RSS and CPU are the VM's, not the script's)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                text = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            name = text[text.index("(") + 1 : text.rindex(")")]
+            fields = text[text.rindex(")") + 2 :].split()
+            if name == comm and int(fields[3]) == session:
+                return int(entry.name)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"no process {comm!r} in session {session}")
+        time.sleep(0.2)  # the VM is being exec'd: nothing to wait on but /proc
 
 
 class RabbitMqtt:
@@ -78,6 +150,21 @@ class RabbitMqtt:
             for proc in reversed(procs):
                 stop_group(proc)
 
+    @contextlib.contextmanager
+    def scale(self, work: Path, settings: ScaleSettings) -> Iterator[mqttload.Target]:
+        procs: list[Any] = []
+        try:
+            _amqp, mqtt = start_rabbitmq(work, procs, mqtt=True, nofile=NOFILE_HARD)
+            assert mqtt is not None  # asked for
+            beam = _session_member(procs[-1].pid, "beam.smp")
+            where = (mqtt.host, mqtt.port)
+            # RabbitMQ closes a connection that sent no CONNECT after 10 s (measured with
+            # 3.10: its MQTT handshake timeout; not configured here).
+            yield mqttload.Target(self.name, where, where, beam, (beam,), RABBITMQ_CONNECT_S)
+        finally:
+            for proc in reversed(procs):
+                stop_group(proc)
+
 
 class Mosquitto:
     name = "mosquitto"
@@ -90,6 +177,26 @@ class Mosquitto:
         procs: list[Any] = []
         try:
             yield start_mosquitto(work, procs, window)
+        finally:
+            for proc in reversed(procs):
+                stop_group(proc)
+
+    @contextlib.contextmanager
+    def scale(self, work: Path, settings: ScaleSettings) -> Iterator[mqttload.Target]:
+        procs: list[Any] = []
+        try:
+            # -1 is mosquitto's default (no limit); said explicitly, as the brokers' configs are
+            # compared. Its file limit is what bounds it: raised to the hard limit.
+            ep = start_mosquitto(
+                work,
+                procs,
+                settings.window,
+                extra_conf="max_connections -1\n",
+                nofile=NOFILE_HARD,
+            )
+            pid = procs[-1].pid
+            where = (ep.host, ep.port)
+            yield mqttload.Target(self.name, where, where, pid, (pid,), MOSQUITTO_CONNECT_S)
         finally:
             for proc in reversed(procs):
                 stop_group(proc)
@@ -110,6 +217,46 @@ class AaabusMqtt:
         with mqtt_bus(work, [[0, 1]], {0: max(window, 1)}) as endpoints:
             yield endpoints[0]
 
+    @contextlib.contextmanager
+    def scale(self, work: Path, settings: ScaleSettings) -> Iterator[mqttload.Target]:
+        """Both servers with a listener: the N devices on s0's, the single client on s1's (a
+        device's publication crosses the bus to reach the subscriber, and back for fan-out)."""
+        props = {
+            "aaabus.mqtt.max_connections": str(settings.connections),
+            "aaabus.mqtt.connect_ms": str(settings.connect_ms),
+            "aaabus.topics.backlog": str(settings.backlog),
+        }
+        if settings.per_address is not None:
+            props["aaabus.mqtt.per_address"] = str(settings.per_address)
+        if settings.max_waiting is not None and _known("aaabus.mqtt.max_waiting"):
+            props["aaabus.mqtt.max_waiting"] = str(settings.max_waiting)
+        window = max(settings.window, 1)
+        with mqtt_servers(
+            work, [[0, 1]], {0: window, 1: window}, properties=props, nofile=NOFILE_HARD
+        ) as bus:
+            devices, single = bus.endpoints[0], bus.endpoints[1]
+            yield mqttload.Target(
+                self.name,
+                (devices.host, devices.port),
+                (single.host, single.port),
+                bus.pids[0],
+                (bus.pids[0], bus.pids[1]),
+                settings.connect_ms / 1000,
+            )
+
+
+#: The scale scenarios, in run order (idle first: the RSS per connection of a fresh server).
+SCALE_SCENARIOS = ("idle", "fan_in", "fan_out")
+
+#: Connections a server gets beyond the scenario's own (probes, the single client, stragglers).
+SLACK = 100
+
+#: The CONNECT deadlines of the peers, which have no setting for it. RabbitMQ 3.10's MQTT plugin
+#: closes a silent connection after 10 s; Mosquitto 2.0 applies a new connection the default
+#: keep-alive of 60 s and closes it after 1.5 times that (both measured: 10.0 s and 94.8 s, the
+#: latter with mosquitto's keep-alive check running every few seconds).
+RABBITMQ_CONNECT_S = 10.0
+MOSQUITTO_CONNECT_S = 90.0
 
 #: The systems, in run order.
 SYSTEMS: dict[str, type[RabbitMqtt] | type[Mosquitto] | type[AaabusMqtt]] = {
@@ -123,8 +270,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repetitions", type=int, default=3, help="interleaved runs per system")
     parser.add_argument("--rounds", type=int, default=300, help="measured latency messages")
     parser.add_argument("--warmup", type=int, default=30, help="unmeasured messages before")
-    parser.add_argument("--count", type=int, default=5000, help="messages per throughput run")
-    parser.add_argument("--window", type=int, default=200, help="incomplete QoS flows at a time")
+    parser.add_argument(
+        "--count",
+        type=int,
+        help="messages per throughput run (5000); with --devices, per device in fan-in (100)",
+    )
+    parser.add_argument(
+        "--window",
+        type=int,
+        help="incomplete QoS flows at a time (200); with --devices, per device (10)",
+    )
     parser.add_argument("--payload", type=int, default=0, help="extra payload bytes per message")
     parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated among: {', '.join(SYSTEMS)}"
@@ -132,6 +287,40 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline per measurement")
     parser.add_argument("--workdir", help="keep broker data and logs here (default: temporary)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    scale = parser.add_argument_group("scale (perf/mqttload.py's load client; see perf/README.md)")
+    scale.add_argument("--devices", type=int, help="N devices: the idle, fan-in, fan-out scenarios")
+    scale.add_argument(
+        "--scenarios",
+        default=",".join(SCALE_SCENARIOS),
+        help=f"with --devices, comma-separated among: {', '.join(SCALE_SCENARIOS)}",
+    )
+    scale.add_argument("--fanout-count", type=int, default=20, help="fan-out: publications")
+    scale.add_argument("--idle-seconds", type=float, default=10.0, help="idle: how long")
+    scale.add_argument(
+        "--clean-subscribers",
+        action="store_true",
+        help="subscribers with clean sessions (default: persistent, as the paho programs)",
+    )
+    scale.add_argument(
+        "--clients", type=int, help="load worker processes for the devices (default: by N)"
+    )
+    scale.add_argument(
+        "--storm", type=int, help="N devices connect at once beside --silent silent connections"
+    )
+    scale.add_argument("--silent", type=int, default=200, help="storm: connections that never talk")
+    scale.add_argument(
+        "--connect-ms", type=int, default=5000, help="aaabus: CONNECT deadline (connect_ms)"
+    )
+    scale.add_argument(
+        "--per-address",
+        type=int,
+        help="aaabus: per_address (storm: the listener's default; scale: N + slack)",
+    )
+    scale.add_argument(
+        "--max-waiting",
+        type=int,
+        help="aaabus: max_waiting where the server has it (storm: its default; scale: N + slack)",
+    )
 
 
 def _log(message: str) -> None:
@@ -239,6 +428,10 @@ def ratios_vs(
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.devices is not None or args.storm is not None:
+        return run_scale(args)
+    args.count = 5000 if args.count is None else args.count
+    args.window = 200 if args.window is None else args.window
     if min(args.repetitions, args.rounds, args.count, args.window) < 1 or args.warmup < 0:
         raise SystemExit("perf mqtt: error: counts must be positive")
     names = _chosen(args.systems)
@@ -326,3 +519,288 @@ def _print_table(systems: dict[str, dict[str, Any] | None]) -> None:
             q = s[f"qos{qos}"]
             lat = "".join(cell(q["latency_ms"][p], "9.3f") for p in ("p50", "p90", "p99"))
             print(f"{name:<16}{qos:>4}{lat}{cell(q['msgs_per_s'], '10.0f')}")
+
+
+# -- scale: --devices N and --storm N ---------------------------------------------------------
+
+
+def _scale_options(args: argparse.Namespace) -> tuple[int, mqttload.Options, list[str]]:
+    if args.devices is not None and args.storm is not None:
+        raise SystemExit("perf mqtt: error: --devices and --storm are separate runs")
+    n = args.storm if args.storm is not None else args.devices
+    count = 100 if args.count is None else args.count
+    window = 10 if args.window is None else args.window
+    if min(n, count, window, args.repetitions, args.fanout_count) < 1 or args.silent < 0:
+        raise SystemExit("perf mqtt: error: counts must be positive")
+    if args.storm is not None:
+        scenarios = ["storm"]
+    else:
+        scenarios = [x.strip() for x in args.scenarios.split(",") if x.strip()]
+        unknown = [x for x in scenarios if x not in SCALE_SCENARIOS]
+        if unknown or not scenarios:
+            raise SystemExit(
+                f"perf mqtt: error: unknown scenario(s) {unknown or args.scenarios!r}; "
+                f"--scenarios takes a comma-separated list among: {', '.join(SCALE_SCENARIOS)}"
+            )
+    opts = mqttload.Options(
+        devices=n,
+        count=count,
+        window=window,
+        qos=1,
+        payload=args.payload,
+        fanout_count=args.fanout_count,
+        idle_seconds=args.idle_seconds,
+        persistent_subscribers=not args.clean_subscribers,
+        silent=args.silent,
+        timeout=args.timeout,
+    )
+    return n, opts, scenarios
+
+
+def run_scale(args: argparse.Namespace) -> int:
+    """``--devices`` / ``--storm``: each system started afresh per repetition, interleaved."""
+    n, opts, scenarios = _scale_options(args)
+    names = _chosen(args.systems)
+    storm = args.storm is not None
+    settings = ScaleSettings(
+        connections=n + opts.silent + SLACK if storm else n + SLACK,
+        window=opts.window,
+        backlog=max(100_000, n * opts.count + SLACK),
+        connect_ms=args.connect_ms,
+        # The storm tests the per-address table as configured. The other scenarios' devices
+        # all come from 127.0.0.1 only because they run on one machine (real devices come from
+        # as many addresses): the table must not turn them away.
+        per_address=args.per_address if storm or args.per_address else n + SLACK,
+        max_waiting=args.max_waiting if storm or args.max_waiting else n + SLACK,
+    )
+    processes = None if args.clients is None else args.clients + 1
+    runs: dict[str, list[dict[str, Any]]] = {}
+    skipped: dict[str, str] = {}
+    failed: dict[str, str] = {}
+    for name in names:
+        reason = SYSTEMS[name]().missing()
+        if reason is not None:
+            skipped[name] = reason
+            _log(f"skipping {name}: {reason}")
+    t0 = time.monotonic()
+    with scratch(args.workdir) as work:
+        for rep in range(args.repetitions):
+            for name in names:
+                if name in skipped or name in failed:
+                    continue
+                _log(f"repetition {rep + 1}/{args.repetitions}: {name}, {', '.join(scenarios)}")
+                try:
+                    with SYSTEMS[name]().scale(work / f"{name}-{rep}", settings) as target:
+                        result = mqttload.run_scenarios(target, opts, scenarios, processes)
+                except Exception as exc:  # one system's failure must not lose the others'
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+                    _log(f"{name} failed, dropped from the remaining repetitions: {failed[name]}")
+                    continue
+                runs.setdefault(name, []).append(result)
+    systems = {name: scale_summary(runs[name]) if runs.get(name) else None for name in names}
+    ours = systems.get("aaabus")
+    ratios = {
+        f"aaabus/{peer}": scale_ratios(ours, systems.get(peer))
+        for peer in ("rabbitmq_mqtt", "mosquitto")
+        if peer in names and "aaabus" in names
+    }
+    if not args.json:
+        _print_scale_table(systems, scenarios)
+    print(
+        json.dumps(
+            {
+                "suite": "mqtt-storm" if storm else "mqtt-scale",
+                "devices": n,
+                "scenarios": scenarios,
+                "count": opts.count,
+                "window": opts.window,
+                "fanout_count": opts.fanout_count,
+                "idle_seconds": opts.idle_seconds,
+                "silent": opts.silent if storm else None,
+                "repetitions": args.repetitions,
+                "settings": dataclasses.asdict(settings),
+                "seconds": time.monotonic() - t0,
+                "skipped": skipped,
+                "failed": failed,
+                "systems": systems,
+                "ratios": ratios,
+                "runs": runs,
+            }
+        )
+    )
+    return 1 if failed else 0
+
+
+def _med(runs: list[dict[str, Any]], *path: str) -> float | None:
+    """The median over the repetitions of the figure at ``path`` (None where absent)."""
+    values = []
+    for run in runs:
+        value: Any = run
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            values.append(float(value))
+    return _median(values)
+
+
+def _worst(runs: list[dict[str, Any]], *path: str) -> float | None:
+    values = [v for v in (_med([r], *path) for r in runs) if v is not None]
+    return max(values) if values else None
+
+
+def _every(runs: list[dict[str, Any]], *path: str) -> bool | None:
+    values = []
+    for run in runs:
+        value: Any = run
+        for key in path:
+            value = value.get(key) if isinstance(value, dict) else None
+        if isinstance(value, bool):
+            values.append(value)
+    return all(values) if values else None
+
+
+def scale_summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per scenario, the medians over the repetitions (losses and failures: the worst)."""
+    out: dict[str, Any] = {}
+    if any("idle" in r for r in runs):
+        out["idle"] = {
+            "connected": _med(runs, "idle", "connected"),
+            "refused": _worst(runs, "idle", "refused"),
+            "connects_per_s": _med(runs, "idle", "connects_per_s"),
+            "connect_p99_ms": _med(runs, "idle", "connect", "connect_ms", "p99"),
+            "rss_bytes_per_conn": _med(runs, "idle", "rss_bytes_per_conn"),
+            "threads": _med(runs, "idle", "threads"),
+            "idle_cpu_pct": _med(runs, "idle", "idle_cpu_pct"),
+            "lost_while_idle": _worst(runs, "idle", "lost_while_idle"),
+            "reached": _every(runs, "idle", "reached"),
+        }
+    if any("fan_in" in r for r in runs):
+        out["fan_in"] = {
+            "connected": _med(runs, "fan_in", "devices", "connected"),
+            "refused": _worst(runs, "fan_in", "devices", "refused_total"),
+            "msgs_per_s": _med(runs, "fan_in", "msgs_per_s"),
+            "puback_p50_ms": _med(runs, "fan_in", "puback_ms", "p50"),
+            "puback_p99_ms": _med(runs, "fan_in", "puback_ms", "p99"),
+            "delivery_p50_ms": _med(runs, "fan_in", "delivery_ms", "p50"),
+            "delivery_p99_ms": _med(runs, "fan_in", "delivery_ms", "p99"),
+            "delivered_per_s": _med(runs, "fan_in", "delivered_per_s"),
+            "expected": _med(runs, "fan_in", "expected"),
+            "received": _med(runs, "fan_in", "received", "received"),
+            "missing": _worst(runs, "fan_in", "missing"),
+            "duplicates": _worst(runs, "fan_in", "duplicates"),
+            "cpu_us_per_msg": _med(runs, "fan_in", "cpu_us_per_msg"),
+            "client_cpu_pct_max": _med(runs, "fan_in", "client_cpu_pct_max"),
+        }
+    if any("fan_out" in r for r in runs):
+        out["fan_out"] = {
+            "connected": _med(runs, "fan_out", "subscribers", "connected"),
+            "refused": _worst(runs, "fan_out", "subscribers", "refused_total"),
+            "deliveries_per_s": _med(runs, "fan_out", "deliveries_per_s"),
+            "latency_p50_ms": _med(runs, "fan_out", "latency_ms", "p50"),
+            "latency_p99_ms": _med(runs, "fan_out", "latency_ms", "p99"),
+            "expected": _med(runs, "fan_out", "expected"),
+            "missing": _worst(runs, "fan_out", "missing"),
+            "duplicates": _worst(runs, "fan_out", "duplicates"),
+            "cpu_us_per_delivery": _med(runs, "fan_out", "cpu_us_per_delivery"),
+            "client_cpu_pct_max": _med(runs, "fan_out", "client_cpu_pct_max"),
+        }
+    if any("storm" in r for r in runs):
+        worst_connack = [r["storm"]["connack0"] for r in runs if "storm" in r]
+        worst_evicted = [r["storm"]["silent_closed_in_time"] for r in runs if "storm" in r]
+        out["storm"] = {
+            "devices": runs[0]["storm"]["devices"],
+            "connack0": min(worst_connack),
+            "all_connected": _every(runs, "storm", "all_connected"),
+            "connects_per_s": _med(runs, "storm", "connect", "connects_per_s"),
+            "silent": runs[0]["storm"]["silent_opened"],
+            "silent_closed_in_time": min(worst_evicted),
+            "deadline_s": runs[0]["storm"]["deadline_s"],
+            "silent_closed_min_s": _med(runs, "storm", "silent_closed_after_s", "min"),
+            "silent_closed_p50_s": _med(runs, "storm", "silent_closed_after_s", "p50"),
+            "silent_closed_max_s": _worst(runs, "storm", "silent_closed_after_s", "max"),
+            "all_evicted": _every(runs, "storm", "all_evicted"),
+        }
+    return out
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+def scale_ratios(ours: dict[str, Any] | None, peer: dict[str, Any] | None) -> dict[str, Any]:
+    """aaabus's figures over the peer's: above 1 is more (faster for rates; slower, heavier or
+    busier for latency, RSS, CPU)."""
+    a, b = ours or {}, peer or {}
+
+    def get(s: dict[str, Any], scenario: str, key: str) -> float | None:
+        value = (s.get(scenario) or {}).get(key)
+        return value if isinstance(value, int | float) else None
+
+    pairs = {
+        "throughput": ("fan_in", "msgs_per_s"),
+        "p50": ("fan_in", "puback_p50_ms"),
+        "p99": ("fan_in", "puback_p99_ms"),
+        "cpu_per_msg": ("fan_in", "cpu_us_per_msg"),
+        "fanout_throughput": ("fan_out", "deliveries_per_s"),
+        "fanout_p50": ("fan_out", "latency_p50_ms"),
+        "connect_rate": ("idle", "connects_per_s"),
+        "rss_per_conn": ("idle", "rss_bytes_per_conn"),
+        "idle_cpu": ("idle", "idle_cpu_pct"),
+        "storm_connect_rate": ("storm", "connects_per_s"),
+    }
+    return {k: _ratio(get(a, *where), get(b, *where)) for k, where in pairs.items()}
+
+
+#: The table's rows: (scenario, key, label, format).
+_ROWS = (
+    ("idle", "connected", "idle: connected", ".0f"),
+    ("idle", "refused", "idle: refused", ".0f"),
+    ("idle", "connects_per_s", "idle: connects/s", ".0f"),
+    ("idle", "rss_bytes_per_conn", "idle: RSS bytes/conn", ".0f"),
+    ("idle", "threads", "idle: threads", ".0f"),
+    ("idle", "idle_cpu_pct", "idle: CPU % of a core", ".2f"),
+    ("idle", "reached", "idle: publication reached", ""),
+    ("fan_in", "connected", "fan-in: connected", ".0f"),
+    ("fan_in", "msgs_per_s", "fan-in: PUBACKs/s", ".0f"),
+    ("fan_in", "puback_p50_ms", "fan-in: PUBACK p50 ms", ".2f"),
+    ("fan_in", "puback_p99_ms", "fan-in: PUBACK p99 ms", ".2f"),
+    ("fan_in", "delivered_per_s", "fan-in: delivered/s", ".0f"),
+    ("fan_in", "delivery_p50_ms", "fan-in: delivery p50 ms", ".2f"),
+    ("fan_in", "missing", "fan-in: missing", ".0f"),
+    ("fan_in", "duplicates", "fan-in: duplicates", ".0f"),
+    ("fan_in", "cpu_us_per_msg", "fan-in: server CPU µs/msg", ".1f"),
+    ("fan_in", "client_cpu_pct_max", "fan-in: load client CPU %", ".0f"),
+    ("fan_out", "connected", "fan-out: subscribers", ".0f"),
+    ("fan_out", "deliveries_per_s", "fan-out: deliveries/s", ".0f"),
+    ("fan_out", "latency_p50_ms", "fan-out: latency p50 ms", ".2f"),
+    ("fan_out", "latency_p99_ms", "fan-out: latency p99 ms", ".2f"),
+    ("fan_out", "missing", "fan-out: missing", ".0f"),
+    ("fan_out", "duplicates", "fan-out: duplicates", ".0f"),
+    ("storm", "connack0", "storm: CONNACK 0", ".0f"),
+    ("storm", "connects_per_s", "storm: connects/s", ".0f"),
+    ("storm", "silent", "storm: silent opened", ".0f"),
+    ("storm", "silent_closed_in_time", "storm: silent closed in time", ".0f"),
+    ("storm", "deadline_s", "storm: deadline s", ".1f"),
+    ("storm", "silent_closed_min_s", "storm: first silent closed s", ".2f"),
+    ("storm", "silent_closed_max_s", "storm: last silent closed s", ".2f"),
+    ("storm", "all_connected", "storm: all devices in", ""),
+    ("storm", "all_evicted", "storm: all silent evicted", ""),
+)
+
+
+def _print_scale_table(systems: dict[str, dict[str, Any] | None], scenarios: list[str]) -> None:
+    names = list(systems)
+    print(f"{'':<30}" + "".join(f"{n:>16}" for n in names))
+    for scenario, key, label, spec in _ROWS:
+        if scenario not in scenarios:
+            continue
+        cells = []
+        for name in names:
+            value = ((systems[name] or {}).get(scenario) or {}).get(key)
+            if value is None:
+                cells.append("-")
+            elif isinstance(value, bool) or not spec:
+                cells.append("yes" if value else "NO")
+            else:
+                cells.append(format(value, spec))
+        print(f"{label:<30}" + "".join(f"{c:>16}" for c in cells))

@@ -3,9 +3,9 @@
 For every point (topology x servers x clock mode) it generates the configuration, launches the
 servers (real processes, or all in this process with ``--inprocess``), runs the ping-pong tests
 one after the other on that bus, stops everything, and appends the round trips and the traced
-message hops to Parquet datasets under ``--out`` (schema: ``perf/schema.py``). Finished points
-are recorded in ``points.jsonl``: an interrupted sweep started again with the same ``--out``
-skips them.
+message hops to Parquet datasets under ``--out`` (schema: ``aaabus/analysis/schema.py``).
+Finished points are recorded in ``points.jsonl``: an interrupted sweep started again with the
+same ``--out`` skips them.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from aaabus.config.domains import Topology
 from aaabus.config.reader import load_config
 from aaabus.config.secret import ensure_secret
@@ -30,7 +31,6 @@ from aaabus.node.inprocess import InProcessBus
 from aaabus.tools.launch import Bus, free_port_base
 from perf.harness import REPO_ROOT, with_services
 from perf.pingpong import TESTS, responders_for
-from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 
 CLOCK_MODES = ("full", "delta")
 

@@ -1,8 +1,8 @@
 """``python -m perf synth``: synthetic timing traces with known growth laws.
 
-The traces have the real schema (:mod:`perf.schema`) and the real layout (``rtt/`` and ``hops/``,
-one Parquet file per measured point), so ``perf analyze`` can be checked against answers known in
-advance and timed on a million rows without running a sweep of real servers.
+The traces have the real schema (:mod:`aaabus.analysis.schema`) and the real layout (``rtt/`` and
+``hops/``, one Parquet file per measured point), so ``aaabus analyze`` can be checked against
+answers known in advance and timed on a million rows without running a sweep of real servers.
 
 The laws are invented for testing the analysis; they are *not* measurements of aaabus. They are
 shaped like the report's findings: a flat bus with full matrix stamps grows as n², domains make the
@@ -115,7 +115,7 @@ def write_traces(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
+    from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 
     root = Path(out)
     rtt_dir, hop_dir = root / "rtt", root / "hops"

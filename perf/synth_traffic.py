@@ -1,7 +1,7 @@
 """``python -m perf synth-traffic``: synthetic traffic traces with a known group structure.
 
-The rows have the real schema (:data:`perf.schema.TRAFFIC_SCHEMA`) and the real layout
-(``OUT/traffic/*.parquet``), so ``perf plan`` can be checked against a structure known in
+The rows have the real schema (:data:`aaabus.analysis.schema.TRAFFIC_SCHEMA`) and the real layout
+(``OUT/traffic/*.parquet``), so ``aaabus plan`` can be checked against a structure known in
 advance and timed on millions of rows without running a bus.
 
 The structure: ``--servers`` servers are dealt into ``--groups`` groups of near-equal sizes, in
@@ -63,7 +63,7 @@ def write_traffic(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from perf.schema import TRAFFIC_SCHEMA
+    from aaabus.analysis.schema import TRAFFIC_SCHEMA
 
     if rows < 0 or window_ms < 1 or rows_per_window < 1 or mean_notes < 1:
         raise ValueError("--rows must be >= 0, window and notes sizes >= 1")

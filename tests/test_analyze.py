@@ -1,4 +1,5 @@
-"""The Spark analysis of timing traces (``perf analyze``) and its synthetic traces (``perf synth``).
+"""The Spark analysis of timing traces (``aaabus analyze``) and its synthetic traces (``perf
+synth``). ``python -m perf analyze`` is the same code under its old name.
 
 One SparkSession serves the whole module; the command line is exercised in subprocesses where
 what matters is what the user's terminal sees (one stderr line, exit status, the JSON line).
@@ -17,8 +18,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from perf.analyze import TraceError, analyze, spark_session, validate_traces
-from perf.schema import RTT_SCHEMA
+from aaabus.analysis.analyze import analyze, validate_traces
+from aaabus.analysis.schema import RTT_SCHEMA
+from aaabus.analysis.sparkjob import spark_session
+from aaabus.errors import TraceError
 from perf.synth import Law, write_traces
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
@@ -58,9 +61,10 @@ def known_report(spark: Any, known: Path, tmp_path_factory: pytest.TempPathFacto
     return out
 
 
-def perf_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def cli(tool: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m TOOL ARGS`` (``aaabus``, or ``perf`` for its suites) from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "perf", *args],
+        [sys.executable, "-m", tool, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -68,11 +72,13 @@ def perf_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[st
     )
 
 
-def assert_one_clean_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+def assert_one_clean_error(
+    proc: subprocess.CompletedProcess[str], *needles: str, prog: str = "aaabus analyze"
+) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("perf analyze: error: ")
+    assert lines[0].startswith(f"{prog}: error: ")
     assert "Traceback" not in proc.stderr and "java." not in proc.stderr
     for needle in needles:
         assert needle in lines[0]
@@ -209,15 +215,19 @@ def test_without_hops_clock_columns_are_null(spark: Any, known: Path, tmp_path: 
 
 
 def test_missing_directory_cli(tmp_path: Path) -> None:
-    proc = perf_cli("analyze", str(tmp_path / "nowhere"), "--out", str(tmp_path / "rep"))
+    proc = cli("aaabus", "analyze", str(tmp_path / "nowhere"), "--out", str(tmp_path / "rep"))
     assert_one_clean_error(proc, "does not exist")
+    # The checkout's old name runs the same code.
+    alias = cli("perf", "analyze", str(tmp_path / "nowhere"), "--out", str(tmp_path / "rep"))
+    assert_one_clean_error(alias, "does not exist", prog="perf analyze")
+    assert alias.stderr.replace("perf analyze:", "aaabus analyze:", 1) == proc.stderr
 
 
 def test_other_schema_version_cli(tmp_path: Path) -> None:
     (tmp_path / "t" / "rtt").mkdir(parents=True)
     table = rtt_table().replace_schema_metadata({"aaabus.schema_version": "2"})
     pq.write_table(table, tmp_path / "t" / "rtt" / "a.parquet")
-    proc = perf_cli("analyze", str(tmp_path / "t"), "--out", str(tmp_path / "rep"))
+    proc = cli("aaabus", "analyze", str(tmp_path / "t"), "--out", str(tmp_path / "rep"))
     assert_one_clean_error(proc, "schema version 2")
 
 
@@ -298,7 +308,7 @@ def test_spark_side_checks_without_pyarrow(spark: Any, tmp_path: Path) -> None:
 
 
 def test_synth_cli(tmp_path: Path) -> None:
-    synth = perf_cli("synth", "--rows", "7200", "--out", str(tmp_path), "--seed", "3")
+    synth = cli("perf", "synth", "--rows", "7200", "--out", str(tmp_path), "--seed", "3")
     assert synth.returncode == 0, synth.stderr
     made = json.loads(synth.stdout.strip().splitlines()[-1])
     assert made == {**made, "rows": 7200, "out": str(tmp_path), "series": 24}
@@ -312,7 +322,7 @@ def test_synth_cli(tmp_path: Path) -> None:
 
 def test_analyze_cli(known: Path, tmp_path: Path) -> None:
     rep = tmp_path / "rep"
-    proc = perf_cli("analyze", str(known), "--out", str(rep), "--master", "local[2]")
+    proc = cli("aaabus", "analyze", str(known), "--out", str(rep), "--master", "local[2]")
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # the JVM's chatter is in spark.log
     result = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -17,7 +17,9 @@ import pytest
 
 from aaabus.config.secret import link_key
 from aaabus.errors import FrameTooLarge, NetworkError
+from aaabus.io import connection
 from aaabus.io.network import Network
+from aaabus.io.states import ConnEvent, ConnState, transition
 from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, encode_frame
 from tests.support.tls import make_certificate
 
@@ -275,6 +277,35 @@ def test_a_callback_waiting_for_one_peer_serves_the_other_connections(make_net: 
     assert waiting.wait_frames(3, 2) == [b"from 3", b"after"]
     assert (3, b"after") not in waiting.during
     exchange(net1, waiting, 1, net2, rec2, 2)
+
+
+def test_a_reset_link_closes_through_closing_and_comes_back(
+    make_net: Factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    taken: set[tuple[ConnState, ConnEvent]] = set()
+
+    def recording(state: ConnState, event: ConnEvent) -> ConnState:
+        taken.add((state, event))
+        return transition(state, event)
+
+    monkeypatch.setattr(connection, "transition", recording)
+    net1, rec1, net2, rec2 = pair(make_net)
+    net1.reset(2, "the layer above gave up on it")
+    net1.send(2, b"after the reset")  # dropped: the link is closing or down
+    rec1.wait(lambda: rec1.downs.get(2, 0) == 1, "on_down(2)")
+    rec1.wait_up(2, count=2)  # dialled again, as after any loss
+    rec2.wait_up(1, count=2)
+    exchange(net1, rec1, 1, net2, rec2, 2)
+    assert b"after the reset" not in rec2.frames.get(1, [])
+    # Both sides went through the table, the reset side through CLOSING.
+    assert {
+        (ConnState.CONNECTING, ConnEvent.GREET),
+        (ConnState.ACCEPTED, ConnEvent.GREET),
+        (ConnState.HANDSHAKE, ConnEvent.AUTHENTICATED),
+        (ConnState.UP, ConnEvent.RESET),
+        (ConnState.CLOSING, ConnEvent.CLOSE),
+        (ConnState.UP, ConnEvent.CLOSE),
+    } <= taken
 
 
 def test_send_when_down_is_dropped_and_oversize_refused(make_net: Factory) -> None:

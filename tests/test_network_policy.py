@@ -42,6 +42,9 @@ def test_close_levels_follow_who_failed_and_how() -> None:
     up, hs, connecting = ConnState.UP, ConnState.HANDSHAKE, ConnState.CONNECTING
     assert close_level(up, outgoing=True, violation=False, first_time=never) == logging.INFO
     assert close_level(up, outgoing=False, violation=True, first_time=never) == logging.WARNING
+    # A link reset by the layer above (closing) that fails meanwhile is a link going down.
+    closing = ConnState.CLOSING
+    assert close_level(closing, outgoing=False, violation=False, first_time=never) == logging.INFO
     assert close_level(hs, outgoing=False, violation=False, first_time=never) == logging.WARNING
     assert close_level(connecting, outgoing=True, violation=False, first_time=never) == (
         logging.DEBUG

@@ -14,10 +14,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
+from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from aaabus.config.topology import generate
 from aaabus.core.trace import STAGES
 from aaabus.tools.launch import free_port_base
-from perf.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from tests.support.harness import REPO_ROOT
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).

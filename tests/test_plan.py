@@ -1,5 +1,6 @@
-"""``perf plan`` and ``perf synth-traffic``: the Spark aggregation of traffic traces, the command
+"""``aaabus plan`` and ``perf synth-traffic``: the Spark aggregation of traffic traces, the command
 line end to end, and bad input (one line, exit status 2, no JVM started for what pyarrow sees).
+``python -m perf plan`` is the same code under its old name.
 
 One SparkSession serves the module; the command line runs in subprocesses where what the user's
 terminal sees matters.
@@ -21,14 +22,15 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from aaabus.analysis.schema import TRAFFIC_SCHEMA
+from aaabus.analysis.sparkjob import spark_session
+from aaabus.analysis.traffic_matrix import Source, aggregate, validate
 from aaabus.config.domains import Topology
 from aaabus.config.reader import load_config
 from aaabus.config.topology import generate
 from aaabus.core.traffic import TrafficRecorder
-from perf.schema import TRAFFIC_SCHEMA
-from perf.sparkjob import TraceError, spark_session
+from aaabus.errors import TraceError
 from perf.synth import Law, write_traces
-from perf.traffic_matrix import Source, aggregate, validate
 from tests.test_planner import matrix_of
 
 REPO = Path(__file__).resolve().parent.parent
@@ -51,9 +53,10 @@ def six_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def perf_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+def cli(tool: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
+    """``python -m TOOL ARGS`` (``aaabus``, or ``perf`` for its suites) from the repository root."""
     return subprocess.run(
-        [sys.executable, "-m", "perf", *args],
+        [sys.executable, "-m", tool, *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -61,11 +64,21 @@ def perf_cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[st
     )
 
 
-def assert_one_clean_error(proc: subprocess.CompletedProcess[str], *needles: str) -> None:
+def perf_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return cli("perf", *args)
+
+
+def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return cli("aaabus", "plan", *args)
+
+
+def assert_one_clean_error(
+    proc: subprocess.CompletedProcess[str], *needles: str, prog: str = "aaabus plan"
+) -> None:
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("perf plan: error: ")
+    assert lines[0].startswith(f"{prog}: error: ")
     assert "Traceback" not in proc.stderr and "java." not in proc.stderr
     for needle in needles:
         assert needle in lines[0]
@@ -183,7 +196,7 @@ def test_spark_side_checks_when_the_driver_cannot_see_the_files(spark: Any, tmp_
 @pytest.mark.slow  # ~14 s: a JVM of its own
 def test_plan_cli_writes_a_checked_tree_and_the_json_line(six_groups: Path, tmp_path: Path) -> None:
     out = tmp_path / "plan" / "a3.xml"
-    proc = perf_cli("plan", str(six_groups), "--max-domain-size", "12", "--out", str(out))
+    proc = plan_cli(str(six_groups), "--max-domain-size", "12", "--out", str(out))
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""  # the JVM's chatter is in spark-plan.log
     lines = proc.stdout.strip().splitlines()
@@ -210,9 +223,7 @@ def test_plan_cli_writes_a_checked_tree_and_the_json_line(six_groups: Path, tmp_
     assert (tmp_path / "plan" / "spark-plan.log").stat().st_size > 0
     topo = Topology.from_config(load_config(out))
     assert len(topo.domains) == 6 and max(len(m) for m in topo.domains.values()) <= 12
-    check = subprocess.run(
-        [sys.executable, "-m", "aaabus", "check", str(out)], capture_output=True, text=True
-    )
+    check = cli("aaabus", "check", str(out))
     assert check.returncode == 0 and "a tree" in check.stdout, check.stdout + check.stderr
 
 
@@ -222,8 +233,8 @@ def test_servers_from_keeps_names_hosts_and_idle_servers(six_groups: Path, tmp_p
     text = generate("flat", 64, base_port=20000).replace('name="s63"', 'name="edge"')
     config.write_text(text.replace('hostname="127.0.0.1">', 'hostname="10.0.0.9">', 1))
     out = tmp_path / "a3.xml"
-    proc = perf_cli(
-        "plan", str(six_groups), "--max-domain-size", "12", "--out", str(out),
+    proc = plan_cli(
+        str(six_groups), "--max-domain-size", "12", "--out", str(out),
         "--servers-from", str(config), "--stamps", "full", "--base-port", "30000", "--json",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
@@ -236,8 +247,8 @@ def test_servers_from_keeps_names_hosts_and_idle_servers(six_groups: Path, tmp_p
     Topology.from_config(plan)
     small = tmp_path / "small.xml"
     small.write_text(generate("flat", 10, base_port=20000))
-    proc = perf_cli(
-        "plan", str(six_groups), "--max-domain-size", "12", "--out", str(out),
+    proc = plan_cli(
+        str(six_groups), "--max-domain-size", "12", "--out", str(out),
         "--servers-from", str(small),
     )  # fmt: skip
     assert_one_clean_error(proc, "server(s) 10, 11, 12", "does not declare")
@@ -246,21 +257,25 @@ def test_servers_from_keeps_names_hosts_and_idle_servers(six_groups: Path, tmp_p
 @pytest.mark.slow  # Spark or a subprocess
 def test_bad_inputs_give_one_line_and_status_2(tmp_path: Path) -> None:
     out = str(tmp_path / "a3.xml")
-    missing = perf_cli("plan", str(tmp_path / "nowhere"), "--max-domain-size", "5", "--out", out)
+    missing = plan_cli(str(tmp_path / "nowhere"), "--max-domain-size", "5", "--out", out)
     assert_one_clean_error(missing, "does not exist")
-    small_k = perf_cli("plan", str(tmp_path), "--max-domain-size", "1", "--out", out)
+    # The checkout's old name runs the same code.
+    alias = perf_cli("plan", str(tmp_path / "nowhere"), "--max-domain-size", "5", "--out", out)
+    assert_one_clean_error(alias, "does not exist", prog="perf plan")
+    assert alias.stderr.replace("perf plan:", "aaabus plan:", 1) == missing.stderr
+    small_k = plan_cli(str(tmp_path), "--max-domain-size", "1", "--out", out)
     assert_one_clean_error(small_k, "--max-domain-size 1", "use 2 or more")
-    empty = perf_cli("plan", str(tmp_path), "--max-domain-size", "5", "--out", out)
+    empty = plan_cli(str(tmp_path), "--max-domain-size", "5", "--out", out)
     assert_one_clean_error(empty, "no traffic traces", "synth-traffic")
     (tmp_path / "traffic").mkdir()
     pq.write_table(traffic_table().drop_columns(["dst"]), tmp_path / "traffic" / "a.parquet")
-    no_dst = perf_cli("plan", str(tmp_path), "--max-domain-size", "5", "--out", out)
+    no_dst = plan_cli(str(tmp_path), "--max-domain-size", "5", "--out", out)
     assert_one_clean_error(no_dst, "lacks column(s) dst")
     pq.write_table(traffic_table(src=pa.array([1] * 4, pa.int64())), tmp_path / "traffic/a.parquet")
-    wide_src = perf_cli("plan", str(tmp_path), "--max-domain-size", "5", "--out", out)
+    wide_src = plan_cli(str(tmp_path), "--max-domain-size", "5", "--out", out)
     assert_one_clean_error(wide_src, "column src is int64, expected int32")
     table = traffic_table().replace_schema_metadata({"aaabus.schema_version": "9"})
     pq.write_table(table, tmp_path / "traffic" / "a.parquet")
-    version = perf_cli("plan", str(tmp_path), "--max-domain-size", "5", "--out", out)
+    version = plan_cli(str(tmp_path), "--max-domain-size", "5", "--out", out)
     assert_one_clean_error(version, "schema version 9")
     assert not (tmp_path / "spark-plan.log").exists()  # all refused before any JVM started

@@ -1,7 +1,8 @@
-"""The domain planner (perf.planner) and its cost model (perf.costmodel), without Spark.
+"""The domain planner (aaabus.analysis.planner) and its cost model (aaabus.analysis.costmodel),
+without Spark.
 
 The traffic matrices here are summed by pyarrow from ``perf synth-traffic`` files, a path
-independent of the Spark aggregation that ``perf plan`` uses (tests/test_plan.py checks that
+independent of the Spark aggregation that ``aaabus plan`` uses (tests/test_plan.py checks that
 one against these same sums).
 """
 
@@ -16,12 +17,12 @@ import numpy.typing as npt
 import pyarrow.dataset as ds
 import pytest
 
+from aaabus.analysis.costmodel import CostModel, evaluate
+from aaabus.analysis.plan import render_plan
+from aaabus.analysis.planner import Plan, plan_domains
 from aaabus.config.domains import Topology
 from aaabus.config.reader import parse_config
 from aaabus.config.topology import layout
-from perf.costmodel import CostModel, evaluate
-from perf.plan import render_plan
-from perf.planner import Plan, plan_domains
 from perf.synth_traffic import write_traffic
 
 

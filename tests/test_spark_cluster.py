@@ -1,5 +1,7 @@
-"""``perf analyze`` and ``perf plan`` on a real Spark standalone cluster (a master and a worker
-started from the installed pyspark, on 127.0.0.1): the results equal those of ``local[2]``.
+"""``aaabus analyze`` and ``aaabus plan`` on a real Spark standalone cluster (a master and a
+worker started from the installed pyspark, on 127.0.0.1): the results equal those of
+``local[2]``. The local runs go through the checkout's ``python -m perf`` names, the cluster's
+through ``aaabus``: the same code, the same JSON.
 
 Slow (about 100 s on the 2-core machine): four drivers and a cluster start.
 """
@@ -31,9 +33,10 @@ LAWS = [
 ]
 
 
-def perf_cli(env: dict[str, str], *args: str) -> dict[str, Any]:
+def cli(tool: str, env: dict[str, str], *args: str) -> dict[str, Any]:
+    """The JSON line of ``python -m TOOL ARGS`` (``aaabus`` or ``perf``), which must succeed."""
     proc = subprocess.run(
-        [sys.executable, "-m", "perf", *args],
+        [sys.executable, "-m", tool, *args],
         cwd=REPO,
         env={**os.environ, **env},
         capture_output=True,
@@ -74,24 +77,24 @@ def test_analyze_and_plan_on_a_standalone_cluster_equal_local(tmp_path: Path) ->
     write_traces(sweep, LAWS, range(10, 61, 10), rows=6000, seed=3, noise=0.08)
     traffic = tmp_path / "traffic"
     write_traffic(traffic, 300_000, servers=40, groups=4, seed=8)
-    local = perf_cli({}, "analyze", str(sweep), "--out", str(tmp_path / "rep-local"),
-                     "--master", "local[2]")  # fmt: skip
-    plan_local = perf_cli({}, "plan", str(traffic), "--max-domain-size", "12",
-                          "--out", str(tmp_path / "local.xml"), "--json")  # fmt: skip
+    local = cli("perf", {}, "analyze", str(sweep), "--out", str(tmp_path / "rep-local"),
+                "--master", "local[2]")  # fmt: skip
+    plan_local = cli("perf", {}, "plan", str(traffic), "--max-domain-size", "12",
+                     "--out", str(tmp_path / "local.xml"), "--json")  # fmt: skip
     pids: list[int] = []
     with standalone_cluster(tmp_path / "cluster") as cluster:
         pids = list(cluster.pids)
         assert len(pids_alive(pids)) == 2
-        remote = perf_cli(cluster.env, "analyze", str(sweep), "--out", str(tmp_path / "rep-cl"),
-                          "--master", cluster.url)  # fmt: skip
-        plan_remote = perf_cli(cluster.env, "plan", str(traffic), "--max-domain-size", "12",
-                               "--out", str(tmp_path / "cluster.xml"), "--master", cluster.url,
-                               "--json")  # fmt: skip
+        remote = cli("aaabus", cluster.env, "analyze", str(sweep), "--out",
+                     str(tmp_path / "rep-cl"), "--master", cluster.url)  # fmt: skip
+        plan_remote = cli("aaabus", cluster.env, "plan", str(traffic), "--max-domain-size", "12",
+                          "--out", str(tmp_path / "cluster.xml"), "--master", cluster.url,
+                          "--json")  # fmt: skip
         apps = cluster.status()["completedapps"]
     assert pids_alive(pids) == []  # both JVMs stopped, by PID
     # The jobs ran on the cluster: the master saw both applications finish, and the worker
     # launched executor JVMs for them (their logs are in its work directory).
-    assert sorted(a["name"] for a in apps) == ["aaabus-perf-analyze", "aaabus-perf-plan"]
+    assert sorted(a["name"] for a in apps) == ["aaabus-analyze", "aaabus-plan"]
     assert all(a["state"] == "FINISHED" and a["cores"] >= 1 for a in apps)
     assert len(list((tmp_path / "cluster" / "work").glob("app-*/*/stderr"))) >= 2
     # Same results, whatever the master.

@@ -288,6 +288,26 @@ def test_random_trees_validate_and_route_like_the_reference(members: dict[int, l
 _CYCLE_RE = re.compile(r"cycle: (.*?);")
 
 
+def named_cycle(message: str, text: str) -> set[tuple[int, str]]:
+    """The (server, domain) memberships of the cycle ``message`` names, checked to be a real
+    cycle of the configuration ``text`` (read with the stdlib parser)."""
+    match = _CYCLE_RE.search(message)
+    assert match, message
+    tokens = match.group(1).split(" ")
+    # D -sX- D -sY- ... D : odd count, domains at even positions, servers between dashes
+    assert len(tokens) % 2 == 1 and len(tokens) >= 5
+    doms = tokens[0::2]
+    servers = [int(t.strip("-")[1:]) for t in tokens[1::2]]
+    assert all(t.startswith("-") and t.endswith("-") for t in tokens[1::2])
+    assert doms[0] == doms[-1]
+    assert len(set(doms[:-1])) == len(doms) - 1 and len(set(servers)) == len(servers)
+    stdlib = membership(text)
+    for i, sid in enumerate(servers):
+        assert doms[i] in stdlib[sid] and doms[i + 1] in stdlib[sid]
+    legs = {(sid, doms[i]) for i, sid in enumerate(servers)}
+    return legs | {(sid, doms[i + 1]) for i, sid in enumerate(servers)}
+
+
 @FAST
 @given(random_tree(), st.data())
 def test_one_extra_link_is_refused_with_a_real_cycle(
@@ -301,26 +321,47 @@ def test_one_extra_link_is_refused_with_a_real_cycle(
     text = to_xml(members)
     with pytest.raises(ConfigError) as info:
         Topology.from_config(parse_config(text))
-    match = _CYCLE_RE.search(info.value.message)
-    assert match, info.value.message
-    tokens = match.group(1).split(" ")
-    # D -sX- D -sY- ... D : odd count, domains at even positions, servers between dashes
-    assert len(tokens) % 2 == 1 and len(tokens) >= 5
-    doms = tokens[0::2]
-    servers = [int(t.strip("-")[1:]) for t in tokens[1::2]]
-    assert all(t.startswith("-") and t.endswith("-") for t in tokens[1::2])
-    assert doms[0] == doms[-1]
-    assert len(set(doms[:-1])) == len(doms) - 1 and len(set(servers)) == len(servers)
-    stdlib = membership(text)
-    for i, sid in enumerate(servers):
-        assert doms[i] in stdlib[sid] and doms[i + 1] in stdlib[sid]
     # A tree plus one edge has exactly one cycle, and it goes through the new edge.
-    legs = {(sid, doms[i]) for i, sid in enumerate(servers)}
-    legs |= {(sid, doms[i + 1]) for i, sid in enumerate(servers)}
-    assert (extra_server, extra_domain) in legs
+    assert (extra_server, extra_domain) in named_cycle(info.value.message, text)
     # The switch of the tests lets it through, and routes still reach their destination.
     topo = Topology.from_config(parse_config(text), allow_cycles=True)
     for src in members:
         for dst in members:
             hops = topo.route(src, dst)
             assert (hops[-1].server if hops else src) == dst
+
+
+@st.composite
+def random_graph(draw: st.DrawFn) -> dict[int, list[str]]:
+    """Any servers-domains graph: each server in one or more domains drawn at random (forests,
+    several cycles, several parts), domains without members left out."""
+    domains = [f"D{d}" for d in range(draw(st.integers(1, 5)))]
+    return {
+        sid: draw(st.lists(st.sampled_from(domains), min_size=1, max_size=3, unique=True))
+        for sid in range(draw(st.integers(1, 8)))
+    }
+
+
+@FAST
+@given(random_graph())
+def test_any_graph_is_accepted_exactly_when_it_is_a_tree(members: dict[int, list[str]]) -> None:
+    """Against the reference: the graph is a tree when connected with one edge fewer than its
+    nodes; otherwise a cycle (a real one) is named first, else the unreachable server."""
+    text = to_xml(members)
+    nodes = len(members) + len({d for doms in members.values() for d in doms})
+    edges = sum(len(doms) for doms in members.values())
+    parts, seen = 0, set()
+    for sid in members:
+        if sid not in seen:
+            parts += 1
+            seen |= set(reference_paths(members, sid))
+    cyclic = edges > nodes - parts  # a forest of `parts` trees has nodes - parts edges
+    if not cyclic and parts == 1:
+        check_routes(text, Topology.from_config(parse_config(text)))
+        return
+    with pytest.raises(ConfigError) as info:
+        Topology.from_config(parse_config(text))
+    if cyclic:
+        named_cycle(info.value.message, text)
+    else:
+        assert "cannot reach" in info.value.message, info.value.message

@@ -15,10 +15,11 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from aaabus.analysis.schema import TRAFFIC_SCHEMA
 from aaabus.config.reader import load_config
 from aaabus.core.traffic import TrafficError, TrafficRecorder
+from aaabus.errors import ExtraMissing
 from aaabus.node.inprocess import InProcessBus
-from perf.schema import TRAFFIC_SCHEMA
 from tests.support.bus import add_to_server, wait_json
 
 
@@ -118,7 +119,7 @@ def test_a_failed_write_is_logged_and_counted_never_raised(
 
 def test_without_pyarrow_one_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "pyarrow", None)  # what an install without it looks like
-    with pytest.raises(TrafficError, match=r"needs pyarrow, .*pip install 'aaabus\[perf\]'"):
+    with pytest.raises(ExtraMissing, match=r"needs pyarrow, .*pip install 'aaabus\[traffic\]'"):
         TrafficRecorder(tmp_path, 0)
     assert not (tmp_path / "traffic").exists()
 

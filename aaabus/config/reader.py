@@ -30,13 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from xml.sax import SAXParseException
-from xml.sax.expatreader import ExpatLocator
 from xml.sax.handler import ContentHandler
 from xml.sax.xmlreader import Locator
-
-from defusedxml import DefusedXmlException
-from defusedxml.common import DTDForbidden, EntitiesForbidden, ExternalReferenceForbidden
-from defusedxml.expatreader import DefusedExpatParser
 
 from aaabus.config import settings
 from aaabus.errors import ConfigError
@@ -226,6 +221,14 @@ class _TreeBuilder(ContentHandler):
 
 
 def _parse_xml(data: str | bytes, path: str) -> _Element:
+    # Imported here: the expat reader pulls in urllib and http (a tenth of `import aaabus`),
+    # for a parse made once per configuration read.
+    from xml.sax.expatreader import ExpatLocator
+
+    from defusedxml import DefusedXmlException
+    from defusedxml.common import DTDForbidden, EntitiesForbidden, ExternalReferenceForbidden
+    from defusedxml.expatreader import DefusedExpatParser
+
     # The dialect has no DTD, so refusing any DOCTYPE is the simplest safe policy; entity
     # declarations and external references are refused too in case a DOCTYPE ever slips through.
     parser = DefusedExpatParser(forbid_dtd=True, forbid_entities=True, forbid_external=True)

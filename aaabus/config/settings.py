@@ -293,8 +293,8 @@ SETTINGS: tuple[Setting, ...] = (
         None,
         "A directory (relative to the configuration file): the server counts the notifications "
         "its agents send to each other server and writes them, per time window, as Parquet files "
-        "under `traffic/` (source, destination, notifications, bytes), the input of `python -m "
-        "perf plan`. Needs pyarrow (`aaabus[perf]`). Off when unset.",
+        "under `traffic/` (source, destination, notifications, bytes), the input of `aaabus "
+        "plan`. Needs pyarrow (`aaabus[traffic]`). Off when unset.",
     ),
     Setting(
         "aaabus.traffic.window_ms",
@@ -371,7 +371,8 @@ SETTINGS: tuple[Setting, ...] = (
         integer(0, 65535),
         None,
         "A Prometheus endpoint (`/metrics`, standard `prometheus_client` format) with the "
-        "figures of `aaabus status`. Off when unset; `0` picks a free port (logged at INFO).",
+        "figures of `aaabus status`. Needs prometheus_client (`aaabus[metrics]`). Off when "
+        "unset; `0` picks a free port (logged at INFO).",
     ),
     Setting(
         "aaabus.metrics.host",
@@ -384,8 +385,8 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.port",
         integer(0, 65535),
         None,
-        "An MQTT 3.1.1 listener (docs/mqtt.md): devices publish and subscribe to the bus's topics. "
-        "Off when unset; `0` picks a free port (logged at INFO).",
+        "An MQTT listener (3.1.1; docs/mqtt.md): devices publish and subscribe to the bus's "
+        "topics. Off when unset; `0` picks a free port (logged at INFO).",
     ),
     Setting("aaabus.mqtt.host", host, "127.0.0.1", "Where the MQTT listener listens."),
     Setting(
@@ -423,22 +424,100 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "aaabus.mqtt.max_connections",
-        integer(1, 100000),
-        1000,
-        "Connections the MQTT listener holds at once; beyond, a new one is closed at accept.",
+        integer(1, 1000000),
+        10000,
+        "Connected devices (CONNECT accepted) the MQTT listener holds at once; beyond, a CONNECT "
+        "gets CONNACK 0x03 (5.0: 0x97). Each costs a file descriptor: raise the process's "
+        "`ulimit -n` with it.",
+    ),
+    Setting(
+        "aaabus.mqtt.max_waiting",
+        integer(1, 1000000),
+        10000,
+        "Connections waiting for their CONNECT at once; beyond, the oldest waiting one is closed "
+        "(the waiting room evicts before it refuses). A site reconnecting at once waits here: "
+        "keep it above the largest such burst.",
     ),
     Setting(
         "aaabus.mqtt.per_address",
-        integer(1, 100000),
+        integer(1, 1000000),
         50,
-        "Connections still waiting for their CONNECT per remote address; beyond, the oldest is "
-        "closed (a flood of CONNECTs cycles through the table, a real client gets in).",
+        "Connections waiting for their CONNECT per remote address; beyond, the oldest of them "
+        "that has waited over a second is closed (silent connections cycle through the table, a "
+        "site's devices reconnecting at once behind one address all get in).",
     ),
     Setting(
         "aaabus.mqtt.inflight",
         integer(1, 65535),
         100,
-        "QoS 1/2 messages sent to one device and not yet acknowledged by it.",
+        "QoS 1/2 messages sent to one device and not yet acknowledged by it; also the device's "
+        "packets being committed at once (beyond, its socket is not read until they are).",
+    ),
+    Setting(
+        "aaabus.mqtt.queued_bytes",
+        integer(1024, 1 << 30),
+        262144,
+        "Bytes queued to one device's socket; beyond, delivery waits (the backlog stays in the "
+        "store) until the device reads.",
+    ),
+    Setting(
+        "aaabus.mqtt.max_filters",
+        integer(1, 1000000),
+        100,
+        "Topic filters one session subscribes to; beyond, SUBSCRIBE gets 0x80 (5.0: 0x97) for "
+        "the extra filters.",
+    ),
+    Setting(
+        "aaabus.mqtt.max_keepalive",
+        integer(1, 65535),
+        3600,
+        "Longest keep-alive a CONNECT may ask for, in seconds; longer gets CONNACK 0x02.",
+    ),
+    Setting(
+        "aaabus.mqtt.keepalive_0",
+        boolean,
+        False,
+        "Accept keep-alive 0 (a connection the server never times out); otherwise CONNACK 0x02.",
+    ),
+    Setting(
+        "aaabus.mqtt.connections_per_user",
+        integer(1, 1000000),
+        1000,
+        "Connections one named user holds at once; beyond, CONNACK 0x03 (5.0: 0x97). Anonymous "
+        "devices (aaabus.mqtt.anonymous) are bounded by max_connections only.",
+    ),
+    Setting(
+        "aaabus.mqtt.sessions_per_user",
+        integer(1, 1000000),
+        100,
+        "Persistent sessions one named user keeps on this server; beyond, a CONNECT that would "
+        "create one gets CONNACK 0x03 (5.0: 0x97).",
+    ),
+    Setting(
+        "aaabus.mqtt.session_expiry_s",
+        integer(1, 1 << 31),
+        604800,
+        "A persistent session whose device has been away this long (seconds) is deleted with "
+        "its backlog and subscriptions.",
+    ),
+    Setting(
+        "aaabus.mqtt.retained",
+        integer(0, 1000000),
+        1000,
+        "Retained topics one user may hold through this server; beyond, a new one is refused "
+        "(3.1.1: dropped and logged; 5.0: reason 0x97). Every server keeps a copy of each.",
+    ),
+    Setting(
+        "aaabus.mqtt.retained_bytes",
+        integer(0, 1 << 40),
+        4194304,
+        "Bytes of retained payloads one user may hold through this server.",
+    ),
+    Setting(
+        "aaabus.mqtt.retained_total",
+        integer(0, 100000000),
+        100000,
+        "Retained topics all users may hold through this server.",
     ),
     Setting(
         "aaabus.test.allow_cycles",

@@ -114,6 +114,12 @@ class TransactionEffects:
         """
         self._add_once(action, durable=True)
 
+    def when_durable(self, action: Action) -> None:
+        """Like :meth:`when_durable_once`, every time it is registered."""
+        if not self._joined:
+            self._join()
+        self._after.append((action, True))
+
     def _add_once(self, action: Action, durable: bool) -> None:
         if action in self._once:
             return

@@ -3,16 +3,21 @@
 A :class:`TrafficRecorder` keeps, for the current time window, one counter pair (notifications,
 bytes) per destination server, and hands each finished window to a background thread that
 writes Parquet files of the ``traffic`` schema (:func:`traffic_schema`, re-exported by
-``perf.schema``): one row per (window, src, dst). ``python -m perf plan`` reads them to plan
+``aaabus.analysis.schema``): one row per (window, src, dst). ``aaabus plan`` reads them to plan
 causality domains. A server runs one when property ``aaabus.traffic`` names a directory; its
-:class:`~aaabus.core.channel.Channel` calls ``record`` for every notification it sends.
+:class:`~aaabus.core.channel.Channel` notes each notification that one of its agents sends to
+another server when the event that sent it is sealed (the frame's size is known then), and
+calls ``record`` for the notes of a group once that group is durable.
 
 Threads:
 
 * :meth:`~TrafficRecorder.record`, :meth:`~TrafficRecorder.roll` and
-  :meth:`~TrafficRecorder.close` run on ONE thread at a time: the engine thread, and ``close``
-  once the engine thread has ended (they share the current window's dict without a lock: that
-  is what keeps ``record`` to a time read and a dict update).
+  :meth:`~TrafficRecorder.close` run on ONE thread at a time: ``record`` on whichever thread
+  holds the engine's turn as a group becomes durable (the engine thread, or the network thread
+  running a group inline), and ``close`` once the engine has stopped (they share the current
+  window's dict without a lock: that is what keeps ``record`` to a time read and a dict
+  update). The server does not call ``roll``: a window is handed over by the first ``record``
+  after its end, or by ``close``.
 * The writer thread ``traffic-s<id>`` receives finished windows through a queue, gathers them
   into batches and writes one file per batch; it never touches the current window.
 
@@ -21,20 +26,22 @@ sender runs, with ``dst`` the server of the addressee, whatever route the messag
 (routers do not record what they forward). The counts are then end to end and do not depend on
 the layout of domains in place when they were recorded, which is what a planner needs.
 
-The counts are statistics, not data: a notification whose sending reaction is rolled back
-after ``record`` stays counted (rare, and harmless to a plan); what has not been handed to the
-writer (the current window, or batches not yet written) is lost if the process dies. A file
-being written is named ``.<name>.tmp`` (hidden from Spark and ``perf plan``) and renamed when
-complete. A write that fails (disk full...) is logged once per failure on ``aaabus.traffic`` and
-its rows counted in :attr:`TrafficRecorder.dropped_rows`; the engine is never disturbed.
+The counts are statistics, not data, but they count what was sent: a notification whose
+sending reaction or group is rolled back is never recorded (the channel's notes are undone with
+it), and one whose group is replayed is recorded once, when the replay is durable. What has not
+been handed to the writer (the current window, or batches not yet written) is lost if the
+process dies. A file being written is named ``.<name>.tmp`` (hidden from Spark and ``aaabus
+plan``) and renamed when complete. A write that fails (disk full...) is logged once per
+failure on ``aaabus.traffic`` and its rows counted in :attr:`TrafficRecorder.dropped_rows`; the
+engine is never disturbed.
 
-pyarrow is an optional dependency (the ``perf`` extra): a recorder cannot be created without it.
+pyarrow is an optional dependency (the ``traffic`` extra): a recorder cannot be created without
+it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import queue
@@ -46,6 +53,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aaabus.errors import TrafficError
+from aaabus.extras import require
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -87,7 +95,7 @@ class TrafficRecorder:
     """Counts the notifications a server sends, per destination server and time window.
 
     Files go to ``directory/traffic/`` (so that ``directory`` is a traces directory that
-    ``perf plan`` reads as is; several servers may share it). Windows are ``window_ms`` long,
+    ``aaabus plan`` reads as is; several servers may share it). Windows are ``window_ms`` long,
     aligned on multiples of ``window_ms`` since the epoch so that the windows of all servers
     line up. A file is written once ``batch_windows`` finished windows are pending, and at
     :meth:`close`. ``clock`` gives the time in seconds since the epoch (tests pass their own).
@@ -110,15 +118,7 @@ class TrafficRecorder:
         # Only found here, imported by the writer at its first file: importing pyarrow doubles
         # the objects of a server process, which every full garbage collection on the engine
         # thread would then walk (our suspect for the 11 % the stream lost with it imported).
-        try:
-            found = importlib.util.find_spec("pyarrow") is not None
-        except (ImportError, ValueError):  # ValueError: blocked in sys.modules
-            found = False
-        if not found:
-            raise TrafficError(
-                "traffic recording needs pyarrow, which is not installed; install it with "
-                "pip install 'aaabus[perf]' or turn traffic recording off"
-            )
+        require("traffic recording", "traffic", "pyarrow")
         self.server_id = server_id
         self.window_ms = window_ms
         self.batch_windows = batch_windows

@@ -1,7 +1,8 @@
 """The dialling policy of a network: one :class:`Dial` per higher peer, redials with backoff.
 
 A server dials only the peers with higher ids (lower ids dial it). After a failed attempt or a
-lost link, the next attempt waits :meth:`Dial.next_delay`: exponential from
+lost link, the next attempt waits :meth:`Dial.next_delay`: the bus's one retry policy
+(:class:`aaabus.io.backoff.Backoff`, which a client's retries use too), from
 :data:`BACKOFF_FIRST` to :data:`BACKOFF_MAX`, with jitter so that the servers that lost the same
 peer at once do not all redial in step. A link resets it once the first session frame from the
 peer passes its MAC (not merely when the handshake completes: a peer, or a relay, that completes
@@ -11,8 +12,9 @@ only (no lock).
 
 from __future__ import annotations
 
-import random
 from typing import Generic, TypeVar
+
+from aaabus.io.backoff import Backoff
 
 __all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "Dial"]
 
@@ -24,26 +26,28 @@ C = TypeVar("C")
 
 
 class Dial(Generic[C]):
-    """Dialling state for one higher peer: its connection attempt, failures, last error."""
+    """Dialling state for one higher peer: its connection attempt, backoff, last error."""
 
-    __slots__ = ("conn", "failures", "last_error")
+    __slots__ = ("backoff", "conn", "last_error")
 
     def __init__(self) -> None:
         self.conn: C | None = None
-        self.failures = 0
+        self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         self.last_error = ""
+
+    @property
+    def failures(self) -> int:
+        """Failed attempts since the link last worked."""
+        return self.backoff.failures
 
     def next_delay(self) -> float:
         """Seconds until the next attempt; counts one more failure."""
-        delay = min(BACKOFF_MAX, BACKOFF_FIRST * (2 ** min(self.failures, 16)))
-        self.failures += 1
-        # Jitter spreads the redials of many servers that lost the same peer at once.
-        return delay * random.uniform(0.5, 1.0)
+        return self.backoff.next_delay()
 
     def succeeded(self) -> None:
-        """The link works (a verified session frame): the next loss redials at once, and its first
-        error is worth a line."""
-        self.failures = 0
+        """The link works (a verified session frame): the next loss redials after the shortest
+        delay, and its first error is worth a line."""
+        self.backoff.reset()
         self.last_error = ""
 
     def first_time(self, reason: str) -> bool:

@@ -50,11 +50,20 @@ class PendingTable(Generic[C]):
     def __contains__(self, conn: object) -> bool:
         return conn in self._all
 
-    def add(self, conn: C, address: str, now: float = 0.0) -> list[C]:
+    def add(self, conn: C, address: str, now: float = 0.0, grace: float = 0.0) -> list[C]:
+        """``grace``: an address over its cap loses its oldest connection only if that one has
+        waited this long (by ``now``); else the newcomer is let in while the whole table has
+        room (a burst of real clients from one address is not evicted before it could speak),
+        and the oldest overall goes when it has none."""
         evicted: list[C] = []
         mine = self._by_address.setdefault(address, OrderedDict())
-        if len(mine) >= self.room.get(address, self.per_address):
-            evicted.append(next(iter(mine)))
+        oldest = next(iter(mine), None)
+        if (
+            oldest is not None
+            and len(mine) >= self.room.get(address, self.per_address)
+            and now - self._all[oldest][1] >= grace
+        ):
+            evicted.append(oldest)
         elif len(self._all) >= self.capacity:
             evicted.append(next(iter(self._all)))
         for old in evicted:

@@ -26,7 +26,7 @@ def close_level(
     ``violation``: the peer broke the protocol (bad frame, bad MAC). ``first_time``: asked only
     for a failed handshake of our own dial, whether its error differs from the previous one.
     """
-    if state is ConnState.UP:
+    if state.authenticated:  # up, or closing at the layer above's request
         return logging.WARNING if violation else logging.INFO
     if not outgoing:
         return logging.WARNING

@@ -5,9 +5,10 @@ agent's attributes are saved by the server's store at the end of every reaction 
 
 The classic persistence trap: the store notices assignments to the agent's own attributes
 (``self.count += 1``), but *not* in-place changes to a plain ``list`` or ``dict`` held in one
-(``self.items.append(x)`` would be lost at the next restart). Use :class:`PersistentList` and
-:class:`PersistentMapping` (re-exported by :mod:`aaabus`) or an ``OOBTree`` for large maps — their
-changes are tracked — or reassign the attribute.
+(``self.items.append(x)`` would be lost at the next restart). Use
+:class:`~aaabus.PersistentList` and :class:`~aaabus.PersistentMapping` (re-exported by
+:mod:`aaabus`) or an ``OOBTree`` for large maps — their changes are tracked — or reassign the
+attribute.
 """
 
 from __future__ import annotations

@@ -48,6 +48,15 @@ class ReactionContext(Protocol):
         """Remove ``agent_id`` (an agent of this server) when the reaction commits."""
         ...
 
+    def notify(self, key: str, value: object) -> None:
+        """Hand ``value`` to the in-memory observer this server registered under ``key`` once
+        the reaction is durable (nothing if none is registered; dropped if it rolls back).
+
+        For the bus's own agents that feed something outside the store, e.g. a device's
+        session mailbox pushing to its live MQTT connection: nothing is written for it.
+        """
+        ...
+
 
 _current: ContextVar[ReactionContext | None] = ContextVar("aaabus_reaction", default=None)
 

@@ -34,13 +34,13 @@ from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
 from aaabus.core.store import STORE_KINDS, Store, open_store
 from aaabus.core.trace import Tracer
 from aaabus.errors import AaabusError, ConfigError, ServiceFailed
+from aaabus.extras import require
 from aaabus.io.network import Network
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.node.mailboxes import MailboxDesk
-from aaabus.node.mqtt import MqttListener
 from aaabus.node.mqttsessions import MqttSessions
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from aaabus.core.traffic import TrafficRecorder
     from aaabus.node.admin import AdminEndpoint
     from aaabus.node.metrics import MetricsEndpoint
+    from aaabus.node.mqtt import MqttListener
 
 log = logging.getLogger("aaabus.server")
 T = TypeVar("T")
@@ -155,6 +156,12 @@ class AgentServer:
             None if not traffic_dir else Path(config.path).resolve().parent / traffic_dir
         )
         self.traffic: TrafficRecorder | None = None
+        # A property whose library is an extra not installed here: refused now, before the
+        # store is opened, rather than at the feature's first use.
+        if self.traffic_dir is not None:
+            require("property aaabus.traffic", "traffic", "pyarrow")
+        if endpoints and config.setting(server_id, "aaabus.metrics.port") is not None:
+            require("property aaabus.metrics.port", "metrics", "prometheus_client")
         # Import every service before touching the store: a typo must not leave half a boot.
         self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
         self.store: Store | None = None
@@ -241,13 +248,15 @@ class AgentServer:
                 self.network.start()
             self.started_at = time.monotonic()
             if self.config.setting(self.server_id, "aaabus.mqtt.port") is not None:
+                # Imported by the servers that listen only, like the other optional endpoints.
+                from aaabus.node.mqtt import MqttListener
+
                 self.mqtt = MqttListener(
                     self.config,
                     self.server_id,
                     self.mqtt_sessions,
-                    self.call,
-                    self.call_async,
-                    self.mailboxes.poll,
+                    self.engine.run_batch,
+                    self.engine.observe,
                 )
                 self.mqtt.start()
             if self.endpoints:

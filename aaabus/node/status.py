@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -26,6 +27,12 @@ from aaabus.topics.representative import TopicRepresentative
 __all__ = ["StatusSource", "server_status"]
 
 T = TypeVar("T")
+
+
+class FigureSource(Protocol):
+    """An endpoint with figures of its own (the MQTT listener), read on its own thread."""
+
+    def figures(self, timeout: float) -> dict[str, Any]: ...
 
 
 class StatusSource(Protocol):
@@ -47,6 +54,8 @@ class StatusSource(Protocol):
     def channel(self) -> Channel | None: ...
     @property
     def network(self) -> Network | None: ...
+    @property
+    def mqtt(self) -> FigureSource | None: ...
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T: ...
 
 
@@ -102,6 +111,9 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
         }
 
     snapshot = server.call(read, timeout)
+    mqtt = server.mqtt
+    if mqtt is not None:
+        snapshot["mqtt"] = mqtt.figures(timeout)
     spec = server.spec
     neighbours = server.topology.neighbours(me)
     return {
@@ -115,6 +127,7 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
         "store": server.store_kind,
         "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
         "gc": _collector_figures(),
+        "threads": threading.active_count(),
         **snapshot,
     }
 

@@ -551,6 +551,7 @@ class FuzzTarget:
         self.s2_d1 = ("127.0.0.1", cfg.servers[2].port_in("D1"))
         self.s1_d1 = ("127.0.0.1", cfg.servers[1].port_in("D1"))
         self.dropped = 0  # log lines of the engine dropping a bad input or a dead letter
+        self.drop_lines: list[str] = []  # those lines
         self._dropped_changed = threading.Condition()
         self.bus = Bus(self.config, [1, 2], workdir / "stores", sink=self._line)
         self._peer: FakePeer | None = None
@@ -566,12 +567,20 @@ class FuzzTarget:
         if "dropping an input" in line or "dead letter from" in line:
             with self._dropped_changed:
                 self.dropped += 1
+                self.drop_lines.append(line)
                 self._dropped_changed.notify_all()
 
-    def wait_dropped(self, at_least: int, timeout: float) -> bool:
-        """Wait until the servers have logged ``at_least`` dropped inputs in all."""
+    def wait_dropped(self, at_least: int, timeout: float, containing: str = "") -> bool:
+        """Wait until the servers have logged ``at_least`` dropped inputs in all (only those
+        whose line holds ``containing``, when given: the drops of one sender's own frames)."""
+
+        def count() -> int:
+            if not containing:
+                return self.dropped
+            return sum(containing in line for line in self.drop_lines)
+
         with self._dropped_changed:
-            return self._dropped_changed.wait_for(lambda: self.dropped >= at_least, timeout)
+            return self._dropped_changed.wait_for(lambda: count() >= at_least, timeout)
 
     def __enter__(self) -> FuzzTarget:
         self.bus.start(timeout=60)

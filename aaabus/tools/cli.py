@@ -429,6 +429,10 @@ KEY_HELP = (
 
 
 def _main_parser() -> _Parser:
+    # Their options live with their code (shared with the checkout's `python -m perf`); importing
+    # them needs none of the libraries of their extra, which each checks when it runs.
+    from aaabus.analysis import analyze, plan
+
     parser = _Parser(prog="aaabus", description="Tools of the aaabus agent bus.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -450,6 +454,14 @@ def _main_parser() -> _Parser:
         "(property aaabus.trust, docs/security.md)",
     )
     topo.set_defaults(func=_cmd_topology)
+
+    for name, module, text in (
+        ("plan", plan, "plan causality domains from traffic traces (Spark): a3.xml, its cost"),
+        ("analyze", analyze, "timing traces to tables, growth fits and plots (Spark)"),
+    ):
+        command = sub.add_parser(name, help=f"{text}; needs aaabus[spark]")
+        module.add_arguments(command)
+        command.set_defaults(func=module.run)
 
     secret = sub.add_parser("secret", help="make a new bus secret (aaabus secret --out bus.key)")
     secret.add_argument(

@@ -24,7 +24,10 @@ Retries are safe: every request carries an id chosen by the client and kept acro
 the server records it in the transaction that performs the request and answers a repeated id with
 the first answer instead of acting twice. The last ``aaabus.client.remember`` ids (default
 100000) are kept, in the server's store. Ids are per server: a request retried through another
-server could be performed twice.
+server could be performed twice. A request that gets no answer (the server is down, busy, or
+cut the connection) is tried again, with its id, after a delay that
+:class:`~aaabus.io.backoff.Backoff` draws (the policy a server redialling a peer follows too),
+until the client's ``timeout``.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import Credential, load_credential, secret_path
 from aaabus.errors import AdminError, RequestRefused, ServerBusy, ServerUnreachable, WireError
+from aaabus.io.backoff import Backoff
 from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
@@ -54,6 +58,11 @@ from aaabus.tools.subscription import FETCH_WAIT, Subscription
 from aaabus.wire.codec import Codec
 
 __all__ = ["AdminError", "Client", "RequestRefused", "ServerUnreachable"]
+
+#: Seconds between two attempts of a request, from RETRY_FIRST doubling up to RETRY_MAX with
+#: jitter: the bus's one retry policy (aaabus.io.backoff), which a server redialling a peer uses.
+RETRY_FIRST = 0.05
+RETRY_MAX = 1.0
 
 
 class Client:
@@ -265,7 +274,7 @@ class Client:
 
     def _request(self, request: dict[str, Any]) -> dict[str, Any]:
         deadline = time.monotonic() + self.timeout
-        delay = 0.05
+        backoff = Backoff(RETRY_FIRST, RETRY_MAX)
         while True:
             try:
                 if self._link is None:
@@ -282,12 +291,12 @@ class Client:
             except (ServerUnreachable, ServerBusy, WireError, OSError) as exc:
                 # The request may or may not have been performed: send it again, same id.
                 self.close()
+                delay = backoff.next_delay()
                 if time.monotonic() + delay >= deadline:
                     raise ServerUnreachable(
                         f"server {self.server} did not answer within {self.timeout:g}s ({exc})"
                     ) from None
                 self._pause.wait(delay)
-                delay = min(2 * delay, 1.0)
                 continue
             if not answer.get("ok"):
                 if answer.get("close"):

@@ -24,6 +24,7 @@ from __future__ import annotations
 from BTrees.LOBTree import LOBTree
 
 from aaabus.model.agent import Agent
+from aaabus.model.context import current_context
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import (
     AgentCreateReply,
@@ -42,6 +43,11 @@ class Mailbox(Agent):
     #: Whether a reader found nothing new at its last look (and may be waiting): the next item
     #: then wakes the readers. Class default for mailboxes stored before the attribute existed.
     watched = True
+    #: The observer key (:meth:`~aaabus.model.context.ReactionContext.notify`) of a live reader
+    #: fed by push: each item, once durable, goes to it as ``(name, seq, item)`` and no
+    #: :class:`MailboxGrew` is sent. Set on an MQTT session's mailbox; ``None`` (class default)
+    #: for client subscriptions, which fetch.
+    push: str | None = None
 
     def __init__(
         self,
@@ -78,7 +84,9 @@ class Mailbox(Agent):
             self._append(note)
 
     def _append(self, note: Notification) -> None:
-        if self.watched:
+        if self.push is not None:
+            current_context("a mailbox's push").notify(self.push, (self.name, self.next_seq, note))
+        elif self.watched:
             # Wake the readers waiting on this mailbox: after the commit, through the server's
             # listeners. Only when a reader found nothing new at its last look: one that found
             # items takes them and looks again without waiting.
@@ -103,7 +111,7 @@ class Mailbox(Agent):
                 out.append((seq, note))
                 if len(out) >= most:
                     break
-        if not out and not self.watched:
+        if not out and not self.watched and self.push is None:
             self.watched = True
         return out
 

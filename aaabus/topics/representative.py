@@ -8,7 +8,13 @@ What it holds (all in the server's store, so it survives restarts):
 * ``retained``: topic -> its retained publication (every representative keeps a copy);
 * ``mailboxes``: name -> the mailbox agent of a client subscription (:mod:`aaabus.topics.mailbox`);
 * ``routes``: next hop towards every other server (the configuration's route table, set by the
-  server at boot).
+  server at boot);
+* ``local_trie``, ``remote_trie``, ``retained_trie``: the same three tables as tries of topic
+  levels (:mod:`aaabus.topics.trie`), so that a publication finds its subscriptions, and a
+  subscription its retained copies, at a cost that grows with the topic's depth and not with the
+  number of filters or topics held. The tables stay the source of truth (``aaabus status``
+  counts them); each reaction changes a table and its trie together. A representative from a
+  store written before the tries existed builds them from its tables in its first reaction.
 
 How a publication travels: the publisher's reaction sends :class:`~aaabus.model.pubsub.Publish`
 to its own server's representative. That representative delivers it to the local subscribers
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Mapping
+from operator import itemgetter
 
 from BTrees.OOBTree import OOBTree, OOTreeSet
 
@@ -37,7 +44,7 @@ from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification, UnknownAgent
 from aaabus.model.pubsub import Publication, Publish, Subscribe, Unsubscribe
-from aaabus.model.topicnames import check_filter, check_topic, matches
+from aaabus.model.topicnames import check_filter, check_topic
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.messages import (
     Carried,
@@ -47,6 +54,7 @@ from aaabus.topics.messages import (
     Relay,
     TopicRoutes,
 )
+from aaabus.topics.trie import TopicTrie
 
 __all__ = ["TopicRepresentative"]
 
@@ -70,12 +78,28 @@ class TopicRepresentative(Agent):
         self.remote: OOBTree = OOBTree()
         self.retained: OOBTree = OOBTree()
         self.mailboxes: OOBTree = OOBTree()
+        self._index_tables()
 
     @property
     def server(self) -> int:
         return self.id.server
 
+    def _index_tables(self) -> None:
+        """Make the tries of the tables, unless they exist (they came together, in one version).
+
+        The tries of ``local`` and ``remote`` hold, as values, the very sets of the tables (one
+        record shared, a subscriber joining an existing filter changes the set alone); that of
+        ``retained`` holds no value, the copy being kept once, in the table: updating a
+        retained topic, the common case, leaves the trie alone.
+        """
+        if getattr(self, "local_trie", None) is not None:
+            return
+        self.local_trie = _trie_of(self.local.items())
+        self.remote_trie = _trie_of(self.remote.items())
+        self.retained_trie = _trie_of((topic, None) for topic in self.retained)
+
     def react(self, sender: AgentId, note: Notification) -> None:
+        self._index_tables()  # builds them if this representative was stored before they existed
         if isinstance(note, Publish):
             item = Carried(check_topic(note.topic), note.payload, sender, note.retain, note.qos)
             self._handle(item)
@@ -124,14 +148,17 @@ class TopicRepresentative(Agent):
             return
         if item.retain:
             if item.payload is None:
-                self.retained.pop(item.topic, None)
+                if self.retained.pop(item.topic, None) is not None:
+                    self.retained_trie.remove(item.topic)
             else:
+                if item.topic not in self.retained:
+                    self.retained_trie.insert(item.topic)
                 self.retained[item.topic] = item
         chosen: dict[AgentId, list[str]] = {}
-        for topic_filter, subscribers in self.local.items():
-            if matches(topic_filter, item.topic):
-                for subscriber in subscribers:
-                    chosen.setdefault(subscriber, []).append(topic_filter)
+        # In the order of the filters, as a subscriber's Publication.filters always came.
+        for topic_filter, subscribers in sorted(self.local_trie.match(item.topic), key=_key):
+            for subscriber in subscribers:
+                chosen.setdefault(subscriber, []).append(topic_filter)
         for subscriber in sorted(chosen):
             note = Publication(
                 item.topic, item.payload, item.publisher, tuple(chosen[subscriber]), qos=item.qos
@@ -141,9 +168,8 @@ class TopicRepresentative(Agent):
     def _interested(self, topic: str) -> set[int]:
         """The other servers with a subscription matching ``topic``."""
         servers: set[int] = set()
-        for topic_filter, where in self.remote.items():
-            if matches(topic_filter, topic):
-                servers.update(where)
+        for _, where in self.remote_trie.match(topic):
+            servers.update(where)
         return servers
 
     def _relay(self, targets: Iterable[int], item: Carried | InterestChange) -> None:
@@ -168,18 +194,17 @@ class TopicRepresentative(Agent):
         subscribers = self.local.get(topic_filter)
         if subscribers is None:
             subscribers = self.local[topic_filter] = OOTreeSet()
+            self.local_trie.insert(topic_filter, subscribers)
             self._announce((topic_filter,), add=True)
         subscribers.insert(subscriber)
         filters = self.of_subscriber.get(subscriber)
         if filters is None:
             filters = self.of_subscriber[subscriber] = OOTreeSet()
         filters.insert(topic_filter)
-        for topic, item in self.retained.items():
-            if matches(topic_filter, topic):
-                note = Publication(
-                    topic, item.payload, item.publisher, (topic_filter,), True, item.qos
-                )
-                self.send_to(subscriber, note)
+        for topic, _ in sorted(self.retained_trie.matching(topic_filter), key=_key):
+            item = self.retained[topic]
+            note = Publication(topic, item.payload, item.publisher, (topic_filter,), True, item.qos)
+            self.send_to(subscriber, note)
 
     def _unsubscribe(self, subscriber: AgentId, topic_filter: str) -> None:
         subscribers = self.local.get(topic_filter)
@@ -188,6 +213,7 @@ class TopicRepresentative(Agent):
         subscribers.remove(subscriber)
         if not subscribers:
             del self.local[topic_filter]
+            self.local_trie.remove(topic_filter)
             self._announce((topic_filter,), add=False)
         filters = self.of_subscriber[subscriber]
         filters.remove(topic_filter)
@@ -204,11 +230,13 @@ class TopicRepresentative(Agent):
             if change.add:
                 if where is None:
                     where = self.remote[topic_filter] = OOTreeSet()
+                    self.remote_trie.insert(topic_filter, where)
                 where.insert(change.origin)
             elif where is not None and change.origin in where:
                 where.remove(change.origin)
                 if not where:
                     del self.remote[topic_filter]
+                    self.remote_trie.remove(topic_filter)
 
     def _set_routes(self, routes: Mapping[int, int]) -> None:
         """The configuration changed: forget servers that left, tell newcomers our filters."""
@@ -243,3 +271,15 @@ class TopicRepresentative(Agent):
             # representative handles after the request is the subscription's (its deliveries
             # reach the mailbox after the creation request, which went first).
             self._subscribe(mailbox_id, check_filter(note.topic_filter))
+
+
+#: Sorts (key, value) entries of a trie by key.
+_key = itemgetter(0)
+
+
+def _trie_of(entries: Iterable[tuple[str, object]]) -> TopicTrie:
+    """A new trie of ``entries`` (key, value)."""
+    trie = TopicTrie()
+    for key, value in entries:
+        trie.insert(key, value)
+    return trie

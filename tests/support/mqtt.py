@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import queue
 import shutil
+import socket
 import subprocess
 import time
 from typing import Any
@@ -88,12 +89,14 @@ class Device:
             out.append(self.inbox.get(timeout=max(0.01, deadline - time.monotonic())))
         return out
 
-    def nothing_more(self, wait: float = 0.5) -> bool:
-        try:
-            self.inbox.get(timeout=wait)
-        except queue.Empty:
-            return True
-        return False
+    def nothing_before(self, topic: str, via: Device | None = None) -> bool:
+        """Whether nothing else arrives before a marker published now on ``topic`` (one this
+        device receives), by ``via`` or by this device itself: what a time window would only
+        suggest, the marker proves, since the bus keeps one publisher's order."""
+        marker = f"marker {time.monotonic_ns()}".encode()
+        (via or self).publish(topic, marker, 1)
+        got = self.receive(1)[0]
+        return got[:2] == (topic, marker)
 
     def close(self) -> None:
         self.client.disconnect()
@@ -103,3 +106,103 @@ class Device:
 def tool(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:
     """Run a mosquitto client tool to its end."""
     return subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+
+
+def connect_packet(
+    client_id: str | bytes = "dev",
+    level: int = 4,
+    flags: int = 0x02,
+    extra: bytes = b"",
+    props: bytes = b"",
+    keep_alive: int = 60,
+) -> bytes:
+    """A CONNECT built by hand (the codec under test must not build its own input); ``props``:
+    a 5.0 property block, length included."""
+
+    def text(s: str | bytes) -> bytes:
+        raw = s if isinstance(s, bytes) else s.encode()
+        return len(raw).to_bytes(2, "big") + raw
+
+    body = (
+        text("MQTT")
+        + bytes([level, flags])
+        + keep_alive.to_bytes(2, "big")
+        + props
+        + text(client_id)
+        + extra
+    )
+    return bytes([0x10]) + varint(len(body)) + body
+
+
+def publish_packet(topic: bytes, payload: bytes = b"x", qos: int = 1, pid: int = 7) -> bytes:
+    body = len(topic).to_bytes(2, "big") + topic
+    if qos:
+        body += pid.to_bytes(2, "big")
+    body += payload
+    return bytes([0x30 | qos << 1]) + varint(len(body)) + body
+
+
+def subscribe_packet(filters: list[str], qos: int = 0, pid: int = 1) -> bytes:
+    """One SUBSCRIBE of ``filters``, each at ``qos`` (remaining length as a varint)."""
+    body = pid.to_bytes(2, "big")
+    for topic_filter in filters:
+        raw = topic_filter.encode()
+        body += len(raw).to_bytes(2, "big") + raw + bytes([qos])
+    return bytes([0x82]) + varint(len(body)) + body
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+class RawDevice:
+    """A device speaking MQTT 3.1.1 over a bare socket, packet by packet: for what a library
+    would not do (never read, flood, stay silent). ``rcvbuf``: a small receive buffer makes a
+    device that does not read fill up quickly."""
+
+    def __init__(self, port: int, rcvbuf: int | None = None) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf is not None:
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(10)
+        self.sock.connect(("127.0.0.1", port))
+        self._buffer = b""
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+    def packet(self) -> tuple[int, bytes]:
+        """The next whole packet from the server: (first byte, body); EOFError when closed."""
+        while True:
+            if len(self._buffer) >= 2:
+                length, shift, at = 0, 0, 1
+                while at < len(self._buffer):
+                    byte = self._buffer[at]
+                    length |= (byte & 0x7F) << shift
+                    shift += 7
+                    at += 1
+                    if not byte & 0x80:
+                        if len(self._buffer) >= at + length:
+                            first, body = self._buffer[0], self._buffer[at : at + length]
+                            self._buffer = self._buffer[at + length :]
+                            return first, body
+                        break
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise EOFError("closed by the server")
+            self._buffer += chunk
+
+    def connect(self, client_id: str, **kwargs: Any) -> int:
+        """CONNECT; the CONNACK's return code."""
+        self.send(connect_packet(client_id, **kwargs))
+        first, body = self.packet()
+        assert first == 0x20, first
+        return body[1]
+
+    def close(self) -> None:
+        self.sock.close()

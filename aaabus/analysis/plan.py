@@ -1,47 +1,52 @@
-"""``python -m perf plan TRACES --max-domain-size K --out a3.xml``: causality domains planned from
-observed traffic.
+"""``aaabus plan TRACES --max-domain-size K --out a3.xml``: causality domains planned from
+observed traffic (also ``python -m perf plan`` in a checkout: the same code).
 
 1. The traffic traces under TRACES (``traffic/``, else the perf suites' ``hops/``) are checked
    with pyarrow, then Spark (``local[2]`` unless ``--master`` says otherwise) sums notifications
-   and bytes per (src, dst): :mod:`perf.traffic_matrix`. Only that matrix reaches the driver.
-2. :func:`perf.planner.plan_domains` cuts the servers into domains of at most K members joined
-   by routers into a tree.
-3. :mod:`perf.costmodel` predicts the cost per notification of the plan and of the generated
-   layouts of the same servers with the same K (``aaabus.config.topology``: flat, star, tree, bus);
-   the table is printed and the plan written as ``a3.xml``, checked by
+   and bytes per (src, dst): :mod:`aaabus.analysis.traffic_matrix`. Only that matrix reaches
+   the driver.
+2. :func:`aaabus.analysis.planner.plan_domains` cuts the servers into domains of at most K
+   members joined by routers into a tree.
+3. :mod:`aaabus.analysis.costmodel` predicts the cost per notification of the plan and of the
+   generated layouts of the same servers with the same K (``aaabus.config.topology``: flat, star,
+   tree, bus); the table is printed and the plan written as ``a3.xml``, checked by
    :meth:`aaabus.config.domains.Topology.from_config` before it is written.
 
 Server ids are the ones in the traces, or every server of ``--servers-from CONFIG`` (whose names
 and hostnames are kept; ports are numbered afresh from ``--base-port``). The last line printed is
-one JSON object (with ``--json``, the only one). Bad input: one line on stderr, exit status 2.
-Everything runs on the main thread.
+one JSON object (with ``--json``, the only one). Bad input, and a missing ``aaabus[spark]``
+extra, raise an :class:`~aaabus.errors.AaabusError`: the command line prints its one line and
+exits with status 2. Everything runs on the main thread.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aaabus.analysis.costmodel import LOADS, STAMPS, CostModel, LayoutCost, evaluate
+from aaabus.analysis.planner import plan_domains
+from aaabus.analysis.sparkjob import add_spark_arguments, command_session, local_path
+from aaabus.analysis.traffic_matrix import aggregate, validate
 from aaabus.config.domains import Topology
 from aaabus.config.reader import load_config, parse_config
 from aaabus.config.topology import layout
-from aaabus.errors import AaabusError, ConfigError
-from perf.costmodel import LOADS, STAMPS, CostModel, LayoutCost, evaluate
-from perf.planner import plan_domains
-from perf.sparkjob import TraceError, add_spark_arguments, local_path, spark_session
-from perf.traffic_matrix import aggregate, validate
+from aaabus.errors import ConfigError, TraceError
+from aaabus.extras import require
 
 #: Generated layouts the plan is compared with (aaabus.config.topology's generators).
 COMPARED = ("flat", "star", "tree", "bus")
+#: What the command imports from the ``spark`` extra: footers and Spark's results (pyarrow),
+#: the aggregation (pyspark), the matrices (numpy), the communities (networkx).
+NEEDS = ("pyarrow", "pyspark", "numpy", "networkx")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``python -m perf plan``."""
+    """Options of ``aaabus plan``."""
     parser.add_argument("traces", help="traces directory holding traffic/ (or hops/) Parquet files")
     parser.add_argument(
         "--max-domain-size",
@@ -82,15 +87,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command: the table (unless ``--json``), then the JSON line; exit status 0."""
+    require("planning from traces", "spark", *NEEDS)
     t0 = time.monotonic()
     try:
         result, table = plan(args)
-    except AaabusError as exc:
-        print(f"perf plan: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except OSError as exc:  # --out cannot be written, say
-        print(f"perf plan: error: {exc}", file=sys.stderr)
-        return 2
+        raise TraceError(str(exc)) from None
     result["seconds"] = round(time.monotonic() - t0, 3)
     if not args.json:
         print(table)
@@ -115,14 +118,7 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     out.parent.mkdir(parents=True, exist_ok=True)
     log_path = out.parent / "spark-plan.log"
     t0 = time.monotonic()
-    with spark_session(
-        args.master,
-        args.shuffle_partitions,
-        log_path,
-        args.spark_log_level,
-        args.jvm_options,
-        app_name="aaabus-perf-plan",
-    ) as spark:
+    with command_session(args, log_path, "aaabus-plan") as spark:
         t_jvm = time.monotonic()
         matrix = aggregate(
             spark, args.traces, source, log_path, list(config.servers) if config else None
@@ -164,7 +160,7 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     )
     predicted = {c.name: round(c.ms_per_note, 4) for c in costs}
     recipe = (
-        f"python -m perf plan {args.traces} (K={k}, {args.stamps} stamps, {args.load} load, "
+        f"aaabus plan {args.traces} (K={k}, {args.stamps} stamps, {args.load} load, "
         f"seed {args.seed}, "
         f"{matrix.rows} {matrix.kind} rows); predicted ms per notification: "
         + ", ".join(f"{name} {ms}" for name, ms in predicted.items())
@@ -200,12 +196,12 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
     }
     notes = [*source.notes]
     header = (
-        f"perf plan: {matrix.rows:,} {matrix.kind} rows, {n} servers, {total_notes:,} "
+        f"aaabus plan: {matrix.rows:,} {matrix.kind} rows, {n} servers, {total_notes:,} "
         f"notifications; K = {k}, {args.stamps} stamps"
     )
     footer = (
         f"wrote {out}: {planned.cost.domains} domain(s) joined as a {planned.tree}; check it "
-        f"with: python -m aaabus check {out}\n"
+        f"with: aaabus check {out}\n"
         f"time: footers checked {t0 - t_start:.1f} s, JVM start {t_jvm - t0:.1f} s, read + "
         f"aggregate {t_agg - t_jvm:.1f} s, plan {t_plan - t_agg:.1f} s"
     )

@@ -1,4 +1,4 @@
-"""The schema of the timing traces: written by the perf suites, read by ``perf analyze``.
+"""The schema of the timing traces: written by the perf suites, read by ``aaabus analyze``.
 
 Two Parquet datasets under a traces directory, one file per measured point:
 
@@ -12,8 +12,11 @@ changes meaning; readers refuse versions they do not know.
 A third dataset, ``traffic/``, says who talks to whom: one row per (time window, source server,
 destination server) with the notifications and bytes sent in that window. It is written by the
 live servers (:class:`aaabus.core.traffic.TrafficRecorder`) and by ``perf synth-traffic``, and
-read by ``perf plan``. It is kept compact (it may hold billions of rows): no run keys, and its
+read by ``aaabus plan``. It is kept compact (it may hold billions of rows): no run keys, and its
 schema version lives in the file metadata only.
+
+pyarrow is imported here at the top: the commands import this module inside the functions that
+read or write traces, after checking that their extra is installed.
 """
 
 from __future__ import annotations
@@ -65,6 +68,6 @@ HOP_SCHEMA = pa.schema(
     metadata={"aaabus.trace": "hops", "aaabus.schema_version": str(SCHEMA_VERSION)},
 )
 
-#: The traffic rows are written by live servers too, so their schema lives in aaabus (which
-#: must not import perf); the same object, for the perf readers and writers.
+#: The traffic rows are written by live servers too, so their schema lives in the runtime
+#: (which never imports aaabus.analysis); the same object, for the readers and writers here.
 TRAFFIC_SCHEMA = traffic_schema()

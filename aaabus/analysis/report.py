@@ -1,4 +1,4 @@
-"""The report of ``perf analyze``: PNG plots (matplotlib, Agg) and ``report.md``.
+"""The report of ``aaabus analyze``: PNG plots (matplotlib, Agg) and ``report.md``.
 
 Everything here works on the small results the Spark job hands to the driver: one dict per
 measured point, per series fit and per flat/domained pair. Nothing here touches Spark.
@@ -373,7 +373,7 @@ def write_report(
             if meta["fit_on"] == "means"
             else "every raw row (points weigh by their row counts)"
         ),
-        f"- Generated: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC by `python -m perf analyze`",
+        f"- Generated: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M:%S} UTC by `aaabus analyze`",
     ]
     lines += [f"- Note: {n}" for n in meta.get("notes", [])]
     mixed = [

@@ -10,7 +10,7 @@ hops. A leg inside a domain of k members costs::
   link and the engine's hand-offs. A router hop is one more leg, hence one more commit.
 * ``clock_bytes(k)``: the clock bytes one message handles on that leg (its stamp on the wire plus
   its share of the clock bytes its commit persists: ``stamp_bytes_mean + clock_bytes_per_msg``
-  of ``perf analyze``), under traffic spread over the domain: ``FULL_BYTES_PER_K2 * k**2`` with
+  of ``aaabus analyze``), under traffic spread over the domain: ``FULL_BYTES_PER_K2 * k**2`` with
   full-matrix stamps; with delta stamps, the straight lines between the measured points of
   ``DELTA_CLOCK_BYTES`` (and the origin), continued past the last one with its slope.
 * ``BYTE_NS``: the time per clock byte (encoding, sending, decoding, merging and persisting it).

@@ -2,7 +2,8 @@
 sit on light edges, and the domains form a tree.
 
 Input: the servers and a traffic matrix ``notes[u, v]`` (notifications from u to v); a size
-limit K (members per domain, routers included); a :class:`~perf.costmodel.CostModel`.
+limit K (members per domain, routers included); a
+:class:`~aaabus.analysis.costmodel.CostModel`.
 
 The algorithm (deterministic for a given seed):
 
@@ -25,8 +26,9 @@ The algorithm (deterministic for a given seed):
    traffic to C joins C, or the member of C with the most traffic to P joins P if that is
    heavier and P still has room. A child's core has at most K - 1 servers, so the first choice
    always fits: every domain stays within K.
-5. **Choice.** Both candidates are costed with the model (:func:`perf.costmodel.evaluate`) and
-   the cheaper one is the plan (the spanning tree on a tie).
+5. **Choice.** Both candidates are costed with the model
+   (:func:`aaabus.analysis.costmodel.evaluate`) and the cheaper one is the plan (the spanning
+   tree on a tie).
 
 Why the result is a tree: every server has one edge to its core's domain, and each tree edge
 between domains adds exactly one more (the router's): N + (D - 1) edges joining N + D nodes,
@@ -43,7 +45,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from perf.costmodel import CostModel, LayoutCost, evaluate
+from aaabus.analysis.costmodel import CostModel, LayoutCost, evaluate
 
 if TYPE_CHECKING:
     import networkx as nx

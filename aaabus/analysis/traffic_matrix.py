@@ -2,18 +2,20 @@
 
 Two kinds of traces give traffic:
 
-* ``TRACES/traffic/``: rows of :data:`perf.schema.TRAFFIC_SCHEMA` (live servers'
-  :class:`aaabus.core.traffic.TrafficRecorder`, or ``perf synth-traffic``): end-to-end counts.
-* ``TRACES/hops/``: the perf suites' hop traces (:data:`perf.schema.HOP_SCHEMA`); each ``send``
-  row is one notification from ``server_id`` to ``peer`` and its ``bytes`` are the stamp's. A
-  hop is one leg: through routers, these are counts per leg, not end to end (the same on a flat
-  bus). Hop traces of a whole sweep mix runs whose server ids mean different servers.
+* ``TRACES/traffic/``: rows of :data:`aaabus.analysis.schema.TRAFFIC_SCHEMA` (live
+  servers' :class:`aaabus.core.traffic.TrafficRecorder`, or ``perf synth-traffic``): end-to-end
+  counts.
+* ``TRACES/hops/``: the perf suites' hop traces (:data:`aaabus.analysis.schema.HOP_SCHEMA`);
+  each ``send`` row is one notification from ``server_id`` to ``peer`` and its ``bytes`` are
+  the stamp's. A hop is one leg: through routers, these are counts per leg, not end to end (the
+  same on a flat bus). Hop traces of a whole sweep mix runs whose server ids mean different
+  servers.
 
 ``traffic/`` is used when it holds Parquet files, ``hops/`` otherwise. Only the aggregate (one
 row per (src, dst) pair) comes back to the driver, whatever the volume of the traces.
 
 Stages (all on the caller's thread): :func:`validate` checks the footers with pyarrow before any
-JVM starts (same rules and messages as ``perf analyze``); :func:`aggregate` runs one Spark
+JVM starts (same rules and messages as ``aaabus analyze``); :func:`aggregate` runs one Spark
 aggregation and checks what pyarrow could not (nulls, negative counts).
 """
 
@@ -23,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from perf.sparkjob import (
-    TraceError,
+from aaabus.analysis.sparkjob import (
     check_footer,
     open_traces,
     parquet_files,
@@ -32,6 +33,7 @@ from perf.sparkjob import (
     spark_errors,
     spark_location,
 )
+from aaabus.errors import TraceError
 
 if TYPE_CHECKING:
     import numpy as np
@@ -69,7 +71,7 @@ class TrafficMatrix:
 
 
 def _schema(kind: str) -> pa.Schema:
-    from perf.schema import HOP_SCHEMA, TRAFFIC_SCHEMA
+    from aaabus.analysis.schema import HOP_SCHEMA, TRAFFIC_SCHEMA
 
     return TRAFFIC_SCHEMA if kind == "traffic" else HOP_SCHEMA
 
@@ -92,7 +94,8 @@ def validate(location: str, master: str) -> Source:
         return Source(kind, len(files), rows)
     raise TraceError(
         f"no traffic traces under {location}: it holds no traffic/ (or hops/) Parquet files; "
-        "record some (aaabus.traffic) or write synthetic ones (python -m perf synth-traffic)"
+        "record some (property aaabus.traffic) or, in a checkout of aaabus, write synthetic "
+        "ones (python -m perf synth-traffic)"
     )
 
 

@@ -1,10 +1,11 @@
-"""``python -m perf analyze TRACES --out REPORT``: timing traces to tables, growth fits and plots.
+"""``aaabus analyze TRACES --out REPORT``: timing traces to tables, growth fits and plots (also
+``python -m perf analyze`` in a checkout: the same code).
 
 A PySpark job (``local[*]`` unless ``--master`` says otherwise). Its stages:
 
 1. *Validation before Spark* (pyarrow, footers only): the directory exists, ``rtt/`` holds Parquet
-   files, every file has the columns and types of :mod:`perf.schema`, the schema version its
-   metadata and statistics claim is ours. Bad input costs one line and no JVM start.
+   files, every file has the columns and types of :mod:`aaabus.analysis.schema`, the schema
+   version its metadata and statistics claim is ours. Bad input costs one line and no JVM start.
 2. *Per-point aggregates* per (topology, clock_mode, test, servers), one pass over ``rtt/`` and
    one over ``hops/``: rtt count, mean and percentiles; stamp bytes, clock bytes persisted and
    clock CPU per message. The same pass gathers the provenance (time span, run ids) and the
@@ -14,9 +15,11 @@ A PySpark job (``local[*]`` unless ``--master`` says otherwise). Its stages:
 4. *Growth fits* per series (topology x clock_mode x test) and metric over the servers count:
    linear, quadratic and log-log least squares, solved from per-series sums that Spark computes.
 5. *Report*: the small results only (one row per point or series) reach the driver, which writes
-   Parquet, CSV, PNG plots and ``report.md`` (see :mod:`perf.report`).
+   Parquet, CSV, PNG plots and ``report.md`` (see :mod:`aaabus.analysis.report`).
 
-pyspark and matplotlib are imported inside functions: the other perf commands must stay fast.
+pyarrow, pyspark and matplotlib (the ``spark`` extra) are imported inside functions: the other
+commands must stay fast, and this one must be able to say which extra is missing. Bad input
+raises an :class:`~aaabus.errors.AaabusError`, one line for the command line to print.
 """
 
 from __future__ import annotations
@@ -24,26 +27,24 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aaabus.errors import AaabusError
-from perf.sparkjob import (
-    TraceError,
+from aaabus.analysis.sparkjob import (
     add_spark_arguments,
     check_footer,
+    command_session,
     local_path,
     open_traces,
     parquet_files,
     read_dataset,
     spark_errors,
     spark_location,
-    spark_session,
 )
+from aaabus.errors import TraceError
+from aaabus.extras import require
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -67,6 +68,9 @@ QUAD_SSE_RATIO = 0.5
 _T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179]
 _T975 += [2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064]
 _T975 += [2.060, 2.056, 2.052, 2.048, 2.045, 2.042]
+#: What the command imports from the ``spark`` extra: footers and results (pyarrow), the job
+#: (pyspark), the plots (matplotlib).
+NEEDS = ("pyarrow", "pyspark", "matplotlib")
 
 
 # --------------------------------------------------------------------------------------------
@@ -91,7 +95,7 @@ def validate_traces(location: str, master: str) -> Inventory:
     On a cluster, a path without a scheme means Spark's default filesystem (HDFS, say): it is only
     checked here if it also exists locally; Spark's own checks cover the rest.
     """
-    from perf.schema import HOP_SCHEMA, RTT_SCHEMA
+    from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA
 
     inv = Inventory()
     opened = open_traces(location, master, "rtt/ and hops/")
@@ -139,7 +143,7 @@ def check_points(points: pa.Table, location: str) -> pa.Table:
     """Raise TraceError if the per-point check columns show bad rows; return the table without."""
     import pyarrow.compute as pc
 
-    from perf.schema import SCHEMA_VERSION
+    from aaabus.analysis.schema import SCHEMA_VERSION
 
     if points.num_rows == 0 or pc.sum(points["count"]).as_py() in (None, 0):
         raise TraceError(f"no rtt rows under {location}/rtt")
@@ -178,7 +182,7 @@ def points_frame(
     """
     from pyspark.sql import functions as F
 
-    from perf.schema import HOP_SCHEMA, RTT_SCHEMA
+    from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA
 
     probs = F.array(F.lit(0.5), F.lit(0.9), F.lit(0.99))
     q = (
@@ -526,8 +530,8 @@ def analyze(
     """Run the job on ``traces``; write tables, plots and report.md to ``out``; return a summary."""
     import pyarrow as pa
 
-    from perf import report
-    from perf.schema import HOP_SCHEMA, RTT_SCHEMA
+    from aaabus.analysis import report
+    from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA
 
     inventory = inventory or Inventory()
     out.mkdir(parents=True, exist_ok=True)
@@ -620,7 +624,7 @@ def _fits_schema() -> pa.Schema:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of ``python -m perf analyze``."""
+    """Options of ``aaabus analyze``."""
     parser.add_argument("traces", help="traces directory holding rtt/ (and hops/) Parquet files")
     parser.add_argument("--out", required=True, help="report directory (written by the driver)")
     add_spark_arguments(parser, default_master="local[*]", log="OUT/spark.log")
@@ -636,6 +640,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """The command: the report written, then the JSON line; exit status 0."""
+    require("the analysis of traces", "spark", *NEEDS)
     t0 = time.monotonic()
     out = local_path(args.out)
     try:
@@ -644,14 +650,7 @@ def run(args: argparse.Namespace) -> int:
         inventory = validate_traces(args.traces, args.master)
         out.mkdir(parents=True, exist_ok=True)
         log_path = out / "spark.log"
-        with spark_session(
-            args.master,
-            args.shuffle_partitions,
-            log_path,
-            args.spark_log_level,
-            args.jvm_options,
-            app_name="aaabus-perf-analyze",
-        ) as spark:
+        with command_session(args, log_path, "aaabus-analyze") as spark:
             result = analyze(
                 spark,
                 args.traces,
@@ -661,23 +660,8 @@ def run(args: argparse.Namespace) -> int:
                 inventory=inventory,
                 log_path=log_path,
             )
-    except AaabusError as exc:
-        print(f"perf analyze: error: {exc}", file=sys.stderr)
-        return exc.exit_code
     except OSError as exc:  # the report directory cannot be written, say
-        print(f"perf analyze: error: {exc}", file=sys.stderr)
-        return 2
+        raise TraceError(str(exc)) from None
     result["seconds"] = round(time.monotonic() - t0, 3)
     print(json.dumps(result))
     return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point for ``python -m perf.analyze`` (same as ``python -m perf analyze``)."""
-    parser = argparse.ArgumentParser(prog="python -m perf analyze")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,22 +1,23 @@
-"""What every Spark command of ``perf`` shares: trace files checked with pyarrow before any JVM
-starts, a quiet SparkSession whose JVM output goes to a log file, and Spark failures turned into
-one line for the user.
+"""What every Spark command shares: trace files checked with pyarrow before any JVM starts, a
+quiet SparkSession whose JVM output goes to a log file, and Spark failures turned into one line
+for the user.
 
-Used by ``perf analyze`` (timing traces) and ``perf plan`` (traffic traces). Everything runs on
-the caller's thread; pyspark is imported inside the functions, so that importing this module
-costs nothing to the commands that do not start Spark.
+Used by ``aaabus analyze`` (timing traces) and ``aaabus plan`` (traffic traces). Everything runs
+on the caller's thread; pyarrow and pyspark are imported inside the functions, so that importing
+this module costs nothing to the commands that do not start Spark, and works without them (the
+commands then say which extra to install).
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from aaabus.errors import AaabusError
+from aaabus.errors import SparkStartError, TraceError
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -26,16 +27,6 @@ if TYPE_CHECKING:
 #: C2 compiler's and G1's background threads cost more CPU than they give back (measured on
 #: 2 cores: 1,000,000 rows in 25-30 s with them off, 40 s and more with the defaults).
 LOCAL_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-
-
-class TraceError(AaabusError):
-    """The traces cannot be analysed: one line for the user, exit status 2."""
-
-
-class SparkStartError(AaabusError):
-    """Spark itself could not start (no Java, bad master URL...)."""
-
-    exit_code = 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -66,8 +57,8 @@ def parquet_files(fs: Any, directory: str) -> list[str] | None:
 
 
 def check_footer(fs: Any, path: str, kind: str, expected: pa.Schema) -> int:
-    """Check one file's footer against ``expected`` (one of :mod:`perf.schema`); return its row
-    count. The version read is the one ``expected`` declares in its metadata."""
+    """Check one file's footer against ``expected`` (one of :mod:`aaabus.analysis.schema`);
+    return its row count. The version read is the one ``expected`` declares in its metadata."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -188,7 +179,7 @@ def spark_session(
     log_path: Path | None,
     log_level: str = "WARN",
     jvm_options: str = LOCAL_JVM_OPTIONS,
-    app_name: str = "aaabus-perf",
+    app_name: str = "aaabus",
 ) -> Iterator[SparkSession]:
     """A SparkSession for one job, stopped on exit.
 
@@ -235,6 +226,20 @@ def spark_session(
     finally:
         if log is not None:
             log.close()
+
+
+def command_session(
+    args: argparse.Namespace, log_path: Path, app_name: str
+) -> AbstractContextManager[SparkSession]:
+    """:func:`spark_session` as a command's options (:func:`add_spark_arguments`) ask for it."""
+    return spark_session(
+        args.master,
+        args.shuffle_partitions,
+        log_path,
+        args.spark_log_level,
+        args.jvm_options,
+        app_name=app_name,
+    )
 
 
 def java_messages(exc: BaseException) -> list[str]:
