@@ -32,7 +32,9 @@ from aaabus.model.notifications import (
     AgentDeleteRequest,
     Notification,
 )
+from aaabus.model.pubsub import Publication
 from aaabus.topics.messages import MailboxGrew
+from aaabus.wire.codec import Codec, encode_note
 
 __all__ = ["Mailbox"]
 
@@ -92,7 +94,7 @@ class Mailbox(Agent):
             # items takes them and looks again without waiting.
             self.watched = False
             self.send_to(AgentId.server_of(self.id.server), MailboxGrew(self.name))
-        self.items[self.next_seq] = note
+        self.items[self.next_seq] = _stored(note) if self.push is not None else note
         self.next_seq += 1
         self.count += 1
         while self.count > self.limit:
@@ -107,8 +109,8 @@ class Mailbox(Agent):
         Finding none arms the wake-up of the next item (see :attr:`watched`)."""
         out: list[tuple[int, Notification]] = []
         if most > 0 and self.count:
-            for seq, note in self.items.items(min=after + 1):
-                out.append((seq, note))
+            for seq, item in self.items.items(min=after + 1):
+                out.append((seq, _loaded(item)))
                 if len(out) >= most:
                     break
         if not out and not self.watched and self.push is None:
@@ -120,3 +122,24 @@ class Mailbox(Agent):
         while self.count and self.items.minKey() <= upto:
             del self.items[self.items.minKey()]
             self.count -= 1
+
+
+# A device's backlog holds publications by the hundred, and every commit that appends one
+# rewrites the bucket it lands in: stored as an object, each item costs the pickler a dozen
+# objects (topic, payload, publisher id, filters...); stored as its data body, one. Only for
+# what needs nothing but aaabus's own classes to load again (a publication of bytes, text or
+# nothing, which is all a device sends or reads), so that a reboot can always read it back.
+_AS_BODY = (bytes, str, type(None))
+
+
+def _stored(note: Notification) -> Notification | bytes:
+    if isinstance(note, Publication) and isinstance(note.payload, _AS_BODY):
+        return encode_note(note)
+    return note
+
+
+def _loaded(item: Notification | bytes) -> Notification:
+    return _BODIES.decode(item) if isinstance(item, bytes) else item
+
+
+_BODIES = Codec()  # imports nothing: the bodies stored here name aaabus's classes only
