@@ -58,6 +58,7 @@ __all__ = [
     "FatalError",
     "FormatError",
     "FrameTooLarge",
+    "IllegalTransition",
     "InternalError",
     "LaunchError",
     "LogStoreDamaged",
@@ -233,6 +234,16 @@ class UnknownNotificationError(AgentError):
 
 class InternalError(Exception):
     """Raised and caught inside aaabus: a bad peer, a bad record, a replay; users never see it."""
+
+
+class IllegalTransition(InternalError):
+    """A state machine was given an event its state does not allow (a connection of the
+    network, :mod:`aaabus.io.states`): a bug of its owner, never a peer's doing."""
+
+    def __init__(self, message: str, state: object, event: object) -> None:
+        super().__init__(message)
+        self.state = state
+        self.event = event
 
 
 class WireError(InternalError):

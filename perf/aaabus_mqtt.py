@@ -15,17 +15,14 @@ server, never above the hard limit, never the system's).
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 from aaabus.config.reader import load_config
 from aaabus.config.topology import render
 from aaabus.testing.proxy import FaultProxy
-from aaabus.tools.launch import Bus, ServerProcess, free_port_base
+from aaabus.tools.launch import Bus, free_port_base
 from perf.brokers import Endpoint, free_ports, nofile_raiser
 from perf.harness import REPO_ROOT
 
@@ -48,46 +45,6 @@ def _splice(text: str, server: int, properties: Mapping[str, str]) -> str:
     end = text.index("</server>", start)
     xml = "".join(f'  <property name="{k}" value="{v}"/>\n  ' for k, v in properties.items())
     return text[:end] + xml + text[end:]
-
-
-class LimitedServerProcess(ServerProcess):
-    """A server process started with ``preexec_fn`` (a raised file limit): ``ServerProcess.start``
-    with that one argument more (Popen has no rlimit argument of its own)."""
-
-    def __init__(self, base: ServerProcess, preexec: Callable[[], None]) -> None:
-        super().__init__(
-            base.config,
-            base.server_id,
-            base.storage,
-            env=base.env,
-            sink=base.sink,
-            log_level=base.log_level,
-            cwd=base.cwd,
-        )
-        self._preexec = preexec
-
-    def start(self) -> ServerProcess:
-        env = dict(os.environ if self.env is None else self.env)
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        self._ready.clear()
-        self._terminated = False
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-            env=env,
-            cwd=self.cwd,
-            start_new_session=True,
-            # Runs in the child between fork and exec: only setrlimit, no lock taken.
-            preexec_fn=self._preexec,
-        )
-        self._reader = threading.Thread(
-            target=self._relay, args=(self.proc,), name=f"relay-s{self.server_id}", daemon=True
-        )
-        self._reader.start()
-        return self
 
 
 @dataclass
@@ -161,9 +118,8 @@ def mqtt_servers(
         bus = Bus(config, range(servers), work / "store", cwd=REPO_ROOT)
         if nofile is not None:
             preexec = nofile_raiser(nofile)
-            bus.servers = {
-                sid: LimitedServerProcess(proc, preexec) for sid, proc in bus.servers.items()
-            }
+            for proc in bus.servers.values():
+                proc.preexec = preexec  # raises the file limit of the server process alone
         with bus:
             yield MqttServers(
                 {s: Endpoint("127.0.0.1", p) for s, p in mqtt_ports.items()},

@@ -34,7 +34,7 @@ from aaabus.analysis.sparkjob import add_spark_arguments, command_session, local
 from aaabus.analysis.traffic_matrix import aggregate, validate
 from aaabus.config.domains import Topology
 from aaabus.config.reader import load_config, parse_config
-from aaabus.config.topology import layout
+from aaabus.config.topology import check_port_span, domain_memberships, layout
 from aaabus.errors import ConfigError, TraceError
 from aaabus.extras import require
 
@@ -237,16 +237,8 @@ def render_plan(
     Not :func:`aaabus.config.topology.render`: that one numbers servers 0..N-1 on one host, a
     plan keeps the traced ids and, from ``--servers-from``, each server's name and host.
     """
-    memberships: dict[int, list[int]] = {sid: [] for sid in servers}
-    for d, members in enumerate(domains):
-        for sid in members:
-            memberships[sid].append(d)
-    n_ports = sum(len(m) for m in domains)
-    if base_port < 1 or base_port + n_ports - 1 > 65535:
-        raise ConfigError(
-            f"the plan needs {n_ports} ports from --base-port {base_port}, beyond 65535; "
-            f"choose a base port between 1 and {65536 - n_ports}"
-        )
+    memberships = domain_memberships(domains, servers)
+    check_port_span(domains, base_port, "--base-port")
     root = ET.Element("config")
     # "--" may not appear in an XML comment: the traces path could hold one.
     root.append(ET.Comment(f" planned by {recipe} ".replace("--", "- -")))

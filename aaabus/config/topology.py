@@ -14,7 +14,7 @@ from ``base_port`` in document order. The result always passes
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from xml.sax.saxutils import quoteattr
 
 from aaabus.errors import ConfigError
@@ -101,6 +101,30 @@ def generate(
     )
 
 
+def domain_memberships(
+    domains: Sequence[Sequence[int]], servers: Iterable[int]
+) -> dict[int, list[int]]:
+    """Each of ``servers``' domains (indexes into ``domains``), in order."""
+    memberships: dict[int, list[int]] = {sid: [] for sid in servers}
+    for d, members in enumerate(domains):
+        for sid in members:
+            memberships[sid].append(d)
+    return memberships
+
+
+def check_port_span(domains: Sequence[Sequence[int]], base_port: int, option: str) -> int:
+    """The number of ports a layout takes from ``base_port`` (one per ``<network>``);
+    :class:`ConfigError` naming ``option`` if they do not fit in 1..65535."""
+    n_ports = sum(len(m) for m in domains)
+    if base_port < 1 or base_port + n_ports - 1 > 65535:
+        raise ConfigError(
+            f"ports {base_port}..{base_port + n_ports - 1} are needed ({n_ports} <network> "
+            f"elements) but ports must lie in 1..65535; choose a {option} between 1 and "
+            f"{65536 - n_ports}"
+        )
+    return n_ports
+
+
 def render(
     domains: list[list[int]],
     servers: int,
@@ -115,17 +139,8 @@ def render(
     ``recipe`` is the start of the call shown in the leading comment (without its closing
     parenthesis, to which host and properties are added).
     """
-    memberships: list[list[int]] = [[] for _ in range(servers)]
-    for d, members in enumerate(domains):
-        for sid in members:
-            memberships[sid].append(d)
-    n_ports = sum(len(m) for m in domains)
-    if base_port < 1 or base_port + n_ports - 1 > 65535:
-        raise ConfigError(
-            f"ports {base_port}..{base_port + n_ports - 1} are needed ({n_ports} <network> "
-            "elements) but ports must lie in 1..65535; choose a base port between 1 and "
-            f"{65536 - n_ports}"
-        )
+    memberships = domain_memberships(domains, range(servers))
+    n_ports = check_port_span(domains, base_port, "base port")
     props = dict(properties or {})
     # The comment says how to get the same file again. "--" may not appear inside an XML
     # comment, which rules out quoting command-line flags; host and property values come from

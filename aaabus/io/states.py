@@ -27,7 +27,7 @@ import enum
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from aaabus.errors import InternalError
+from aaabus.errors import IllegalTransition
 
 __all__ = ["TRANSITIONS", "ConnEvent", "ConnState", "IllegalTransition", "initial", "transition"]
 
@@ -83,18 +83,6 @@ TRANSITIONS: Mapping[ConnState, Mapping[ConnEvent, ConnState]] = MappingProxyTyp
 )
 
 
-class IllegalTransition(InternalError):
-    """A connection was given an event its state does not allow: a bug in the network."""
-
-    def __init__(self, state: ConnState, event: ConnEvent) -> None:
-        allowed = ", ".join(e.name for e in TRANSITIONS[state]) or "nothing"
-        super().__init__(
-            f"connection {state.name} cannot take event {event.name} (it allows: {allowed})"
-        )
-        self.state = state
-        self.event = event
-
-
 def initial(*, outgoing: bool) -> ConnState:
     """The first state of a connection we dial (``outgoing``) or accept."""
     return ConnState.CONNECTING if outgoing else ConnState.ACCEPTED
@@ -105,4 +93,9 @@ def transition(state: ConnState, event: ConnEvent) -> ConnState:
     try:
         return TRANSITIONS[state][event]
     except KeyError:
-        raise IllegalTransition(state, event) from None
+        allowed = ", ".join(e.name for e in TRANSITIONS[state]) or "nothing"
+        raise IllegalTransition(
+            f"connection {state.name} cannot take event {event.name} (it allows: {allowed})",
+            state,
+            event,
+        ) from None

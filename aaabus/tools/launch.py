@@ -41,7 +41,10 @@ class ServerProcess:
         sink: Callable[[str], None] | None = None,
         log_level: str = "WARNING",
         cwd: str | os.PathLike[str] | None = None,
+        preexec: Callable[[], None] | None = None,
     ) -> None:
+        """``preexec``: run in the child between fork and exec (a benchmark raising the
+        process's file limit: only async-signal-safe work, such as ``setrlimit``)."""
         self.config = str(config)
         self.server_id = server_id
         self.storage = str(storage)
@@ -49,6 +52,7 @@ class ServerProcess:
         self.sink = sink
         self.log_level = log_level
         self.cwd = cwd
+        self.preexec = preexec
         self.proc: subprocess.Popen[str] | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self._ready = threading.Event()
@@ -91,6 +95,7 @@ class ServerProcess:
             env=env,
             cwd=self.cwd,
             start_new_session=True,  # Ctrl-C in a terminal reaches us, not our children twice
+            preexec_fn=self.preexec,
         )
         self._reader = threading.Thread(
             target=self._relay, args=(self.proc,), name=f"relay-s{self.server_id}", daemon=True
