@@ -9,6 +9,7 @@ real servers whose frames are watched on their way to the network.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -223,54 +224,37 @@ def test_the_spin_sees_a_notice_that_comes_while_it_polls() -> None:
     assert links.sleeping == 0  # it never had to sleep
 
 
-def test_a_group_on_the_reading_thread_reads_its_notice_itself() -> None:
+def test_a_group_set_aside_on_the_reading_thread_goes_on_once_its_notice_is_read() -> None:
     links = Board().links
     links.up(0)
     conn = _read(links, 0, 2)
-    reads: list[int] = []
-
-    def read(peer: int, _timeout: float) -> bool:
-        reads.append(peer)
-        if len(reads) == 2:
-            links.durable(conn)  # the notice comes with the second read
-        return True
-
-    assert links.wait_reading({conn: 2}, read, TIMEOUT)
-    assert reads == [0, 0]
-    assert links.sleeping == 0
+    deadline = time.monotonic() + TIMEOUT
+    assert not links.ready({conn: 2}, deadline, TIMEOUT)
+    conn.received += 1  # another read, with no notice: still aside
+    assert not links.ready({conn: 2}, deadline, TIMEOUT)
+    links.durable(conn)
+    assert links.ready({conn: 2}, deadline, TIMEOUT)
+    assert links.sleeping == 0  # nobody ever slept on the condition
 
 
-def test_waiting_by_reading_off_the_reading_thread_leaves_the_wait_to_the_caller() -> None:
-    board = Board()
-    links = board.links
-    links.up(0)
-    conn = _read(links, 0, 1)
-    assert not links.wait_reading({conn: 1}, lambda _peer, _timeout: False, TIMEOUT)
-    assert conn.late_until < board.now  # nothing happened to the connection
-
-
-def test_a_group_reading_past_its_budget_makes_the_connection_late() -> None:
+def test_a_group_set_aside_past_its_budget_makes_the_connection_late() -> None:
     board = Board()
     links = board.links
     links.up(0)
     conn = _read(links, 0, 1)
     with pytest.raises(DependencyLost, match="did not say within"):
-        links.wait_reading({conn: 1}, lambda _peer, _timeout: True, budget_s=0.01)
+        links.ready({conn: 1}, time.monotonic(), budget_s=0.01)
     # As after any wait past its budget: its next tentative frames wait apart.
     assert links.admit((conn, 2), True, F1, 10) == "park"
 
 
-def test_a_connection_that_closes_while_read_fails_the_group() -> None:
+def test_a_group_set_aside_whose_connection_closed_is_replayed() -> None:
     links = Board().links
     links.up(0)
     conn = _read(links, 0, 1)
-
-    def read(peer: int, _timeout: float) -> bool:
-        links.down(peer)
-        return True
-
+    links.down(0)
     with pytest.raises(DependencyLost, match="closed before"):
-        links.wait_reading({conn: 1}, read, TIMEOUT)
+        links.ready({conn: 1}, time.monotonic() + TIMEOUT, TIMEOUT)
 
 
 # -- a real server fed frames by hand -----------------------------------------------------------
@@ -401,7 +385,6 @@ class Watch:
         self.batches: list[tuple[int, bytes, Any]] = []
         self.lock = threading.Lock()
         self.read_ns = 0  # (Transport's; only read by tracers, none here)
-        self.reads = 0  # read_from calls made on the I/O thread (only it calls them)
         server.channel.transport = self
 
     def send_many(self, peer: int, payloads: list[bytes]) -> None:
@@ -413,17 +396,6 @@ class Watch:
     def reset(self, peer: int, reason: str) -> None:
         assert self.inner is not None
         self.inner.reset(peer, reason)
-
-    def on_io_thread(self) -> bool:
-        assert self.inner is not None
-        return self.inner.on_io_thread()
-
-    def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
-        assert self.inner is not None
-        done = self.inner.read_from(peer, timeout, spin_ns)
-        if done:
-            self.reads += 1
-        return done
 
 
 def _exchange(
@@ -467,7 +439,22 @@ def test_with_early_frames_off_nothing_is_tentative(
     assert {kind for _peer, kind, _vote in batches} <= {b"D", b"A"}
 
 
-def test_a_tentative_frame_is_applied_on_the_io_thread_which_reads_its_notice(
+class Resumes:
+    """Counts the groups an engine set aside and resumed (wraps :meth:`Engine.resume`)."""
+
+    def __init__(self, server: AgentServer) -> None:
+        engine = server._require_engine()
+        self.count = 0
+        inner = engine.resume
+
+        def resume() -> object | None:
+            self.count += 1
+            return inner()
+
+        engine.resume = resume  # type: ignore[method-assign]
+
+
+def test_a_tentative_frame_is_applied_on_the_io_thread_whose_loop_resumes_it(
     make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
     config = load_config(make_config(servers=2))
@@ -478,25 +465,26 @@ def test_a_tentative_frame_is_applied_on_the_io_thread_which_reads_its_notice(
             "link up", lambda: bus[0].network is not None and bus[0].network.is_up(1), TIMEOUT
         )
         sender = Watch(bus[0])
-        receiver = Watch(bus[1])
+        resumes = Resumes(bus[1])
         # One at a time: each group of server 1 applies one tentative frame, and runs on the
-        # I/O thread that read it, which then reads on for its notice. Until one did (the
-        # engine may be busy with something else when a frame comes).
+        # I/O thread that read it, which sets it aside until its loop has read the notice.
+        # Until one did (the engine may be busy with something else when a frame comes; the
+        # notice may come in the same read).
         stats = bus[1]._require_engine().stats
         for i in range(300):
-            reads, aborts = receiver.reads, stats.aborts
+            before, aborts = resumes.count, stats.aborts
             bus[0].send(AgentId.server_of(1), Inc(i))
 
             def heard(count: int = i + 1) -> bool:
                 return len(threads) >= count
 
             wait_until(f"{i + 1} heard", heard, TIMEOUT)
-            # This one's group ran on the I/O thread, read on for its notice and committed
-            # at the first try.
-            if threads[-1] == "net-1-io" and receiver.reads > reads and stats.aborts == aborts:
+            # This one's group ran on the I/O thread, was set aside for its notice, resumed
+            # and committed at the first try.
+            if threads[-1] == "net-1-io" and resumes.count > before and stats.aborts == aborts:
                 break
         assert threads[-1] == "net-1-io", set(threads)
-        assert receiver.reads > reads and stats.aborts == aborts
+        assert resumes.count > before and stats.aborts == aborts
         assert any(kind == TENTATIVE_FRAME for _peer, kind, _vote in sender.batches)
         assert bus[1].channel is not None
         assert bus[1].channel.links.dropped == 0  # none was lost on the way

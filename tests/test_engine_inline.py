@@ -288,3 +288,71 @@ def test_lazy_work_due_while_another_group_runs_is_done_as_that_group_ends(store
         assert engine.stats.commits == 2
     finally:
         engine.stop()
+
+
+class Pausing:
+    """A channel whose next commit on the thread that armed it is set aside once (as the
+    channel sets aside, on the network's I/O thread, a group waiting for a notice)."""
+
+    def __init__(self) -> None:
+        self.armed_on: int | None = None
+
+    def knows(self, server: int) -> bool:
+        return False
+
+    def send(self, message: object) -> None:
+        raise AssertionError("nothing is sent here")
+
+    def seal(self) -> None:
+        pass
+
+    def before_commit(self) -> Iterator[str]:
+        if threading.get_ident() == self.armed_on:
+            self.armed_on = None
+            yield "aside"
+
+
+@pytest.fixture
+def pausing(store: Store) -> Iterator[tuple[Engine, Pausing]]:
+    channel = Pausing()
+    engine = Engine(store, 0, channel=channel, name="engine-under-test")
+    engine.start()
+    channel.armed_on = threading.get_ident()
+    yield engine, channel
+    engine.stop()
+
+
+def test_a_group_set_aside_keeps_its_transaction_and_the_turn_until_resumed(
+    pausing: tuple[Engine, Pausing],
+) -> None:
+    engine, _ = pausing
+    ran_on: list[str] = []
+    committed: list[str] = []
+    assert engine.submit_many([writer("a", ran_on, committed)], run_here=True) == "aside"
+    assert committed == [] and engine.stats.commits == 0
+    # Its turn is held: what comes meanwhile waits for it, on no thread.
+    assert engine.submit_many([writer("b", ran_on, committed)], run_here=True) is None
+    time.sleep(0.05)
+    assert ran_on == [threading.current_thread().name]
+    assert engine.resume() is None  # committed, the turn given back
+    assert committed[0] == "a" and engine.store.queues["a"] == 1
+    deadline = time.monotonic() + TIMEOUT
+    while committed != ["a", "b"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert committed == ["a", "b"] and ran_on[1] == "engine-under-test"
+
+
+def test_a_group_set_aside_and_cancelled_is_replayed_by_the_engine_thread(
+    pausing: tuple[Engine, Pausing],
+) -> None:
+    engine, _ = pausing
+    ran_on: list[str] = []
+    committed: list[str] = []
+    assert engine.submit_many([writer("a", ran_on, committed)], run_here=True) == "aside"
+    engine.cancel("what it waited for is gone")
+    assert engine.stats.aborts == 1 and "a" not in engine.store.queues
+    deadline = time.monotonic() + TIMEOUT
+    while committed != ["a"] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert committed == ["a"]
+    assert ran_on == [threading.current_thread().name, "engine-under-test"]

@@ -227,56 +227,118 @@ def test_three_servers_all_pairs(make_net: Factory) -> None:
                 assert rec.wait_frames(other, 50) == expected
 
 
+class Aside:
+    """What :class:`Waiting`'s ``on_frames`` sets aside (a :class:`Wait`): done once a
+    ``notice`` frame came from its peer, the peer went down, or its deadline passed."""
+
+    def __init__(self, rec: Waiting, peer: int, deadline: float) -> None:
+        self.rec = rec
+        self.peer = peer
+        self.deadline = deadline
+        self.spin_until_ns = time.perf_counter_ns() + 100_000
+        self.resumes = 0
+        self.ended = ""
+
+    def resume(self) -> Aside | None:
+        rec = self.rec
+        with rec.cond:
+            self.resumes += 1
+            if b"notice" in rec.frames.get(self.peer, []):
+                self.ended = "notice"
+            elif rec.downs.get(self.peer):
+                self.ended = "down"
+            elif time.monotonic() >= self.deadline:
+                self.ended = "deadline"
+            else:
+                return self
+            rec.aside = None
+            rec.cond.notify_all()
+            return None
+
+    def cancel(self, reason: str) -> None:
+        with self.rec.cond:
+            self.ended = f"cancelled: {reason}"
+            self.rec.cond.notify_all()
+
+
 class Waiting(Recorder):
-    """A Recorder whose ``on_frames``, given a ``wait`` frame, goes on with the I/O thread's work
-    (:meth:`Network.read_from`) until a ``notice`` frame came from the same peer -- as a group
-    run on the I/O thread waits for its durability notice -- recording what it saw meanwhile."""
+    """A Recorder whose ``on_frames``, given a ``wait`` frame, sets work aside until its peer
+    sends a ``notice`` frame (as a group waiting for its durability notice is set aside),
+    recording the frames read meanwhile."""
 
-    def __init__(self) -> None:
+    def __init__(self, budget: float = WAIT) -> None:
         super().__init__()
-        self.net: Network | None = None
-        self.waiting = threading.Event()
+        self.budget = budget
+        self.aside: Aside | None = None
+        self.last: Aside | None = None
         self.during: list[tuple[int, bytes]] = []
-        self._in_wait = False
 
-    def on_frames(self, peer: int, payloads: list[bytes]) -> None:
-        if self._in_wait:
-            self.during.extend((peer, payload) for payload in payloads)
+    def on_frames(self, peer: int, payloads: list[bytes]) -> Aside | None:  # type: ignore[override]
+        with self.cond:
+            if self.aside is not None:
+                self.during.extend((peer, payload) for payload in payloads)
         super().on_frames(peer, payloads)
         if b"wait" not in payloads:
-            return
-        assert self.net is not None
-        self._in_wait = True
-        self.waiting.set()
-        deadline = time.monotonic() + WAIT
-        while b"notice" not in self.frames[peer] and time.monotonic() < deadline:
-            assert self.net.read_from(peer, deadline - time.monotonic(), spin_ns=100_000)
-        self._in_wait = False
+            return None
+        with self.cond:
+            self.aside = self.last = Aside(self, peer, time.monotonic() + self.budget)
+            self.cond.notify_all()
+            return self.aside
 
 
-def test_a_callback_waiting_for_one_peer_serves_the_other_connections(make_net: Factory) -> None:
+def set_aside(
+    make_net: Factory, budget: float = WAIT
+) -> tuple[Network, Waiting, Network, Recorder, Network, Recorder]:
+    """Server 1 dialling 2 and 3, its on_frames a :class:`Waiting` with work set aside for 2."""
     net2, rec2 = make_net(2, {1: (LOCAL, 0)})
     net3, rec3 = make_net(3, {1: (LOCAL, 0)})
-    waiting = Waiting()
+    waiting = Waiting(budget)
     net1, _ = make_net(1, {2: addr(net2), 3: addr(net3)}, recorder=waiting)
-    waiting.net = net1
     for peer in (2, 3):
         waiting.wait_up(peer)
     rec2.wait_up(1)
     rec3.wait_up(1)
-    assert not net1.read_from(2, 0.0)  # not on its I/O thread: nothing done
     net2.send(1, b"wait")
-    assert waiting.waiting.wait(WAIT)
+    waiting.wait(lambda: waiting.aside is not None, "the work set aside")
+    return net1, waiting, net2, rec2, net3, rec3
+
+
+def test_the_loop_serves_every_connection_and_resumes_what_waits_once_it_read_it(
+    make_net: Factory,
+) -> None:
+    net1, waiting, net2, rec2, net3, rec3 = set_aside(make_net)
     net3.send(1, b"from 3")
-    waiting.wait(lambda: (3, b"from 3") in waiting.during, "server 3's frame, during the wait")
+    waiting.wait(lambda: (3, b"from 3") in waiting.during, "server 3's frame, while it waits")
     net1.send(3, b"sent meanwhile")  # another thread's send still goes out
     assert rec3.wait_frames(1, 1) == [b"sent meanwhile"]
+    net2.send(1, b"still not")
+    waiting.wait(lambda: (2, b"still not") in waiting.during, "a read that is not the notice")
+    assert waiting.aside is not None  # resumed, and set aside again
     net2.send(1, b"notice")
-    waiting.wait(lambda: not waiting._in_wait, "the end of the wait")
+    waiting.wait(lambda: waiting.aside is None, "the end of the wait")
+    assert waiting.last is not None and waiting.last.ended == "notice"
+    assert waiting.last.resumes >= 3  # after server 3's read, after each of server 2's
     net3.send(1, b"after")
     assert waiting.wait_frames(3, 2) == [b"from 3", b"after"]
     assert (3, b"after") not in waiting.during
     exchange(net1, waiting, 1, net2, rec2, 2)
+
+
+def test_what_waits_is_resumed_at_its_deadline_when_its_peer_goes_down_and_cancelled_at_stop(
+    make_net: Factory,
+) -> None:
+    net1, waiting, net2, _, net3, _ = set_aside(make_net, budget=0.2)
+    waiting.wait(lambda: waiting.aside is None, "the deadline")
+    assert waiting.last is not None and waiting.last.ended == "deadline"
+    waiting.budget = WAIT
+    ends = ((net2, net2.stop, "down"), (net3, net1.stop, "cancelled: the network stopped"))
+    for sender, then, expected in ends:
+        sender.send(1, b"wait")
+        waiting.wait(lambda: waiting.aside is not None, "more work set aside")
+        then()
+        waiting.wait(lambda: waiting.last is not None and waiting.last.ended != "", "its end")
+        assert waiting.last is not None and waiting.last.ended == expected
+        waiting.aside = None
 
 
 def test_a_reset_link_closes_through_closing_and_comes_back(

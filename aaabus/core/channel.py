@@ -35,8 +35,9 @@ storage cost.
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from BTrees.OOBTree import OOBTree
@@ -72,14 +73,6 @@ class Transport(Protocol):
 
     def reset(self, peer: int, reason: str) -> None:
         """Close the connection with ``peer`` (it is dialled again as after any loss)."""
-
-    def on_io_thread(self) -> bool:
-        """Whether the calling thread is the one that reads the peers' frames."""
-
-    def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
-        """On the I/O thread, inside ``on_frames``: go on with that thread's work, ``peer``'s
-        connection first, for at most ``timeout`` seconds; False, doing nothing, on any other
-        thread."""
 
     #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
     #: I/O thread, in ``on_frames``: the start of a hop's breakdown).
@@ -133,6 +126,9 @@ class Channel:
         self.notice_spin_ns = notice_spin_us * 1000
         #: Connections as their frames are read (I/O thread) and waited on (engine thread).
         self.links = EarlyLinks(self._release)
+        # The network's I/O thread (see on_read): there, a group waiting for a notice is set
+        # aside for the loop to resume, rather than waiting.
+        self._loop_ident: int | None = None
         # The open transaction's dependencies (connection -> last tentative position applied)
         # and the peers its frames already left for; both settled by the transaction's end.
         self._deps: dict[Incoming, int] = {}
@@ -297,24 +293,37 @@ class Channel:
         if self.early:
             self._vote.join()
 
-    def before_commit(self) -> None:
+    def before_commit(self) -> Iterator[_NoticeWait]:
         """The group is about to commit (the engine's thread, or the network's I/O thread
-        running a group of the frames it just read: see :meth:`on_frames`).
+        running a group of the frames it just read: see :meth:`on_read`).
 
-        First, wait until every tentative frame the group applied is durable at its sender --
-        on the I/O thread, by reading the sender's connection for the notice (raises
-        :class:`DependencyLost`: the group is replayed without the lost frames, with the late
-        ones parked until their notice, or on the engine thread). Then, with early frames, the
-        group's frames leave, each batch behind a TENTATIVE frame, while ZODB prepares and the
-        store writes and syncs: they hang on this group's durability alone, of which its notice
-        will tell.
+        First, wait until every tentative frame the group applied is durable at its sender
+        (raises :class:`DependencyLost`: the group is replayed without the lost frames, with the
+        late ones parked until their notice). On the I/O thread the group does not wait: it
+        yields, and is set aside (transaction open, turn held) for the network's loop, which
+        reads the notice, to resume; on any other thread it waits for the I/O thread to read
+        the notice. Then, with early frames, the group's frames leave, each batch behind a
+        TENTATIVE frame, while ZODB prepares and the store writes and syncs: they hang on this
+        group's durability alone, of which its notice will tell.
         """
         deps = self._deps
         tracer = self.tracer
         transport = self.transport
         if deps:
-            # A group run on the I/O thread reads the notices itself (see on_frames).
-            if not self.links.wait_reading(deps, self._read_from, self.notice_wait_s):
+            if threading.get_ident() == self._loop_ident:
+                budget = self.notice_wait_s
+                deadline = time.monotonic() + budget
+                waiting: _NoticeWait | None = None
+                while not self.links.ready(deps, deadline, budget):
+                    # Polled for again after each read that did not bring it, as a sleeping
+                    # thread would wake tens of µs after it.
+                    spin_until = time.perf_counter_ns() + self.notice_spin_ns
+                    if waiting is None:
+                        waiting = _NoticeWait(self.engine, deadline, spin_until)
+                    else:
+                        waiting.spin_until_ns = spin_until
+                    yield waiting
+            else:
                 self.links.wait(deps, self.notice_wait_s, self.notice_spin_ns)
             if tracer is not None:
                 tracer.mark("notified")
@@ -327,10 +336,6 @@ class Channel:
                 self._send(transport, peer, [TENTATIVE_FRAME, *batch])
         if tracer is not None:
             tracer.mark("sent_early")
-
-    def _read_from(self, peer: int, timeout: float) -> bool:
-        transport = self.transport
-        return transport is not None and transport.read_from(peer, timeout, self.notice_spin_ns)
 
     def _vote_early(self) -> None:
         """First vote of the transaction: ZODB prepared the records, the store has not written
@@ -411,9 +416,22 @@ class Channel:
 
     # -- receiving ---------------------------------------------------------------------------------
 
+    def on_read(self, peer: int, payloads: list[bytes]) -> _NoticeWait | None:
+        """The network's I/O thread: hand the authenticated frames of one read to the engine,
+        in order (acknowledgements as lazy work), with one hand-off for them all; when the
+        engine is idle, this thread runs their group itself. Returns the group set aside, if
+        it waits for a durability notice not yet read: the loop resumes it after each read
+        (and once a connection went down, or at its ``deadline``) until it returns None.
+        """
+        self._loop_ident = threading.get_ident()
+        return self._frames_read(peer, payloads, loop=True)
+
     def on_frames(self, peer: int, payloads: list[bytes]) -> None:
-        """Network thread: hand the authenticated frames of one read to the engine, in order
-        (acknowledgements as lazy work), with one hand-off for them all."""
+        """:meth:`on_read` for a thread that reads no notice (tests feeding frames by hand): a
+        group of them that must wait for a notice runs on the engine thread."""
+        self._frames_read(peer, payloads, loop=False)
+
+    def _frames_read(self, peer: int, payloads: list[bytes], loop: bool) -> _NoticeWait | None:
         tracer = self.tracer
         if tracer is None:
             times = None
@@ -452,12 +470,13 @@ class Channel:
                     acks.append(self._ack_input(peer, domain, upto))
                 else:  # garbage: refused by receive(), in its own input
                     inputs.append(_FrameInput(self, peer, payload, times, None, False))
-        # A group of these frames may run on this thread even if it must wait for their
-        # notice: it then goes on reading for it itself (EarlyLinks.wait_reading), which saves
-        # handing the frames to the engine thread and the notice after them.
+        # A group of these frames may run on the I/O thread even if it must wait for their
+        # notice: it is then set aside until the loop has read it, which saves handing the
+        # frames to the engine thread and the notice after them.
         waits = waits and conn.durable < conn.received
-        reads_here = self.transport is not None and self.transport.on_io_thread()
-        self.engine.submit_many(inputs, acks, run_here=not waits or reads_here)
+        waiting = self.engine.submit_many(inputs, acks, run_here=not waits or loop)
+        assert waiting is None or isinstance(waiting, _NoticeWait)
+        return waiting
 
     # Built here rather than by a lambda in on_frames' loop, which would see the loop's last
     # values when it runs.
@@ -600,3 +619,29 @@ class _FrameInput:
 
     def __call__(self, _engine: Engine) -> None:
         self.channel.receive_frame(self)
+
+
+class _NoticeWait:
+    """A group set aside on the network's I/O thread until the durability notices it depends
+    on are read (see :meth:`Channel.before_commit`): what the loop keeps, and resumes."""
+
+    __slots__ = ("deadline", "engine", "spin_until_ns")
+
+    def __init__(self, engine: Engine, deadline: float, spin_until_ns: int) -> None:
+        self.engine = engine
+        #: ``time.monotonic()`` past which the group gives up (resume it then at the latest).
+        self.deadline = deadline
+        #: ``perf_counter_ns`` until which the loop polls rather than sleeps: the notice
+        #: usually comes within a sync's time, and a sleeping thread wakes tens of µs late.
+        self.spin_until_ns = spin_until_ns
+
+    def resume(self) -> _NoticeWait | None:
+        """Go on with the group: itself again if it must still wait, else None (committed, or
+        replayed without what it lost)."""
+        waiting = self.engine.resume()
+        assert waiting is None or isinstance(waiting, _NoticeWait)
+        return waiting
+
+    def cancel(self, reason: str) -> None:
+        """Give the group up (the network stops): it is aborted and replayed."""
+        self.engine.cancel(reason)

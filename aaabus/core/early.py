@@ -35,10 +35,11 @@ either side commits, if the receiver is told which frames are not durable yet:
 
 * **reading the notice**: the group that applies a read's tentative frames runs, when the
   engine is idle, on the network's I/O thread that read them (as any group of a read does), and
-  waits for their notice by reading that connection itself (:meth:`EarlyLinks.wait_reading`):
-  no hand-off to the engine thread and back. Meanwhile it serves the other connections as its
-  loop would (their frames queue for the engine: the turn is held), and the wait's budget and
-  lateness are those of any wait.
+  does not wait there: it is set aside before its commit, transaction open and turn held, and
+  the network's loop, which reads the notice, resumes it (:meth:`EarlyLinks.ready` tells it
+  whether to go on): no hand-off to the engine thread and back. Meanwhile the loop serves the
+  other connections (their frames queue for the engine: the turn is held), and the wait's
+  budget and lateness are those of any wait.
 
 The receiving side's state, one :class:`Incoming` per connection, is written by the network's
 I/O thread (the order of the frames, the notices) and by whichever thread holds the engine's turn
@@ -258,23 +259,18 @@ class EarlyLinks:
                     finally:
                         self.sleeping -= 1
 
-    def wait_reading(
-        self, deps: dict[Incoming, int], read: Callable[[int, float], bool], budget_s: float
-    ) -> bool:
-        """:meth:`wait`, on the thread that reads the notices: the network's I/O thread, running
-        a group of the frames it just read. ``read(peer, timeout)`` goes on with that thread's
-        work (the notices among it) for at most ``timeout`` seconds, and returns False if this
-        is not that thread: then nothing was done, and nothing is here either (False: the
-        caller waits with :meth:`wait`). Raises as :meth:`wait` does.
+    def ready(self, deps: dict[Incoming, int], deadline: float, budget_s: float) -> bool:
+        """Whether every ``deps`` is durable now, without waiting: for the thread that reads the
+        notices (the network's I/O thread, holding the turn for a group set aside until then).
+        Raises as :meth:`wait` does once a connection closed or ``deadline`` (of a budget of
+        ``budget_s``) passed.
         """
         # No lock: this thread is the one that writes ``durable`` and ``closed`` (on_frames,
         # on_down), or the turn's holder that parks (and may close) -- both are this one.
-        deadline = time.monotonic() + budget_s
         for conn, position in deps.items():
-            while conn.durable < position:
+            if conn.durable < position:
                 self._check(conn, deadline, budget_s)
-                if not read(conn.peer, deadline - time.monotonic()):
-                    return False
+                return False
         return True
 
     def parked_now(self) -> int:
@@ -287,7 +283,7 @@ class EarlyLinks:
     def _check(self, conn: Incoming, deadline: float, budget_s: float) -> None:
         """Raise if a group waiting for ``conn``'s notice must give up: the connection closed,
         or the wait's ``deadline`` passed (the connection is then late). For :meth:`wait` and
-        :meth:`wait_reading`."""
+        :meth:`ready`."""
         if conn.closed:
             raise DependencyLost(
                 f"the connection from server {conn.peer} closed before the frames this group "

@@ -21,7 +21,10 @@ Groups still never overlap (whoever runs one holds the engine's *turn*), so the 
 user at a time, and everything said here holds whichever thread runs the group: in this package,
 "on the engine thread" means "holding the engine's turn" (reactions, inputs, ``call``'s
 functions, listeners and after-commit actions alike). The price: while a reaction runs there,
-that I/O thread reads no other socket, which is also back-pressure.
+that I/O thread reads no other socket, which is also back-pressure. A group run there that
+must wait for a durability notice before its commit does not wait on that thread, the one that
+reads the notice: it is set aside, transaction open and turn held, and that thread resumes it
+(:meth:`Engine.resume`) from its loop; a group is a generator of its steps for that reason.
 
 In-memory effects of a group (frames staged, agents initialised or unpickled, actions for after
 the commit, counters) are recorded in :class:`~aaabus.core.effects.TransactionEffects` with the way
@@ -38,7 +41,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
@@ -95,10 +98,18 @@ class Channel(Protocol):
         persistently for their next hops (same transaction)."""
         ...
 
-    def before_commit(self) -> None:
+    def before_commit(self) -> Iterator[object]:
         """The group is about to commit: wait for what it depends on, send what may leave
-        early (see :mod:`aaabus.core.early`); ``DependencyLost`` replays the group."""
+        early (see :mod:`aaabus.core.early`); ``DependencyLost`` replays the group.
+
+        A generator: what it yields sets the group aside until :meth:`Engine.resume` (a
+        thread that runs groups inline and can come back to them: see
+        :meth:`Engine.submit_many`); it yields nothing on any other thread."""
         ...
+
+
+#: The steps of a group: what it yields while it is set aside (see Channel.before_commit).
+Steps = Generator[object, None, None]
 
 
 class AgentBox(Persistent):
@@ -249,6 +260,8 @@ class Engine:
         self._started = False
         # What stopped a group run by another thread: the engine thread stops on it.
         self._inline_failure: BaseException | None = None
+        # The group another thread runs inline, while it runs or is set aside (that thread's).
+        self._aside: Steps | None = None
         self._on_exit = on_exit
         self._context = _EngineContext(self)
 
@@ -274,7 +287,7 @@ class Engine:
 
     def submit_many(
         self, items: Iterable[Input], lazy: Iterable[Input] = (), *, run_here: bool = False
-    ) -> None:
+    ) -> object | None:
         """:meth:`submit` each of ``items`` and :meth:`submit_lazy` each of ``lazy``, in order,
         with one lock and one wake-up.
 
@@ -283,6 +296,11 @@ class Engine:
         returns once it has committed; otherwise, or with :attr:`run_inline` off, the engine
         thread is woken as by :meth:`submit`. Whatever the group leaves (reactions beyond
         ``max_batch``, a replay after a failure) goes to the engine thread.
+
+        Returns what the channel yielded if the group was set aside before its commit (the
+        network's I/O thread waiting for a durability notice: see
+        :meth:`Channel.before_commit`): the group keeps its transaction and the turn until the
+        caller :meth:`resume`-s it or :meth:`cancel`-s it, on this same thread.
         """
         with self._cond:
             # Only a group of these very items runs here: older ones may have to wait for
@@ -293,19 +311,40 @@ class Engine:
             if not self._inbox:
                 if armed:
                     self._wake_for_deadline()
-                return
+                return None
             if not (run_here and self._may_take_turn()):
                 self._wake_for_work()
-                return
+                return None
             self._busy = True
             inputs = self._take_inputs()
+        self._aside = self._group_steps(inputs)
+        return self.resume()
+
+    def resume(self) -> object | None:
+        """Go on with the group set aside (the thread that set it aside): what it yields if it
+        must wait again, else None once it committed or was replayed, the turn given back."""
+        return self._step(None)
+
+    def cancel(self, reason: str) -> None:
+        """Give up the group set aside (the thread that set it aside): it is aborted and
+        replayed, as when what it waited for is lost (``DependencyLost``)."""
+        if self._step(DependencyLost(reason)) is not None:
+            raise RuntimeError("a cancelled group asked to wait again")
+
+    def _step(self, throw: DependencyLost | None) -> object | None:
+        steps = self._aside
+        assert steps is not None, "no group is set aside"
         failure: BaseException | None = None
         try:
-            self._group(inputs)
+            waiting = next(steps) if throw is None else steps.throw(throw)
+            return waiting
+        except StopIteration:
+            pass
         except BaseException as exc:
             # The store failed under this thread (the group replays everything else itself):
             # the engine thread stops on it, exactly as if it had run the group.
             failure = exc
+        self._aside = None
         with self._cond:
             self._busy = False
             self._inline_failure = failure
@@ -313,6 +352,7 @@ class Engine:
                 self._cond.notify()
             elif self._lazy:
                 self._wake_for_deadline()
+        return None
 
     def call(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the engine thread, as ``#s.s.0``, inside the next group.
@@ -505,7 +545,7 @@ class Engine:
         try:
             with running(self._context):
                 fn()
-            self._commit()
+            _to_the_end(self._commit_steps())
         except BaseException:
             self._abort()
             raise
@@ -518,7 +558,7 @@ class Engine:
                     return
                 # A group that raises keeps the turn (below): no other thread may start one
                 # on a store that failed, nor between the failure and the abort.
-                self._group(inputs)
+                _to_the_end(self._group_steps(inputs))
                 with self._cond:
                     self._busy = False
         except BaseException as exc:  # the store failed: stop rather than acknowledge anything
@@ -588,8 +628,9 @@ class Engine:
         self._inbox.clear()
         return inputs
 
-    def _group(self, inputs: list[Input]) -> None:
+    def _group_steps(self, inputs: list[Input]) -> Steps:
         """One transaction: apply ``inputs``, run reactions, commit; recover from any failure.
+        Yields while it waits, set aside, before its commit (see :meth:`submit_many`).
 
         Three kinds of failure, each ending in an abort (which takes back every effect of the
         group, in the store and in memory) and a replay of the same inputs:
@@ -641,7 +682,7 @@ class Engine:
                     reactions += 1
                     if time.perf_counter() > deadline:
                         break
-            self._commit()
+            yield from self._commit_steps()
             # Counted once committed, all at once: an aborted group counts nothing.
             self.stats.reactions += reactions
         except ReactionFailed:
@@ -724,7 +765,7 @@ class Engine:
         if self.channel is not None:
             self.channel.seal()
 
-    def _commit(self) -> None:
+    def _commit_steps(self) -> Steps:
         # Sends made outside any reaction or input (boot-time operations) are one last event.
         self._seal()
         failpoints = self.failpoints
@@ -736,7 +777,7 @@ class Engine:
             clock_bytes = tracer.before_commit()
             tracer.mark("commit")
         if self.channel is not None:
-            self.channel.before_commit()
+            yield from self.channel.before_commit()
         t0 = time.perf_counter_ns()
         # The effects' after-commit actions run inside this call, once the store is durable.
         self.store.commit()
@@ -1012,6 +1053,13 @@ class Engine:
         self._count("sent")
         if self.failpoints.armed:
             self.failpoints.hit("engine.send")
+
+
+def _to_the_end(steps: Steps) -> None:
+    """Run a group's steps on a thread that never sets a group aside (the channel yields
+    nothing there)."""
+    for waiting in steps:
+        raise RuntimeError(f"a group asked to be set aside on a thread that cannot: {waiting!r}")
 
 
 class _EngineContext:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import heapq
 import itertools
+import os
 import selectors
 import socket
 import threading
@@ -63,6 +64,8 @@ class Loop:
         self._ident: int | None = None
         #: Set by the owner to end :meth:`run` (and to tell timers not to start anything new).
         self.stopping = False
+        #: ``perf_counter_ns`` until which :meth:`run` polls rather than sleeps (I/O thread).
+        self.poll_until_ns = 0
 
     # -- set-up and tear-down (the owner's thread) ---------------------------------------------
 
@@ -91,22 +94,27 @@ class Loop:
     # -- the I/O thread ------------------------------------------------------------------------
 
     def run(self) -> None:
-        """Turn until :attr:`stopping` (the I/O thread's body)."""
+        """Turn until :attr:`stopping` (the I/O thread's body). Until :attr:`poll_until_ns`,
+        poll instead of sleeping, yielding the CPU after each turn that found nothing: what is
+        awaited then comes within microseconds, and a thread asleep in the selector wakes tens
+        of µs after it."""
         self._ident = threading.get_ident()
+        clock = time.perf_counter_ns
         while not self.stopping:
-            self.turn(MAX_SELECT)
+            if self.poll_until_ns and clock() < self.poll_until_ns:
+                if not self.turn(0.0):
+                    os.sched_yield()
+            else:
+                self.turn(MAX_SELECT)
 
-    def on_thread(self) -> bool:
-        """Whether the calling thread is the one that runs this loop."""
-        return threading.get_ident() == self._ident
-
-    def turn(self, longest: float) -> None:
+    def turn(self, longest: float) -> bool:
         """One turn: due timers, then the selector (sleeping at most ``longest`` seconds), the
-        events it gives, the work posted by other threads."""
+        events it gives, the work posted by other threads. False if it found nothing to do."""
         sel = self._sel
         assert sel is not None
         on_event = self._on_event
-        for key, events in sel.select(min(self._run_timers(), longest)):
+        ready = sel.select(min(self._run_timers(), longest))
+        for key, events in ready:
             data = key.data
             if isinstance(data, Connection):
                 try:
@@ -117,18 +125,19 @@ class Loop:
                 self._drain_wake()
             else:
                 data()  # a listening socket
-        self.run_posted()
+        return self._run_posted() or bool(ready)
 
-    def run_posted(self) -> None:
-        """Run the work posted so far, in the order it was posted."""
+    def _run_posted(self) -> bool:
+        """Run the work posted so far, in the order it was posted; False if there was none."""
         with self._lock:
             posted = self._posted
             self._woken = False
             if not posted:
-                return
+                return False
             self._posted = []
         for fn, args in posted:
             fn(*args)
+        return True
 
     def watch(self, conn: Connection, mask: int) -> None:
         """Have the selector report ``mask`` events of ``conn`` (0 is not allowed: see

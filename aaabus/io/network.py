@@ -23,6 +23,12 @@ Threading contract
       thread. They must return quickly and never block (hand work to another thread); while
       they run, no other connection is served. Exceptions they raise are logged and ignored.
       They may call :meth:`Network.send` / :meth:`Network.send_many` / :meth:`Network.is_up`.
+    * ``on_frames`` may return work it started and cannot finish before more is read (a
+      :class:`Wait`: a group waiting for its durability notice). The loop keeps it aside,
+      serving every connection meanwhile, and resumes it on the I/O thread after each read,
+      after each ``on_down``, and at its ``deadline``, until it returns None; it polls rather
+      than sleeps until its ``spin_until_ns``. ``stop`` cancels it. One at a time: while it is
+      aside, ``on_frames`` must not return another.
     * ``on_frames`` receives the payloads of one peer in the order that peer sent them: those
       of one socket read together, in a list it may keep.
     * ``on_up(peer)`` follows every successful handshake; ``on_down(peer)`` follows the loss of a
@@ -58,12 +64,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import selectors
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from aaabus.config.secret import link_key
 from aaabus.errors import AuthError, FrameTooLarge, NetworkError, WireError
@@ -76,7 +82,7 @@ from aaabus.io.states import ConnEvent, ConnState
 from aaabus.io.tlssteps import Outcome, TlsSteps
 from aaabus.wire.frames import AcceptorHandshake, ConnectorHandshake, SessionCipher
 
-__all__ = ["Network", "NetworkError"]
+__all__ = ["Network", "NetworkError", "Wait"]
 
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
@@ -91,6 +97,23 @@ _CLOSING = ConnState.CLOSING
 _CLOSED = ConnState.CLOSED
 
 _READ_SIZE = 256 * 1024
+
+
+class Wait(Protocol):
+    """Work that ``on_frames`` set aside until more is read (see the module docstring)."""
+
+    #: ``time.monotonic()`` by which it must be resumed, whatever was read.
+    deadline: float
+    #: ``time.perf_counter_ns()`` until which the loop polls for what it awaits.
+    spin_until_ns: int
+
+    def resume(self) -> Wait | None:
+        """Go on (I/O thread): the work set aside again, or None once it is done."""
+        ...
+
+    def cancel(self, reason: str) -> None:
+        """Give it up (I/O thread, the network stopping)."""
+        ...
 
 
 class Network:
@@ -118,7 +141,7 @@ class Network:
         listen: Sequence[tuple[str, int]],
         peers: Mapping[int, tuple[str, int]],
         secret: bytes | Callable[[int], bytes],
-        on_frames: Callable[[int, list[bytes]], None],
+        on_frames: Callable[[int, list[bytes]], Wait | None],
         on_up: Callable[[int], None],
         on_down: Callable[[int], None] | None = None,
         max_frame: int = 16 << 20,
@@ -173,6 +196,8 @@ class Network:
         # connection's own lock then tells whether it is still up.
         self._up: dict[int, Connection] = {}
         self._conns: set[Connection] = set()
+        # What on_frames set aside, until it is done (I/O thread).
+        self._aside: Wait | None = None
         self._thread: threading.Thread | None = None
         self._rbuf = bytearray(_READ_SIZE)
         self._rview = memoryview(self._rbuf)
@@ -269,57 +294,6 @@ class Network:
             if thread.is_alive():
                 self._log.warning("%s: I/O thread did not stop within %.1f s", self._name, timeout)
 
-    def on_io_thread(self) -> bool:
-        """Whether the calling thread is this network's I/O thread."""
-        return self._loop.on_thread()
-
-    def read_from(self, peer: int, timeout: float, spin_ns: int = 0) -> bool:
-        """Go on with the I/O thread's work for at most ``timeout`` seconds, returning after
-        the first turn that handled something: first what this thread queued for itself, then
-        ``peer``'s connection alone, polled for ``spin_ns`` (yielding the CPU between looks),
-        then one turn of the loop over every connection. I/O thread only, from inside
-        ``on_frames``: returns False at once, doing nothing, on any other thread.
-
-        For a layer above that must hear from ``peer`` before it can finish what an
-        ``on_frames`` call started (aaabus.core.channel: a group run on this thread, waiting
-        for the durability notice of the frames it applied): it calls this until it has, rather
-        than handing its work to another thread, which costs two thread hand-offs. Meanwhile
-        the other connections are served as usual (their frames go to ``on_frames``, which
-        must then not start anything that waits in turn).
-        """
-        loop = self._loop
-        if not loop.on_thread():
-            return False
-        conn = self._up.get(peer)
-        try:
-            # What this thread queued for itself (what its last group owes its peers, the
-            # notice among it; a reset) goes now: the end of the outer turn is a wait away.
-            loop.run_posted()
-            if conn is not None and conn.state is _UP:
-                sock = conn.sock
-                # A TLS socket may hold decrypted bytes the selector cannot see: look first.
-                if spin_ns or (isinstance(sock, ssl.SSLSocket) and sock.pending()):
-                    clock = time.perf_counter_ns
-                    until = clock() + min(spin_ns, int(timeout * 1e9))
-                    while True:
-                        if self._readable(conn):
-                            # The others too, without waiting: a peer that keeps sending
-                            # must not hold them up.
-                            loop.turn(0.0)
-                            return True
-                        if clock() >= until:
-                            break
-                        os.sched_yield()
-            loop.turn(timeout)
-        except Exception as exc:
-            # A bug met while serving must not count as the waiting group's failure: the
-            # connection it waits on is dropped, as the loop drops one whose event failed,
-            # and the wait ends on that.
-            self._log.exception("%s: error while waiting on server %d", self._name, peer)
-            if conn is not None:
-                self._fail(conn, f"internal error: {exc!r}")
-        return True
-
     # ---------------------------------------------------------------- helpers of the API
 
     def _check_peer(self, peer: int) -> None:
@@ -344,6 +318,12 @@ class Network:
             self._shutdown()
 
     def _shutdown(self) -> None:
+        waiting, self._aside = self._aside, None
+        if waiting is not None:
+            try:
+                waiting.cancel("the network stopped")
+            except Exception:
+                self._log.exception("%s: cancelling the work set aside failed", self._name)
         if self._tls is not None:
             self._tls.stop()
         for conn in list(self._conns):
@@ -368,10 +348,7 @@ class Network:
             self._dialer.connected(conn)
         elif state is _TLS:
             assert self._tls is not None
-            # (Already in the worker if a turn run inside on_frames took this event: see
-            # read_from.)
-            if conn not in self._tls:
-                self._tls.step(conn)
+            self._tls.step(conn)
 
     def _on_error(self, conn: Connection, exc: Exception) -> None:
         # A bug met on one connection must not take down the others: drop that one (the layer
@@ -550,11 +527,45 @@ class Network:
             # One call per read, not per frame: the layer above hands the whole batch to its
             # engine at once (one lock, one wake-up).
             try:
-                self._on_frames(peer, payloads)
+                waiting = self._on_frames(peer, payloads)
             except Exception:
                 self._log.exception("%s: on_frames(%d) failed", self._name, peer)
+            else:
+                if waiting is not None:
+                    self._set_aside(waiting)
+                elif self._aside is not None:
+                    self._resume()  # this read may be what it waits for
         if failure is not None and conn.state is not _CLOSED:
             self._fail(conn, str(failure), violation=True)
+
+    # ---- work set aside by on_frames
+
+    def _set_aside(self, waiting: Wait) -> None:
+        assert self._aside is None, "on_frames set aside more work while some was aside"
+        self._aside = waiting
+        self._loop.poll_until_ns = waiting.spin_until_ns
+        self._loop.call_at(waiting.deadline, self._due, waiting)
+
+    def _due(self, waiting: Wait) -> None:
+        """The deadline of ``waiting`` came: resume it, unless it is done (a stale timer)."""
+        if self._aside is waiting:
+            self._resume()
+
+    def _resume(self) -> None:
+        waiting = self._aside
+        assert waiting is not None
+        self._aside = None
+        self._loop.poll_until_ns = 0
+        try:
+            again = waiting.resume()
+        except Exception:
+            self._log.exception("%s: resuming the work set aside failed", self._name)
+            return
+        if again is waiting:
+            self._aside = again
+            self._loop.poll_until_ns = again.spin_until_ns
+        elif again is not None:
+            self._set_aside(again)
 
     def _verified(self, conn: Connection) -> None:
         """The first session frame of ``conn`` passed its MAC: the link really works (a dial
@@ -653,6 +664,8 @@ class Network:
             del self._up[peer]
             if self._on_down is not None:
                 self._callback(self._on_down, peer)
+            if self._aside is not None:
+                self._resume()  # it may wait for what this connection will never bring
         if conn.outgoing:
             self._dialer.lost(conn)
 

@@ -522,7 +522,7 @@ class AgentServer:
             listen=[(me.hostname, net.port) for net in me.networks],
             peers=peers,
             secret=self.keys.link_key,
-            on_frames=channel.on_frames,
+            on_frames=channel.on_read,
             on_up=on_up,
             on_down=channel.links.down,
             max_frame=self.max_frame,
