@@ -15,6 +15,7 @@ import pytest
 
 from aaabus.core.engine import Engine
 from aaabus.core.store import Store, open_store
+from tests.support.topics import wait_until
 
 TIMEOUT = 10.0
 
@@ -332,14 +333,14 @@ def test_a_group_set_aside_keeps_its_transaction_and_the_turn_until_resumed(
     assert committed == [] and engine.stats.commits == 0
     # Its turn is held: what comes meanwhile waits for it, on no thread.
     assert engine.submit_many([writer("b", ran_on, committed)], run_here=True) is None
-    time.sleep(0.05)
+    # "b" is queued, not run: nobody may take the turn while "a" holds it.
+    with engine._cond:
+        assert len(engine._inbox) == 1 and engine._busy
     assert ran_on == [threading.current_thread().name]
     assert engine.resume() is None  # committed, the turn given back
     assert committed[0] == "a" and engine.store.queues["a"] == 1
-    deadline = time.monotonic() + TIMEOUT
-    while committed != ["a", "b"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert committed == ["a", "b"] and ran_on[1] == "engine-under-test"
+    wait_until("b committed", lambda: committed == ["a", "b"], TIMEOUT)
+    assert ran_on[1] == "engine-under-test"
 
 
 def test_a_group_set_aside_and_cancelled_is_replayed_by_the_engine_thread(
@@ -351,8 +352,5 @@ def test_a_group_set_aside_and_cancelled_is_replayed_by_the_engine_thread(
     assert engine.submit_many([writer("a", ran_on, committed)], run_here=True) == "aside"
     engine.cancel("what it waited for is gone")
     assert engine.stats.aborts == 1 and "a" not in engine.store.queues
-    deadline = time.monotonic() + TIMEOUT
-    while committed != ["a"] and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert committed == ["a"]
+    wait_until("a replayed and committed", lambda: committed == ["a"], TIMEOUT)
     assert ran_on == [threading.current_thread().name, "engine-under-test"]
