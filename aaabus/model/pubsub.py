@@ -25,12 +25,17 @@ class Publish(Notification):
     ``qos``: the MQTT quality of service it was published with, which caps the QoS an MQTT
     device receives it at (docs/mqtt.md); 2 for agents and clients, whose publications the bus
     delivers exactly once. The bus itself delivers every publication exactly once whatever it is.
+    ``origin``: the client id of the MQTT device that published it through a listener (empty
+    for agents and clients): what MQTT 5.0's no-local option and the order of a shared
+    subscription's deliveries per publisher go by, since every device of a server publishes as
+    that server's ``#s.s.0``.
     """
 
     topic: str
     payload: Any
     retain: bool = False
     qos: int = 2
+    origin: str = ""
 
 
 @dataclass
@@ -61,7 +66,7 @@ class Publication(Notification):
     subscriber, even when several of its filters match). ``retained``: a copy of the topic's
     retained publication, sent when the subscription was made (it may be older than live
     publications already received, and is outside the causal contract; see docs/architecture.md).
-    ``qos``: that of :class:`Publish`.
+    ``qos`` and ``origin``: those of :class:`Publish`.
     """
 
     topic: str
@@ -70,3 +75,4 @@ class Publication(Notification):
     filters: tuple[str, ...] = ()
     retained: bool = False
     qos: int = 2
+    origin: str = ""

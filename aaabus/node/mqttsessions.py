@@ -340,7 +340,7 @@ class MqttSessions:
                 record.inbound.insert(qos2_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
-        self._to_rep(Publish(topic, value, retain, qos))
+        self._to_rep(Publish(topic, value, retain, qos, client_id))
         return True
 
     def retain_now(

@@ -33,6 +33,7 @@ class Carried(Notification):
     publisher: AgentId
     retain: bool = False
     qos: int = 2
+    origin: str = ""
 
 
 @dataclass

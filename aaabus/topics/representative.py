@@ -101,7 +101,9 @@ class TopicRepresentative(Agent):
     def react(self, sender: AgentId, note: Notification) -> None:
         self._index_tables()  # builds them if this representative was stored before they existed
         if isinstance(note, Publish):
-            item = Carried(check_topic(note.topic), note.payload, sender, note.retain, note.qos)
+            item = Carried(
+                check_topic(note.topic), note.payload, sender, note.retain, note.qos, note.origin
+            )
             self._handle(item)
             self._relay(self.routes if item.retain else self._interested(item.topic), item)
         elif isinstance(note, Relay):
@@ -161,7 +163,12 @@ class TopicRepresentative(Agent):
                 chosen.setdefault(subscriber, []).append(topic_filter)
         for subscriber in sorted(chosen):
             note = Publication(
-                item.topic, item.payload, item.publisher, tuple(chosen[subscriber]), qos=item.qos
+                item.topic,
+                item.payload,
+                item.publisher,
+                tuple(chosen[subscriber]),
+                qos=item.qos,
+                origin=item.origin,
             )
             self.send_to(subscriber, note)
 
@@ -203,7 +210,9 @@ class TopicRepresentative(Agent):
         filters.insert(topic_filter)
         for topic, _ in sorted(self.retained_trie.matching(topic_filter), key=_key):
             item = self.retained[topic]
-            note = Publication(topic, item.payload, item.publisher, (topic_filter,), True, item.qos)
+            note = Publication(
+                topic, item.payload, item.publisher, (topic_filter,), True, item.qos, item.origin
+            )
             self.send_to(subscriber, note)
 
     def _unsubscribe(self, subscriber: AgentId, topic_filter: str) -> None:
