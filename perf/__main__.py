@@ -130,6 +130,7 @@ _MODULE_SUITES = [
     ("topics", "perf.topics", "publish/subscribe: one remote subscriber, fan-out, next to stream"),
     ("match", "perf.match", "topic matching: a publication, a subscription, 10 vs 10,000 filters"),
     ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
+    ("roam", "perf.roam", "a device moving between three sites under SIGKILLs: lost, duplicated"),
 ]
 
 

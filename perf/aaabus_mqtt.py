@@ -49,10 +49,12 @@ def _splice(text: str, server: int, properties: Mapping[str, str]) -> str:
 
 @dataclass
 class MqttServers:
-    """A running bus: each listener's endpoint and each server's PID."""
+    """A running bus: each listener's endpoint, each server's PID, and the bus itself (to kill
+    and restart a server: ``bus[sid].kill()``, ``bus[sid].start().wait_ready()``)."""
 
     endpoints: dict[int, Endpoint]
     pids: dict[int, int]
+    bus: Bus
 
 
 @contextlib.contextmanager
@@ -76,10 +78,12 @@ def mqtt_servers(
     wan: tuple[WanLink, ...] = (),
     properties: Mapping[str, str] | None = None,
     nofile: int | None = None,
+    bus_properties: Mapping[str, str] | None = None,
 ) -> Iterator[MqttServers]:
     """:func:`mqtt_bus`, with ``properties`` added to every listener's server (they win over the
-    defaults set here), and with ``nofile`` the servers' soft file limit raised to it
-    (``perf.brokers.NOFILE_HARD``: to the hard limit). Yields the endpoints and the PIDs."""
+    defaults set here), ``bus_properties`` to the whole bus (global properties), and with
+    ``nofile`` the servers' soft file limit raised to it (``perf.brokers.NOFILE_HARD``: to the
+    hard limit). Yields the endpoints, the PIDs and the bus."""
     work.mkdir(parents=True, exist_ok=True)
     servers = 1 + max(max(members) for members in layout)
     ports = sum(len(m) for m in layout)
@@ -87,7 +91,7 @@ def mqtt_servers(
         layout,
         servers,
         base_port=free_port_base(ports + 1),
-        properties={"aaabus.mqtt.anonymous": "true"},
+        properties={"aaabus.mqtt.anonymous": "true", **(bus_properties or {})},
     )
     config = work / "a3.xml"
     config.write_text(text)
@@ -124,6 +128,7 @@ def mqtt_servers(
             yield MqttServers(
                 {s: Endpoint("127.0.0.1", p) for s, p in mqtt_ports.items()},
                 {sid: proc.pid for sid, proc in bus.servers.items()},
+                bus,
             )
     finally:
         for proxy in proxies:

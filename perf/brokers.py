@@ -205,13 +205,17 @@ def start_mosquitto(
     name: str = "mosquitto",
     extra_conf: str = "",
     nofile: int | None = None,
+    port: int | None = None,
 ) -> Endpoint:
     """A private Mosquitto in ``work/name``; ``extra_conf`` is appended to its configuration
-    (bridges, for instance: their sections must come after the listener's settings)."""
+    (bridges, for instance: their sections must come after the listener's settings). ``port``:
+    listen there (a broker restarted after a kill comes back where its clients and bridges look
+    for it, with its persistence file); by default a free one."""
     binary = find_binary("mosquitto")
     if binary is None:
         raise FileNotFoundError("mosquitto is not installed (`make peers` installs it)")
-    (port,) = free_ports(1)
+    if port is None:
+        (port,) = free_ports(1)
     base = work / name
     base.mkdir(parents=True, exist_ok=True)
     conf = base / "mosquitto.conf"

@@ -17,6 +17,15 @@ publication at a time, the next once every subscriber has answered, ``--rounds``
 ``latency_ms``, from the publishing reaction to each subscriber's reaction on an idle bus
 (p50, p99, mean over every delivery). The last line is JSON: the ``one_remote`` figures at the
 top level (``msgs_per_s``, ``latency_ms``), each run under its name, and ``ratio_to_stream``.
+
+With ``--peers`` (default: ``mosquitto,rabbitmq_mqtt``, each where installed; ``none`` for none),
+the same two fan-outs run on each peer broker right after aaabus's, subscribers as MQTT clients
+there (the independent load client of ``perf mqtt``, perf/mqttload.py: QoS 1, persistent
+subscribers, one publisher with ``--window`` publications in flight): 1 -> 1 and 1 ->
+``--subscribers``. Their deliveries/s and latencies land under ``peers``, and ``ratios`` holds
+aaabus's deliveries/s over each peer's (``fanout_vs_mosquitto`` >= 1.0: aaabus delivers at least
+as fast as a broker that never syncs). Peers have no servers to spread subscribers over: one
+broker holds them all, as a deployment of one broker would.
 """
 
 from __future__ import annotations
@@ -48,6 +57,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rounds", type=int, default=200, help="publications of paced runs")
     parser.add_argument("--payload", type=int, default=0, help="padding bytes per publication")
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline of each run (s)")
+    parser.add_argument(
+        "--peers",
+        default="mosquitto,rabbitmq_mqtt",
+        help="brokers that run the same fan-outs with MQTT subscribers (none: no peer)",
+    )
+    parser.add_argument(
+        "--window", type=int, default=100, help="peers: the publisher's QoS 1 messages in flight"
+    )
     parser.add_argument("--workdir", help="keep stores and configs here (default: temporary)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
 
@@ -136,11 +153,75 @@ def _wait_interest(client: Client, servers: int, timeout: float) -> None:
         time.sleep(0.05)  # another process's state, read through its admin port: poll it
 
 
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
+
+
 def _quantile(values: list[int], q: float) -> float:
     return float(values[min(len(values) - 1, int(q * len(values)))])
 
 
+def _peers(text: str) -> list[str]:
+    from perf.mqtt import SYSTEMS
+
+    names = [n.strip() for n in text.split(",") if n.strip() and n.strip() != "none"]
+    unknown = [n for n in names if n not in SYSTEMS or n == "aaabus"]
+    if unknown:
+        peers = ", ".join(n for n in SYSTEMS if n != "aaabus")
+        raise SystemExit(
+            f"perf topics: error: unknown peer(s) {unknown}; --peers takes a comma-separated "
+            f"list among: {peers} (or none)"
+        )
+    return names
+
+
+def peer_fanout(
+    name: str, work: Path, subscribers: int, count: int, window: int, timeout: float
+) -> dict[str, Any]:
+    """One publisher and ``subscribers`` MQTT subscribers of one topic on peer broker ``name``
+    (QoS 1, persistent subscribers): deliveries/s, latency, missing and duplicates."""
+    from perf import mqttload
+    from perf.mqtt import SLACK, SYSTEMS, ScaleSettings
+
+    settings = ScaleSettings(
+        connections=subscribers + SLACK,
+        window=window,
+        backlog=max(100_000, count + SLACK),
+        connect_ms=10_000,
+        per_address=None,
+        max_waiting=None,
+    )
+    opts = mqttload.Options(
+        devices=subscribers,
+        window=window,
+        qos=1,
+        fanout_count=count,
+        persistent_subscribers=True,
+        timeout=timeout,
+    )
+    with SYSTEMS[name]().scale(work, settings) as target:
+        out = mqttload.run_scenarios(target, opts, ["fan_out"])["fan_out"]
+    return {
+        "subscribers": subscribers,
+        "publications": out["acked"],
+        "deliveries": out["received"]["received"],
+        "missing": out["missing"],
+        "duplicates": out["duplicates"],
+        "msgs_per_s": out["deliveries_per_s"],
+        "latency_ms": out["latency_ms"],
+    }
+
+
 def run(args: argparse.Namespace) -> int:
+    from perf.mqtt import SYSTEMS
+
+    peers = _peers(args.peers)
+    skipped: dict[str, str] = {}
+    for name in list(peers):
+        reason = SYSTEMS[name]().missing()
+        if reason is not None:
+            skipped[name] = reason
+            peers.remove(name)
     with scratch(args.workdir) as work:
         one = measure(
             work / "one_remote",
@@ -152,6 +233,11 @@ def run(args: argparse.Namespace) -> int:
             args.payload,
             args.timeout,
         )
+        # Each peer right after aaabus's run of the same shape: a busy machine hurts them alike.
+        peer_one = {
+            name: peer_fanout(name, work / f"{name}-one", 1, args.count, args.window, args.timeout)
+            for name in peers
+        }
         fan = measure(
             work / "fanout",
             args.servers,
@@ -162,6 +248,17 @@ def run(args: argparse.Namespace) -> int:
             args.payload,
             args.timeout,
         )
+        peer_fan = {
+            name: peer_fanout(
+                name,
+                work / f"{name}-fan",
+                args.subscribers,
+                args.fanout_count,
+                args.window,
+                args.timeout,
+            )
+            for name in peers
+        }
         streamed = stream.run(
             _config(work / "stream.xml", 2),
             args.count,
@@ -176,6 +273,18 @@ def run(args: argparse.Namespace) -> int:
         "fanout": fan,
         "stream": {k: streamed[k] for k in ("count", "msgs_per_s", "seconds", "out_of_order")},
         "ratio_to_stream": one["msgs_per_s"] / streamed["msgs_per_s"],
+        "peers": {name: {"one_remote": peer_one[name], "fanout": peer_fan[name]} for name in peers},
+        "ratios": {
+            **{
+                f"one_remote_vs_{name}": _ratio(one["msgs_per_s"], peer_one[name]["msgs_per_s"])
+                for name in peers
+            },
+            **{
+                f"fanout_vs_{name}": _ratio(fan["msgs_per_s"], peer_fan[name]["msgs_per_s"])
+                for name in peers
+            },
+        },
+        "skipped": skipped,
     }
     if not args.json:
         for name, figures in (("one remote subscriber", one), ("fan-out", fan)):
@@ -189,5 +298,15 @@ def run(args: argparse.Namespace) -> int:
             f"stream s0 -> s1: {streamed['msgs_per_s']:.0f} msgs/s; topics/stream "
             f"{result['ratio_to_stream']:.2f}"
         )
+        for name in peers:
+            for run_name in ("one_remote", "fanout"):
+                peer = result["peers"][name][run_name]
+                lat = peer["latency_ms"]
+                print(
+                    f"{name} {run_name}: {peer['subscribers']} MQTT subscriber(s), "
+                    f"{peer['msgs_per_s'] or 0:.0f} deliveries/s, p50 {lat['p50'] or 0:.2f} ms, "
+                    f"p99 {lat['p99'] or 0:.2f} ms; aaabus/{name} "
+                    f"{result['ratios'][f'{run_name}_vs_{name}'] or 0:.2f}"
+                )
     print(json.dumps(result))
     return 0

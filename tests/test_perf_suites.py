@@ -316,6 +316,8 @@ def test_topics_suite_reports_one_remote_fanout_and_stream() -> None:
         "3",
         "--rounds",
         "20",
+        "--peers",
+        "mosquitto",
         "--json",
     )
     assert out["one_remote"]["deliveries"] == 200 and out["one_remote"]["out_of_order"] == 0
@@ -324,3 +326,24 @@ def test_topics_suite_reports_one_remote_fanout_and_stream() -> None:
     for lat in (out["latency_ms"], out["fanout"]["latency_ms"], out["fanout"]["latency_ms_loaded"]):
         assert 0 < lat["p50"] <= lat["p99"]
     assert out["stream"]["count"] == 200 and out["ratio_to_stream"] > 0
+    # The peer ran the same two fan-outs with MQTT subscribers (or says why it could not).
+    if "mosquitto" in out["skipped"]:
+        assert "not installed" in out["skipped"]["mosquitto"]
+    else:
+        peer = out["peers"]["mosquitto"]
+        assert peer["one_remote"]["deliveries"] == 200 and peer["one_remote"]["missing"] == 0
+        assert peer["fanout"]["deliveries"] == 20 * 6 and peer["fanout"]["missing"] == 0
+        assert out["ratios"]["one_remote_vs_mosquitto"] > 0
+        assert out["ratios"]["fanout_vs_mosquitto"] > 0
+
+
+def test_topics_suite_refuses_an_unknown_peer_in_one_line() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "perf", "topics", "--peers", "nats"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0
+    assert done.stderr.strip().count("\n") == 0 and "unknown peer" in done.stderr
