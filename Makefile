@@ -15,13 +15,16 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
-# The MQTT tests drive the listener with the Debian mosquitto-clients tools too (apt, as root or
-# through sudo; they are skipped, with the reason, where that cannot install them).
+# The MQTT tests drive the listener with the Debian mosquitto-clients tools too, and the bridge
+# and perf roam tests need a Mosquitto broker of their own (started on a free port by the test,
+# never the Debian service's): apt, as root or through sudo; the tests that need them are
+# skipped, with the reason, where that cannot install them.
 .PHONY: mqtt-tools
 mqtt-tools:
-	@command -v mosquitto_pub >/dev/null || { $(SUDO) apt-get update -qq && \
-	  $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto-clients; } || \
-	  echo "mqtt-tools: mosquitto-clients not installed; the tests that need it are skipped"
+	@{ command -v mosquitto_pub >/dev/null && { command -v mosquitto || test -x /usr/sbin/mosquitto; } >/dev/null; } || \
+	  { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto-clients mosquitto; } || \
+	  echo "mqtt-tools: mosquitto-clients or mosquitto not installed; the tests that need them are skipped"
 
 # The whole suite on two workers, the slowest tests listed at the end so that the suite's time
 # stays watched. Each worker takes its ports from its own range (tests/support/harness.py,

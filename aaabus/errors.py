@@ -74,6 +74,7 @@ __all__ = [
     "ServerBusy",
     "ServerUnreachable",
     "ServiceFailed",
+    "SessionLeft",
     "SparkStartError",
     "StoreError",
     "StoreInUse",
@@ -319,6 +320,15 @@ class StoreWriteFailed(FatalError):
 
 class EngineStopped(FatalError):
     """The engine cannot make progress: the same group failed to commit again and again."""
+
+
+class SessionLeft(TransientError):
+    """An MQTT step (a publication, a QoS 2 release) of a connection whose roaming session has
+    just moved to another server: not answered (the connection is closed), so the device
+    repeats it where the session is now, whose record knows the packet id."""
+
+    def __init__(self, client_id: str) -> None:
+        super().__init__(f"session {client_id!r} moved to another server")
 
 
 class MqttProtocolError(AaabusError):

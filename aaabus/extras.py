@@ -4,7 +4,8 @@ installed, so that a missing one costs one line naming the extra, never a traceb
 ``pip install aaabus`` brings what a server needs to run agents (pyproject's ``dependencies``).
 The rest is in extras (``pip install 'aaabus[EXTRA]'``), each imported by its feature when
 first used and never by ``import aaabus``: a server recording traffic (``traffic``: pyarrow),
-the Prometheus endpoint (``metrics``: prometheus_client), the ``aaabus plan`` and
+the Prometheus endpoint (``metrics``: prometheus_client), a server's MQTT bridge to another
+broker (``bridge``: paho-mqtt), the ``aaabus plan`` and
 ``aaabus analyze`` commands (``spark``: pyspark, pyarrow, numpy, networkx, matplotlib).
 :func:`require` runs where the feature is asked for (a server's start for a property, a command
 before it reads anything), before any work that would be lost.

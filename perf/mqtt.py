@@ -9,6 +9,11 @@ For each system (an MQTT endpoint; see :class:`MqttSystem`) and QoS 1 and 2:
 * **throughput**: one publisher, one subscriber in a separate process, ``--count`` messages with
   at most ``--window`` incomplete QoS flows (``perf peers``'s MQTT stream).
 
+Both in MQTT 3.1.1 and in 5.0 (``--protocol 3,5``, the default: the same programs, paho in
+MQTTv5 with the same persistent sessions), for the systems that speak it (RabbitMQ 3.10's plugin
+is 3.1.1 only): ``"mqtt5"`` beside each system's 3.1.1 figures, and in ``"ratios"`` what 5.0
+costs per message against 3.1.1 on the same system in the same run.
+
 Systems today: ``rabbitmq_mqtt`` (a private RabbitMQ with its MQTT plugin; clean_session=False
 sessions get durable queues, and RabbitMQ syncs persistent messages before acknowledging them) and
 ``mosquitto`` (a private Mosquitto, which never syncs: the floor), and ``aaabus`` (two server
@@ -62,12 +67,16 @@ from perf.harness import scratch
 from perf.peers import PahoSession, mqtt_stream
 
 QOS_LEVELS = (1, 2)
+#: ``--protocol`` values: MQTT 3.1.1 (paho's protocol level 4) and 5.0.
+PROTOCOLS = {"3": 4, "5": 5}
 
 
 class MqttSystem(Protocol):
     """An MQTT endpoint to measure: started (and stopped) by the suite."""
 
     name: str
+    #: The MQTT versions it speaks (paho's protocol levels: 4, 3.1.1; 5, 5.0).
+    protocols: tuple[int, ...]
 
     def missing(self) -> str | None:
         """Why this system cannot run here (binary not installed), or None."""
@@ -131,6 +140,9 @@ def _session_member(session: int, comm: str, timeout: float = 30.0) -> int:
 
 class RabbitMqtt:
     name = "rabbitmq_mqtt"
+    #: The MQTT versions it speaks: RabbitMQ's plugin has 5.0 from 3.13 on; `make peers`
+    #: installs Debian's 3.10.
+    protocols = (4,)
 
     def missing(self) -> str | None:
         if not Path("/usr/lib/rabbitmq/bin/rabbitmq-server").exists() and not find_binary(
@@ -168,6 +180,7 @@ class RabbitMqtt:
 
 class Mosquitto:
     name = "mosquitto"
+    protocols = (4, 5)
 
     def missing(self) -> str | None:
         return None if find_binary("mosquitto") else "mosquitto is not installed"
@@ -208,6 +221,7 @@ class AaabusMqtt:
     publication is committed (fsync'd) before its PUBACK/PUBREC, as RabbitMQ syncs."""
 
     name = "aaabus"
+    protocols = (4, 5)
 
     def missing(self) -> str | None:
         return None
@@ -282,6 +296,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--payload", type=int, default=0, help="extra payload bytes per message")
     parser.add_argument(
+        "--protocol",
+        default="3,5",
+        help="MQTT versions of the single-client runs, comma-separated among 3 (3.1.1), 5 (5.0)",
+    )
+    parser.add_argument(
         "--systems", default=",".join(SYSTEMS), help=f"comma-separated among: {', '.join(SYSTEMS)}"
     )
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline per measurement")
@@ -328,9 +347,16 @@ def _log(message: str) -> None:
 
 
 def latency(
-    endpoint: Endpoint, qos: int, rounds: int, warmup: int, payload: int, timeout: float
+    endpoint: Endpoint,
+    qos: int,
+    rounds: int,
+    warmup: int,
+    payload: int,
+    timeout: float,
+    protocol: int = 4,
 ) -> dict[str, Any]:
-    """Publish one message at a time; time publish call -> subscriber's on_message."""
+    """Publish one message at a time; time publish call -> subscriber's on_message (both
+    clients in MQTT ``protocol``: 4, 3.1.1, or 5)."""
     tag = uuid.uuid4().hex[:8]
     topic = f"aaabus-mqtt/{tag}/lat"
     arrived: queue.Queue[tuple[int, bytes]] = queue.Queue()
@@ -344,10 +370,10 @@ def latency(
         subscriber_box[0].client.ack(msg.mid, msg.qos)
 
     subscriber = PahoSession(
-        endpoint, f"lat-sub-{tag}", qos, subscribe=topic, on_message=on_message
+        endpoint, f"lat-sub-{tag}", qos, subscribe=topic, on_message=on_message, protocol=protocol
     )
     subscriber_box.append(subscriber)
-    publisher = PahoSession(endpoint, f"lat-pub-{tag}", qos)
+    publisher = PahoSession(endpoint, f"lat-pub-{tag}", qos, protocol=protocol)
     deadline = time.monotonic() + timeout
     samples: list[int] = []
     try:
@@ -390,8 +416,11 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """Medians over the repetitions, per QoS: latency p50/p90/p99 and throughput."""
+def summary(runs: list[dict[str, Any]], *, mqtt5: bool = False) -> dict[str, Any]:
+    """Medians over the repetitions, per QoS: latency p50/p90/p99 and throughput (of the 5.0
+    runs, under each run's ``"mqtt5"``, with ``mqtt5``)."""
+    if mqtt5:
+        runs = [r["mqtt5"] for r in runs if "mqtt5" in r]
     out: dict[str, Any] = {}
     for qos in QOS_LEVELS:
         key = f"qos{qos}"
@@ -427,9 +456,38 @@ def ratios_vs(
     return out
 
 
+def mqtt5_vs_mqtt311(system: dict[str, Any] | None) -> dict[str, float | None]:
+    """What 5.0 costs against 3.1.1 on one system: ``mqtt5_cost_qosN_vs_mqtt311`` (3.1.1's
+    throughput ÷ 5.0's, the time per message of 5.0 ÷ 3.1.1's: above 1, 5.0 costs more) and
+    ``mqtt5_latency_qosN_vs_mqtt311`` (p50 ÷ p50)."""
+    out: dict[str, float | None] = {}
+    for qos in QOS_LEVELS:
+        old = (system or {}).get(f"qos{qos}") or {}
+        new = ((system or {}).get("mqtt5") or {}).get(f"qos{qos}") or {}
+        thr_old, thr_new = old.get("msgs_per_s"), new.get("msgs_per_s")
+        lat_old = (old.get("latency_ms") or {}).get("p50")
+        lat_new = (new.get("latency_ms") or {}).get("p50")
+        out[f"mqtt5_cost_qos{qos}_vs_mqtt311"] = thr_old / thr_new if thr_old and thr_new else None
+        out[f"mqtt5_latency_qos{qos}_vs_mqtt311"] = (
+            lat_new / lat_old if lat_old and lat_new else None
+        )
+    return out
+
+
+def _protocols(text: str) -> list[int]:
+    chosen = [n.strip() for n in text.split(",") if n.strip()]
+    if not chosen or any(n not in PROTOCOLS for n in chosen):
+        raise SystemExit(
+            f"perf mqtt: error: --protocol {text!r}: a comma-separated list among 3 (MQTT 3.1.1) "
+            "and 5 (MQTT 5.0)"
+        )
+    return sorted({PROTOCOLS[n] for n in chosen})
+
+
 def run(args: argparse.Namespace) -> int:
     if args.devices is not None or args.storm is not None:
         return run_scale(args)
+    protocols = _protocols(args.protocol)
     args.count = 5000 if args.count is None else args.count
     args.window = 200 if args.window is None else args.window
     if min(args.repetitions, args.rounds, args.count, args.window) < 1 or args.warmup < 0:
@@ -460,26 +518,52 @@ def run(args: argparse.Namespace) -> int:
                 _log(f"repetition {rep + 1}/{args.repetitions}: {name}")
                 measured: dict[str, Any] = {}
                 try:
-                    for qos in QOS_LEVELS:
-                        a = args
-                        measured[f"qos{qos}"] = {
-                            "latency": latency(
-                                endpoint, qos, a.rounds, a.warmup, a.payload, a.timeout
-                            ),
-                            "throughput": mqtt_stream(
-                                endpoint, qos, a.count, a.window, a.payload, a.timeout
-                            ),
-                        }
+                    for protocol in protocols:
+                        if protocol not in SYSTEMS[name].protocols:
+                            continue
+                        # 3.1.1's figures where they always were; 5.0's under "mqtt5".
+                        into = measured if protocol == 4 else measured.setdefault("mqtt5", {})
+                        for qos in QOS_LEVELS:
+                            a = args
+                            into[f"qos{qos}"] = {
+                                "latency": latency(
+                                    endpoint,
+                                    qos,
+                                    a.rounds,
+                                    a.warmup,
+                                    a.payload,
+                                    a.timeout,
+                                    protocol,
+                                ),
+                                "throughput": mqtt_stream(
+                                    endpoint,
+                                    qos,
+                                    a.count,
+                                    a.window,
+                                    a.payload,
+                                    a.timeout,
+                                    protocol,
+                                ),
+                            }
                 except Exception as exc:  # one broker's failure must not lose the others'
                     failed[name] = f"{type(exc).__name__}: {exc}"
                     _log(f"{name} failed, dropped from the remaining repetitions: {failed[name]}")
                     continue
                 runs.setdefault(name, []).append(measured)
-    systems = {name: summary(runs[name]) if runs.get(name) else None for name in names}
+    systems: dict[str, dict[str, Any] | None] = {}
+    for name in names:
+        figures = systems[name] = summary(runs[name]) if runs.get(name) else None
+        if figures is not None and any("mqtt5" in r for r in runs[name]):
+            figures["mqtt5"] = summary(runs[name], mqtt5=True)
     ratios = {
         name: ratios_vs(systems[name], systems.get("rabbitmq_mqtt"), "rabbitmq")
         for name in names
         if name != "rabbitmq_mqtt"
+    }
+    mqtt5 = {
+        name: mqtt5_vs_mqtt311(systems[name])
+        for name in names
+        if 5 in protocols and 5 in SYSTEMS[name].protocols
     }
     if not args.json:
         _print_table(systems)
@@ -493,13 +577,16 @@ def run(args: argparse.Namespace) -> int:
                 "count": args.count,
                 "window": args.window,
                 "payload": args.payload,
+                "protocols": ["3.1.1" if p == 4 else "5.0" for p in protocols],
                 "skipped": skipped,
                 "failed": failed,
                 "systems": systems,
                 "runs": runs,
                 "ratios_vs_rabbitmq": ratios,
-                # The issue's flat figures: aaabus's ratios to RabbitMQ's MQTT plugin.
-                "ratios": ratios.get("aaabus") or {},
+                "ratios_mqtt5_vs_mqtt311": mqtt5,
+                # The issues' flat figures: aaabus's ratios to RabbitMQ's MQTT plugin, and what
+                # 5.0 costs aaabus per message against 3.1.1.
+                "ratios": {**(ratios.get("aaabus") or {}), **(mqtt5.get("aaabus") or {})},
             }
         )
     )
@@ -510,15 +597,21 @@ def _print_table(systems: dict[str, dict[str, Any] | None]) -> None:
     def cell(value: float | None, spec: str) -> str:
         return "-" if value is None else format(value, spec)
 
-    print(f"{'system':<16}{'qos':>4}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}{'msgs/s':>10}")
+    head = f"{'system':<16}{'mqtt':>6}{'qos':>4}{'p50 ms':>9}{'p90 ms':>9}{'p99 ms':>9}"
+    print(f"{head}{'msgs/s':>10}")
     for name, s in systems.items():
         if s is None:
             print(f"{name:<16}  skipped or failed")
             continue
-        for qos in QOS_LEVELS:
-            q = s[f"qos{qos}"]
-            lat = "".join(cell(q["latency_ms"][p], "9.3f") for p in ("p50", "p90", "p99"))
-            print(f"{name:<16}{qos:>4}{lat}{cell(q['msgs_per_s'], '10.0f')}")
+        for version, figures in (("3.1.1", s), ("5.0", s.get("mqtt5"))):
+            if figures is None:
+                continue
+            for qos in QOS_LEVELS:
+                q = figures[f"qos{qos}"]
+                if q["msgs_per_s"] is None and q["latency_ms"]["p50"] is None:
+                    continue  # not measured (--protocol)
+                lat = "".join(cell(q["latency_ms"][p], "9.3f") for p in ("p50", "p90", "p99"))
+                print(f"{name:<16}{version:>6}{qos:>4}{lat}{cell(q['msgs_per_s'], '10.0f')}")
 
 
 # -- scale: --devices N and --storm N ---------------------------------------------------------

@@ -465,7 +465,8 @@ class PahoSession:
     """A paho client with a persistent session, its network loop in a thread, manual acks.
 
     Deliveries land in ``inbox`` (or go to ``on_message`` when given); ``connect`` returns once
-    the broker has acknowledged the subscription.
+    the broker has acknowledged the subscription. ``protocol``: 4 for MQTT 3.1.1, 5 for 5.0
+    (the same persistent session: Clean Start 0 and a Session Expiry Interval of an hour).
     """
 
     def __init__(
@@ -476,21 +477,31 @@ class PahoSession:
         subscribe: str | None = None,
         on_message: Callable[[Any], None] | None = None,
         window: int = 20,
+        protocol: int = 4,
     ) -> None:
         import paho.mqtt.client as mqtt
 
         self.qos = qos
+        self.protocol = protocol
         self.inbox: queue.Queue[Any] = queue.Queue()
         self._subscribed = threading.Event()
         self._topic = subscribe
         self._handler = on_message or self.inbox.put
-        self.client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            clean_session=False,  # the broker keeps the subscription and queue across drops
-            protocol=mqtt.MQTTv311,
-            manual_ack=True,
-        )
+        if protocol == 5:
+            self.client = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id=client_id,
+                protocol=mqtt.MQTTv5,
+                manual_ack=True,
+            )
+        else:
+            self.client = mqtt.Client(
+                mqtt.CallbackAPIVersion.VERSION2,
+                client_id=client_id,
+                clean_session=False,  # the broker keeps the subscription and queue across drops
+                protocol=mqtt.MQTTv311,
+                manual_ack=True,
+            )
         self.client.max_inflight_messages_set(window)
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = lambda *_a: self._subscribed.set()
@@ -506,7 +517,21 @@ class PahoSession:
             client.subscribe(self._topic, qos=self.qos)
 
     def connect(self, timeout: float = 30.0) -> None:
-        self.client.connect(self.endpoint.host, self.endpoint.port, keepalive=60)
+        if self.protocol == 5:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            props = Properties(PacketTypes.CONNECT)
+            props.SessionExpiryInterval = 3600  # persistent, as clean_session=False in 3.1.1
+            self.client.connect(
+                self.endpoint.host,
+                self.endpoint.port,
+                keepalive=60,
+                clean_start=False,
+                properties=props,
+            )
+        else:
+            self.client.connect(self.endpoint.host, self.endpoint.port, keepalive=60)
         # paho leaves Nagle on; with it, the small back-to-back packets of a QoS 2 flow wait
         # for delayed TCP acks (~40 ms). pika, RabbitMQ and aaabus all disable it.
         sock = self.client.socket()
@@ -571,8 +596,16 @@ def mqtt_pingpong(
 
 
 def mqtt_stream(
-    endpoint: Endpoint, qos: int, count: int, window: int, payload: int, timeout: float
+    endpoint: Endpoint,
+    qos: int,
+    count: int,
+    window: int,
+    payload: int,
+    timeout: float,
+    protocol: int = 4,
 ) -> dict[str, Any]:
+    """``count`` messages from a publisher here to a subscriber in a child process, at most
+    ``window`` incomplete; ``protocol``: 4 (MQTT 3.1.1) or 5 (5.0) for both clients."""
     tag = uuid.uuid4().hex[:8]
     topic = f"aaabus-peers/{tag}/s"
     params = {
@@ -584,12 +617,15 @@ def mqtt_stream(
         "window": window,
         "timeout": timeout,
         "id": f"aaabus-consume-{tag}",
+        "protocol": protocol,
     }
     with _child("mqtt-consume", params, timeout) as consumer:
         # Our own window rather than paho's queue: paho rescans every queued message on each
         # acknowledgement, which would measure paho rather than the broker.
         slots = threading.Semaphore(window)
-        producer = PahoSession(endpoint, f"aaabus-produce-{tag}", qos, window=window)
+        producer = PahoSession(
+            endpoint, f"aaabus-produce-{tag}", qos, window=window, protocol=protocol
+        )
         producer.client.on_publish = lambda *_a: slots.release()
         producer.connect()
         state: dict[str, Any] = {}
@@ -652,6 +688,7 @@ def _mqtt_consume_child(p: dict[str, Any]) -> dict[str, Any]:
         subscribe=p["topic"],
         on_message=on_message,
         window=p["window"],
+        protocol=p.get("protocol", 4),
     )
     client_box.append(client)
     client.connect()

@@ -217,11 +217,14 @@ class Tally:
 def _client(client_id: str, clean: bool) -> Any:
     import paho.mqtt.client as mqtt
 
+    # No automatic reconnection: the device goes where the scenario sends it, never back to a
+    # site that dropped it (which would pull its session back).
     return mqtt.Client(
         mqtt.CallbackAPIVersion.VERSION2,
         client_id=client_id,
         clean_session=clean,
         protocol=mqtt.MQTTv311,
+        reconnect_on_failure=False,
     )
 
 

@@ -46,7 +46,7 @@ from aaabus.tools import cli
 from aaabus.tools.client import Client
 from examples._bus import free_base
 from tests.support.agents import Marker, Probe
-from tests.support.harness import REPO_ROOT
+from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.tls import make_certificate
 
 DOCS = ["README.md", "docs/tutorial.md", "docs/operations.md"]
@@ -325,7 +325,9 @@ def test_every_module_and_file_of_the_architecture_exists() -> None:
     `aaabus/…`, `tests/…`, `perf/…`, `docs/…`, `core/clock.py` (inside the package)."""
     text = ARCHITECTURE.read_text()
     layers = "|".join(LAYERS)
-    short = set(re.findall(rf"(?<![\w./])((?:{layers})\.[a-z_]+(?:\.[a-z_]+)*)", text))
+    short = set(
+        re.findall(rf"(?<![\w./])((?:{layers})\.[a-z_][a-z_0-9]*(?:\.[a-z_][a-z_0-9]*)*)", text)
+    )
     missing = [name for name in sorted(short) if not resolves(f"aaabus.{name}")]
     paths = re.findall(rf"(?<![\w./-])((?:aaabus|tests|perf|docs|{layers})/[\w/.-]*[\w/])", text)
     for path in sorted(set(paths)):
@@ -360,14 +362,18 @@ def busy_servers(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> Iterator[tuple[list[AgentServer], set[int | None]]]:
     """Two servers with everything that starts a thread on: TLS links, the admin and metrics
-    endpoints, the traffic recorder, a log store (s0) and a file store (s1); and the threads
-    that ran before they started (the test runner's own)."""
+    endpoints, the traffic recorder, an MQTT bridge (to a port where no broker listens: its
+    thread runs and retries), a log store (s0) and a file store (s1); and the threads that ran
+    before they started (the test runner's own)."""
     make_certificate(tmp_path, "bus")
+    (nobody,) = free_ports(1)
     props = {
         "aaabus.tls.cert": "bus.pem",
         "aaabus.tls.key": "bus-key.pem",
         "aaabus.traffic": "traffic",
         "aaabus.metrics.port": "0",
+        "aaabus.mqtt.bridge.address": f"127.0.0.1:{nobody}",
+        "aaabus.mqtt.bridge.out": "#",
     }
     file_store = '<property name="aaabus.store" value="file"/>'
     config = load_config(make_config(servers=2, properties=props, extra={1: file_store}))

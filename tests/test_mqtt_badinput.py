@@ -91,14 +91,13 @@ def test_bad_packet_closes_only_its_connection(
     good.close()
 
 
-def test_connect_of_mqtt_5_gets_connack_0x84_and_a_silent_client_is_closed_at_the_deadline(
+def test_other_protocols_get_their_refusal_and_a_silent_client_is_closed_at_the_deadline(
     server: tuple[int, Bus],
 ) -> None:
     port, bus = server
-    # 5.0 CONNECT: protocol level 5, then an empty property block after the keep-alive.
-    v5 = raw(port, connect_packet(level=5, props=b"\x00"))
-    # Until 5.0 is served: CONNACK in 5.0's format, reason 0x84 "unsupported protocol version"
-    # (a 5.0 client may then fall back to 3.1.1).
+    # Level 5 under another protocol name than "MQTT": CONNACK in 5.0's format, reason 0x84
+    # "unsupported protocol version" (5.0 itself is served: tests/test_mqtt5.py).
+    v5 = raw(port, connect_packet(level=5, props=b"\x00").replace(b"MQTT", b"MQTX", 1))
     assert closed_after(v5) == bytes([0x20, 0x03, 0x00, 0x84, 0x00])
     v5.close()
     other = raw(port, connect_packet(level=3))

@@ -35,16 +35,45 @@ def test_perf_mqtt_measures_aaabus_with_the_paho_programs() -> None:
     )
     systems = result["systems"]
     assert isinstance(systems, dict)
-    for qos in ("qos1", "qos2"):
-        assert systems["aaabus"][qos]["msgs_per_s"] > 0
-        assert systems["aaabus"][qos]["latency_ms"]["p50"] > 0
-    # Without RabbitMQ in the run the ratios are null, but they are there, flat.
-    assert set(result["ratios"]) >= {  # type: ignore[call-overload]
+    assert result["protocols"] == ["3.1.1", "5.0"]  # both by default
+    for figures in (systems["aaabus"], systems["aaabus"]["mqtt5"]):
+        for qos in ("qos1", "qos2"):
+            assert figures[qos]["msgs_per_s"] > 0
+            assert figures[qos]["latency_ms"]["p50"] > 0
+    # Without RabbitMQ in the run the ratios to it are null, but they are there, flat; what
+    # 5.0 costs against 3.1.1 is measured in the same run.
+    ratios = result["ratios"]
+    assert isinstance(ratios, dict)
+    assert set(ratios) >= {
         "latency_qos1_vs_rabbitmq",
         "latency_qos2_vs_rabbitmq",
         "throughput_qos1_vs_rabbitmq",
         "throughput_qos2_vs_rabbitmq",
     }
+    for level in (1, 2):
+        assert ratios[f"mqtt5_cost_qos{level}_vs_mqtt311"] > 0
+        assert ratios[f"mqtt5_latency_qos{level}_vs_mqtt311"] > 0
+
+
+def test_perf_mqtt_protocol_option_runs_one_version_and_refuses_others() -> None:
+    result = perf(
+        *("mqtt", "--systems", "aaabus", "--repetitions", "1", "--rounds", "5"),
+        *("--warmup", "1", "--count", "50", "--window", "10", "--protocol", "5"),
+    )
+    systems = result["systems"]
+    assert isinstance(systems, dict)
+    assert result["protocols"] == ["5.0"]
+    assert systems["aaabus"]["mqtt5"]["qos1"]["msgs_per_s"] > 0
+    assert systems["aaabus"]["qos1"]["msgs_per_s"] is None  # 3.1.1 not run
+    done = subprocess.run(
+        [sys.executable, "-m", "perf", "mqtt", "--protocol", "4", "--json"],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "--protocol '4'" in done.stderr
 
 
 def test_perf_edge_counts_no_violation_for_aaabus() -> None:

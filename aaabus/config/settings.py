@@ -129,6 +129,26 @@ def host_port(text: str) -> tuple[str, int]:
     return name, int(port)
 
 
+def text_or_unset(text: str) -> str | None:
+    """Any text; empty means unset."""
+    return text or None
+
+
+def comma_list(text: str) -> tuple[str, ...]:
+    """Comma-separated entries (MQTT topic filters: checked as filters where they are used)."""
+    entries = tuple(e.strip() for e in text.split(","))
+    if not all(entries):
+        raise ValueError("expected comma-separated topic filters, like sensors/#,alarms/+")
+    return entries
+
+
+def mqtt_protocol(text: str) -> int:
+    """An MQTT protocol version: 3 (3.1.1) or 5 (5.0)."""
+    if text.strip() not in ("3", "5"):
+        raise ValueError("expected 3 (MQTT 3.1.1) or 5 (MQTT 5.0)")
+    return int(text)
+
+
 # -- the declarations ---------------------------------------------------------------------------
 
 SETTINGS: tuple[Setting, ...] = (
@@ -385,8 +405,8 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.port",
         integer(0, 65535),
         None,
-        "An MQTT listener (3.1.1; docs/mqtt.md): devices publish and subscribe to the bus's "
-        "topics. Off when unset; `0` picks a free port (logged at INFO).",
+        "An MQTT listener (3.1.1 and 5.0; docs/mqtt.md): devices publish and subscribe to the "
+        "bus's topics. Off when unset; `0` picks a free port (logged at INFO).",
     ),
     Setting("aaabus.mqtt.host", host, "127.0.0.1", "Where the MQTT listener listens."),
     Setting(
@@ -404,6 +424,21 @@ SETTINGS: tuple[Setting, ...] = (
         "and closed networks. Otherwise such a CONNECT gets CONNACK 0x05.",
     ),
     Setting(
+        "aaabus.mqtt.acl",
+        path,
+        None,
+        "ACL file (Mosquitto's `acl_file` lines: `user`, `topic`, `pattern` with %u/%c; "
+        'docs/mqtt.md, "Access control") checked on PUBLISH, SUBSCRIBE and will topics. '
+        "Unset: every device may publish and subscribe to every topic but `$` ones.",
+    ),
+    Setting(
+        "aaabus.mqtt.sys_interval_s",
+        integer(1, 86400),
+        10,
+        "Seconds between two sends of the listener's `$SYS/aaabus/<id>/...` status topics to "
+        "the devices subscribed to them (where the ACL grants it).",
+    ),
+    Setting(
         "aaabus.mqtt.tls.cert",
         path,
         None,
@@ -414,7 +449,8 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.max_packet",
         integer(64, 268435455),
         1 << 20,
-        "Largest MQTT packet accepted, in bytes; a larger one closes the connection.",
+        "Largest MQTT packet accepted, in bytes; a larger one closes the connection (5.0: "
+        "told as CONNACK's Maximum Packet Size; DISCONNECT 0x95).",
     ),
     Setting(
         "aaabus.mqtt.connect_ms",
@@ -451,7 +487,9 @@ SETTINGS: tuple[Setting, ...] = (
         integer(1, 65535),
         100,
         "QoS 1/2 messages sent to one device and not yet acknowledged by it; also the device's "
-        "packets being committed at once (beyond, its socket is not read until they are).",
+        "packets being committed at once (beyond, its socket is not read until they are). 5.0: "
+        "CONNACK's Receive Maximum (a device over it gets DISCONNECT 0x93); a device's own "
+        "lower Receive Maximum bounds what is sent to it.",
     ),
     Setting(
         "aaabus.mqtt.queued_bytes",
@@ -471,13 +509,22 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.max_keepalive",
         integer(1, 65535),
         3600,
-        "Longest keep-alive a CONNECT may ask for, in seconds; longer gets CONNACK 0x02.",
+        "Longest keep-alive a CONNECT may ask for, in seconds; longer gets CONNACK 0x02 "
+        "(5.0: accepted, with this as its Server Keep Alive).",
     ),
     Setting(
         "aaabus.mqtt.keepalive_0",
         boolean,
         False,
-        "Accept keep-alive 0 (a connection the server never times out); otherwise CONNACK 0x02.",
+        "Accept keep-alive 0 (a connection the server never times out); otherwise CONNACK 0x02 "
+        "(5.0: max_keepalive imposed).",
+    ),
+    Setting(
+        "aaabus.mqtt.topic_aliases",
+        integer(0, 65535),
+        16,
+        "Topic aliases one MQTT 5.0 device may set (its CONNACK's Topic Alias Maximum); `0` "
+        "disables them. An alias out of range is DISCONNECT 0x94.",
     ),
     Setting(
         "aaabus.mqtt.connections_per_user",
@@ -498,7 +545,7 @@ SETTINGS: tuple[Setting, ...] = (
         integer(1, 1 << 31),
         604800,
         "A persistent session whose device has been away this long (seconds) is deleted with "
-        "its backlog and subscriptions.",
+        "its backlog and subscriptions; also the cap of an MQTT 5.0 session's expiry interval.",
     ),
     Setting(
         "aaabus.mqtt.retained",
@@ -518,6 +565,91 @@ SETTINGS: tuple[Setting, ...] = (
         integer(0, 100000000),
         100000,
         "Retained topics all users may hold through this server.",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.address",
+        host_port,
+        None,
+        "`host:port` of an external MQTT broker this server bridges topics to and from "
+        '(docs/mqtt.md, "Bridging out to another broker"). Off when unset. Needs paho-mqtt '
+        "(`aaabus[bridge]`).",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.out",
+        comma_list,
+        (),
+        "Comma-separated bus topic filters whose publications the bridge sends to the broker "
+        "(QoS 1, acknowledged on the bus once the broker has them).",
+        shown_default="none",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.in",
+        comma_list,
+        (),
+        "Comma-separated broker topic filters the bridge subscribes to (QoS 1, persistent "
+        "session) and publishes on the bus.",
+        shown_default="none",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.client_id",
+        text_or_unset,
+        None,
+        "The bridge's MQTT client id at the broker (its persistent session there).",
+        shown_default="`aaabus-bridge-<server id>`",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.username",
+        text_or_unset,
+        None,
+        "User name the bridge gives the broker (none when unset).",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.password_file",
+        path,
+        None,
+        "File holding the bridge's password at the broker (its first line; relative to a3.xml); "
+        "it must be private (mode 600): the server refuses to start otherwise.",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.tls.ca",
+        path,
+        None,
+        "PEM file of the certificates trusted for the broker's: the bridge speaks TLS when set "
+        "(plain TCP otherwise).",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.prefix_out",
+        text_or_unset,
+        None,
+        "Text put before a bus topic to make its topic at the broker (e.g. `site-7/`).",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.prefix_in",
+        text_or_unset,
+        None,
+        "Text put before a broker topic to make its topic on the bus (e.g. `cloud/`).",
+    ),
+    Setting(
+        "aaabus.mqtt.bridge.protocol",
+        mqtt_protocol,
+        3,
+        "MQTT version the bridge speaks to the broker: 3 (3.1.1, which every broker speaks) "
+        "or 5 (5.0: the broker sends the bridge none of its own messages back).",
+    ),
+    Setting(
+        "aaabus.mqtt.roaming",
+        boolean,
+        False,
+        "Persistent MQTT sessions follow their device to any server of the bus (docs/mqtt.md, "
+        '"Sessions that follow a device"). Global: set it the same on every server.',
+    ),
+    Setting(
+        "aaabus.mqtt.directory",
+        integer(0, 1 << 30),
+        None,
+        "With `aaabus.mqtt.roaming`: the server that keeps the directory of roaming sessions "
+        "(client id -> anchor server, user). Global (default: the lowest server id).",
+        "lowest id",
     ),
     Setting(
         "aaabus.test.allow_cycles",

@@ -181,6 +181,7 @@ _OWN_IMPORTABLE = (
     "aaabus.wire",
     "aaabus.topics",
     "aaabus.node.mqttsessions",
+    "aaabus.node.mqttroam",
     "aaabus.testing",
 )
 

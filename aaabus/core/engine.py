@@ -236,6 +236,8 @@ class Engine:
         self._ready: collections.deque[Message] = collections.deque()
         self._ready_ok = False
         self._listeners: list[Callable[[AgentId, Notification], None]] = []
+        # System handlers (see handle): reserved stamp -> fn(sender, note), run as reactions.
+        self._handlers: dict[int, Callable[[AgentId, Any], None]] = {}
         # In-memory observers (ReactionContext.notify): key -> observer, the values notified
         # in the open group, and one flusher per key (registered once per group).
         self._observers: dict[str, Callable[[list[object]], None]] = {}
@@ -525,6 +527,20 @@ class Engine:
     def failure(self) -> BaseException | None:
         """The error that stopped the engine thread, if any (e.g. the disk is full)."""
         return self._failure
+
+    def handle(self, stamp: int, fn: Callable[[AgentId, Any], None]) -> None:
+        """Run ``fn(sender, note)`` for every notification to ``#s.s.<stamp>`` of this server,
+        *inside* the reaction, in its transaction (set before start).
+
+        For the server's own system handlers that are not stored agents (the moves of MQTT
+        sessions, ``#s.s.3``): ``fn`` runs as a reaction of that id -- its sends have it as
+        sender, it may deploy and notify observers, and if it raises the reaction is rolled back
+        and its sender told, as for any agent. ``stamp`` must be a reserved one other than the
+        server's and the factory's.
+        """
+        if stamp in (SERVER_STAMP, FACTORY_STAMP) or not 0 <= stamp < FIRST_USER_STAMP:
+            raise ValueError(f"stamp {stamp} cannot have a system handler")
+        self._handlers[stamp] = fn
 
     def add_listener(self, listener: Callable[[AgentId, Notification], None]) -> None:
         """Call ``listener(sender, note)`` after commit for notifications to ``#s.s.0``.
@@ -827,6 +843,8 @@ class Engine:
             # (The reaction's context is set by the caller, for the group's reactions.)
             if target.stamp == FACTORY_STAMP:
                 self._factory_react(msg.sender, note, careful)
+            elif target.stamp < FIRST_USER_STAMP and target.stamp in self._handlers:
+                self._handlers[target.stamp](msg.sender, note)
             elif target.stamp == SERVER_STAMP:
                 for listener in self._listeners:
                     self.after_commit(lambda ln=listener: ln(msg.sender, note))  # type: ignore[misc]

@@ -197,9 +197,19 @@ class MqttProtocol:
         self._move("close")
 
     def publish(
-        self, topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int | None
+        self,
+        topic: str,
+        payload: bytes,
+        qos: int,
+        retain: bool,
+        dup: bool,
+        packet_id: int | None,
+        properties: dict[int, Any] | None = None,
     ) -> bytes:
-        return mc.encode_publish(topic, payload, qos, retain, dup, packet_id, self.version)
+        """PUBLISH; ``properties`` (5.0) are dropped for 3.1.1."""
+        return mc.encode_publish(
+            topic, payload, qos, retain, dup, packet_id, self.version, properties
+        )
 
     def ack(self, kind: int, packet_id: int, code: int = 0) -> bytes:
         """PUBACK, PUBREC, PUBREL or PUBCOMP; ``code`` (5.0 reason) is dropped for 3.1.1."""

@@ -6,8 +6,11 @@
 
 Stamps below :data:`FIRST_USER_STAMP` are reserved for system agents present on every server:
 ``#s.s.0`` is the server itself (notifications from boot services and external clients carry it
-as sender), ``#s.s.1`` is the server's agent factory and ``#s.s.2`` its topic representative
-(:mod:`aaabus.topics`), the agent that ``publish`` and ``subscribe`` talk to.
+as sender), ``#s.s.1`` is the server's agent factory, ``#s.s.2`` its topic representative
+(:mod:`aaabus.topics`), the agent that ``publish`` and ``subscribe`` talk to, and ``#s.s.3`` the
+handler of its MQTT sessions' moves between servers (a system handler run by the engine,
+:meth:`aaabus.core.engine.Engine.handle`; :mod:`aaabus.node.mqttroam`), ``#s.s.4`` that of its
+MQTT shared subscriptions (:mod:`aaabus.node.mqttshared`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import NamedTuple
 SERVER_STAMP = 0
 FACTORY_STAMP = 1
 TOPICS_STAMP = 2
+SESSIONS_STAMP = 3
+SHARES_STAMP = 4
 FIRST_USER_STAMP = 16
 
 _ID_RE = re.compile(r"#(\d+)\.(\d+)\.(\d+)\Z")
@@ -53,6 +58,16 @@ class AgentId(NamedTuple):
     def topics_of(cls, server: int) -> AgentId:
         """The topic representative of ``server`` (``#s.s.2``)."""
         return cls(server, server, TOPICS_STAMP)
+
+    @classmethod
+    def sessions_of(cls, server: int) -> AgentId:
+        """The handler of ``server``'s roaming MQTT sessions (``#s.s.3``)."""
+        return cls(server, server, SESSIONS_STAMP)
+
+    @classmethod
+    def shares_of(cls, server: int) -> AgentId:
+        """The handler of ``server``'s MQTT shared subscriptions (``#s.s.4``)."""
+        return cls(server, server, SHARES_STAMP)
 
     @classmethod
     def server_of(cls, server: int) -> AgentId:

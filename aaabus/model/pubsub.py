@@ -13,7 +13,29 @@ from typing import Any
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 
-__all__ = ["Publication", "Publish", "Subscribe", "Unsubscribe"]
+__all__ = ["MessageProps", "Publication", "Publish", "Subscribe", "Unsubscribe"]
+
+
+@dataclass(frozen=True)
+class MessageProps:
+    """MQTT 5.0's properties of one application message, carried with it across the bus and
+    handed to every 5.0 subscriber as published (a 3.1.1 device receives the message without
+    them; agents see them on :class:`Publication`). Only a 5.0 device's publication has any:
+    agents and clients publish without (``None`` on :class:`Publish`).
+
+    ``payload_format``: 1 if the payload is UTF-8 text (the listener refuses one that is not).
+    ``content_type``, ``response_topic``, ``correlation``: as published (request/response passes
+    them through unchanged). ``user``: the User Properties, ordered, a name may repeat.
+    ``expires_at``: the Message Expiry Interval made a wall-clock deadline (``time.time()``)
+    when published; a device is not sent it after that, and is sent what remains of it.
+    """
+
+    payload_format: int = 0
+    content_type: str | None = None
+    response_topic: str | None = None
+    correlation: bytes | None = None
+    user: tuple[tuple[str, str], ...] = ()
+    expires_at: float | None = None
 
 
 @dataclass
@@ -28,7 +50,7 @@ class Publish(Notification):
     ``origin``: the client id of the MQTT device that published it through a listener (empty
     for agents and clients): what MQTT 5.0's no-local option and the order of a shared
     subscription's deliveries per publisher go by, since every device of a server publishes as
-    that server's ``#s.s.0``.
+    that server's ``#s.s.0``. ``props``: the message's MQTT 5.0 properties (None: it has none).
     """
 
     topic: str
@@ -36,6 +58,7 @@ class Publish(Notification):
     retain: bool = False
     qos: int = 2
     origin: str = ""
+    props: MessageProps | None = None
 
 
 @dataclass
@@ -43,11 +66,13 @@ class Subscribe(Notification):
     """Subscribe ``subscriber`` (default: the sender) to ``topic_filter``.
 
     The subscriber must live on the representative's server. Subscribing twice to one filter is
-    one subscription; the retained publications matching the filter are sent again.
+    one subscription; the retained publications matching the filter are sent again, unless
+    ``send_retained`` is False (MQTT 5.0's retain handling 1 and 2).
     """
 
     topic_filter: str
     subscriber: AgentId | None = None
+    send_retained: bool = True
 
 
 @dataclass
@@ -66,7 +91,8 @@ class Publication(Notification):
     subscriber, even when several of its filters match). ``retained``: a copy of the topic's
     retained publication, sent when the subscription was made (it may be older than live
     publications already received, and is outside the causal contract; see docs/architecture.md).
-    ``qos`` and ``origin``: those of :class:`Publish`.
+    ``qos``, ``origin`` and ``props``: those of :class:`Publish`; ``retain``: the RETAIN flag it
+    was published with (what MQTT 5.0's retain-as-published hands on; True in a retained copy).
     """
 
     topic: str
@@ -76,3 +102,5 @@ class Publication(Notification):
     retained: bool = False
     qos: int = 2
     origin: str = ""
+    props: MessageProps | None = None
+    retain: bool = False

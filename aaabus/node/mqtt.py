@@ -1,11 +1,11 @@
 """The MQTT listener of a server (property ``aaabus.mqtt.port``): devices on the bus's topics.
 
-MQTT 3.1.1 (docs/mqtt.md says what is built and what is not). A device's PUBLISH is a
-publication on the bus's topic of the same name, made by this server's topic representative;
-its SUBSCRIBE subscribes the device's session (:mod:`aaabus.node.mqttsessions`, a mailbox in the
-store) to the filter, so it receives what agents, clients and other devices publish, anywhere on
-the bus, in the topics' causal order. A QoS 1/2 PUBLISH is acknowledged once the batch that
-hands it to the bus is durable.
+MQTT 3.1.1 and 5.0 on one port (docs/mqtt.md says what is built and what is not). A device's
+PUBLISH is a publication on the bus's topic of the same name, made by this server's topic
+representative; its SUBSCRIBE subscribes the device's session
+(:mod:`aaabus.node.mqttsessions`, a mailbox in the store) to the filter, so it receives what
+agents, clients and other devices publish, anywhere on the bus, in the topics' causal order. A
+QoS 1/2 PUBLISH is acknowledged once the batch that hands it to the bus is durable.
 
 Threads: **one event loop** (asyncio, thread ``mqtt-<id>``) owns the port, every connection
 (:mod:`aaabus.node.mqttconn`) and every table here: no lock. A server's thread count does not
@@ -25,6 +25,11 @@ devices; ``max_keepalive``/``keepalive_0``; ``inflight``, ``queued_bytes``, ``ma
 device; ``retained``, ``retained_bytes``, ``retained_total`` per user and server;
 ``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
 writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
+
+Access control (``aaabus.mqtt.acl``, :mod:`aaabus.io.mqttacl`, loaded at construction): the
+connections ask :meth:`MqttListener.may_publish` and :meth:`MqttListener.may_subscribe`, and
+:meth:`MqttListener.claim` refuses a will topic the ACL denies and a client id that is another
+user's. The listener serves its own ``$SYS/aaabus/<id>/...`` status topics (:meth:`_sys_tick`).
 """
 
 from __future__ import annotations
@@ -51,9 +56,12 @@ from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 from aaabus.io import mqttcodec as mc
 from aaabus.io.gate import PendingTable, RefusalLog
+from aaabus.io.mqttacl import Acl
 from aaabus.io.mqttauth import Credentials
 from aaabus.model.notifications import Notification
+from aaabus.model.topicnames import matches
 from aaabus.node.mqttconn import MqttConnection
+from aaabus.node.mqttroam import BUSY, ROAM_KEY
 from aaabus.node.mqttsessions import BOX_PREFIX, PUSH_KEY, MqttSessions, delivery_of
 
 __all__ = ["MqttListener"]
@@ -126,13 +134,19 @@ class MqttListener:
         self.max_filters: int = setting("max_filters")
         self.max_keepalive: int = setting("max_keepalive")
         self.keepalive_0: bool = setting("keepalive_0")
+        self.topic_aliases: int = setting("topic_aliases")
         self.retained: int = setting("retained")
         self.retained_bytes: int = setting("retained_bytes")
         self.retained_total: int = setting("retained_total")
+        #: Persistent sessions follow their device across the bus (aaabus.node.mqttroam).
+        self.roaming: bool = setting("roaming")
         base = Path(cfg.path).resolve().parent
         credentials: str | None = setting("credentials")
         self.credentials = Credentials.load(base / credentials) if credentials else None
         self.anonymous: bool = setting("anonymous")
+        acl: str | None = setting("acl")
+        self.acl = Acl.load(base / acl) if acl else None
+        self.sys_interval_s: float = setting("sys_interval_s")
         cert: str | None = setting("tls.cert")
         key: str | None = setting("tls.key")
         self.tls = _tls_context(base, cert, key) if cert else None
@@ -153,6 +167,8 @@ class MqttListener:
         self._connections: set[MqttConnection] = set()
         self._deadlines: list[tuple[float, int, MqttConnection]] = []  # see _sweep
         self._by_client: dict[str, MqttConnection] = {}
+        # Roaming: connections whose CONNACK waits for their session to arrive, by client id.
+        self._awaiting: dict[str, MqttConnection] = {}
         self._of_user: dict[str, int] = {}  # connections per named user
         self._stored: dict[str, str | None] = {}  # client id -> user, sessions in the store
         self._sessions_of: dict[str, set[str]] = {}  # named user -> their stored sessions
@@ -161,6 +177,9 @@ class MqttListener:
         self._lazy: list[tuple[Op, Then]] = []
         # Whether the loop thread is running a batch itself (see _to_loop).
         self._inline = False
+        # Completions queued to the loop by _to_loop, and those handled: see there.
+        self._queued = 0
+        self._handed = 0
         self._loop_thread = 0
         self._flush_scheduled = False
         self._dirty: list[MqttConnection] = []  # connections with bytes queued this turn
@@ -170,6 +189,16 @@ class MqttListener:
         self.refusals = 0
         self._stopping = False
         self._next_expiry = 0.0
+        self._expiries: list[float] = []  # when 5.0 sessions' own expiries fall due (a heap)
+        # 5.0 wills waiting for their delay, by client id (see delay_will).
+        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool]]] = {}
+        # $SYS (see _sys_tick): connections granted a $SYS filter, with those filters; the
+        # publications counted in (ACL passed) and out (sent), and their last rates.
+        self._sys_conns: dict[MqttConnection, list[str]] = {}
+        self._started = time.monotonic()
+        self.published_in = 0
+        self.published_out = 0
+        self._rates = (self._started, 0, 0, 0.0, 0.0)
         # Verified (user, keyed hash of the password): a reconnection skips scrypt.
         self._auth_key = os.urandom(32)
         self._auth_ok: OrderedDict[tuple[str, bytes], None] = OrderedDict()
@@ -197,6 +226,7 @@ class MqttListener:
             [
                 lambda: self._observe(PUSH_KEY, self._on_push),
                 lambda: sessions.index_now(time.time(), expiry),
+                lambda: self._observe(ROAM_KEY, self._on_roam),
             ],
             finished,
         )
@@ -212,6 +242,23 @@ class MqttListener:
             raise TimeoutError(f"server {self.server_id}: MQTT listener did not start")
         log.info("server %s: MQTT listener on %s:%s", self.server_id, *self.address)
         self._check_file_limit()
+        self._check_acl()
+
+    def _check_acl(self) -> None:
+        """Say once what the access control set-up leaves open (docs/mqtt.md, "Access
+        control"): the operator chooses least privilege, the listener does not impose it."""
+        if self.credentials is not None and self.acl is None:
+            log.warning(
+                "server %s: MQTT devices are authenticated but every user may read and write "
+                "every topic: set aaabus.mqtt.acl to restrict them",
+                self.server_id,
+            )
+        elif self.acl is not None and self.credentials is None:
+            log.warning(
+                "server %s: aaabus.mqtt.acl is set without aaabus.mqtt.credentials: the user "
+                "names it is checked with are not verified",
+                self.server_id,
+            )
 
     def _check_file_limit(self) -> None:
         """Say so once if the process cannot open a descriptor per device the limits allow:
@@ -246,6 +293,7 @@ class MqttListener:
             self._loop.run_until_complete(self._open())
             self._ready.set()
             self._loop.call_later(SWEEP_S, self._sweep)
+            self._loop.call_later(self.sys_interval_s, self._sys_tick)
             self._loop.run_forever()
         except Exception:
             log.exception("server %s: MQTT listener stopped", self.server_id)
@@ -276,8 +324,7 @@ class MqttListener:
         if self._server is not None:
             self._server.close()
         for conn in list(self._connections):
-            if conn.transport is not None:
-                conn.transport.abort()
+            conn.shutdown()  # a 5.0 device is told (DISCONNECT 0x8B)
         self._loop.stop()
 
     # -- connections (loop thread) -----------------------------------------------------------------
@@ -346,8 +393,11 @@ class MqttListener:
         in (a connection holding the id is ended: MQTT's newer connection wins), or the 5.0
         reason it is refused for."""
         user, cid = conn.user, conn.client_id
-        connected = len(self._by_client)
         old = self._by_client.get(cid)
+        refusal = self._authorize(conn, old)
+        if refusal is not None:
+            return refusal
+        connected = len(self._by_client)
         if old is not None:
             connected -= 1
         if connected >= self.max_connections:
@@ -368,12 +418,14 @@ class MqttListener:
             old.end("session taken over", reason=mc.SESSION_TAKEN_OVER)
         self._waiting.remove(conn)
         self._by_client[cid] = conn
+        self._will_claimed(conn)
         if user is not None:
             self._of_user[user] = self._of_user.get(user, 0) + 1
         return None
 
     def forget(self, conn: MqttConnection) -> None:
         self._waiting.remove(conn)
+        self._sys_conns.pop(conn, None)
         self._connections.discard(conn)
         if conn.client_id and self._by_client.get(conn.client_id) is conn:
             del self._by_client[conn.client_id]
@@ -383,6 +435,117 @@ class MqttListener:
                     self._of_user[conn.user] = left
                 else:
                     self._of_user.pop(conn.user, None)
+
+    # -- access control and $SYS (loop thread) ----------------------------------------------------
+
+    def _authorize(self, conn: MqttConnection, old: MqttConnection | None) -> int | None:
+        """Before ``conn`` takes its client id: None, or NOT_AUTHORIZED if the id belongs to
+        another user (its stored session's, or its connected device's: no takeover across
+        users, the session and the device's will untouched) or the will topic is not the
+        device's to publish on."""
+        cid, user = conn.client_id, conn.user
+        owner = self._stored.get(cid, user)  # a stored session's user, even None
+        if owner != user or (old is not None and old.user != user):
+            self.refused(conn.address, f"user {user!r} asked for client id {cid!r}, another user's")
+            return mc.NOT_AUTHORIZED
+        if conn.will is not None and not self._may_write(conn, conn.will[0]):
+            self.refused(conn.address, f"client {cid!r}: will topic {conn.will[0][:60]!r} denied")
+            return mc.NOT_AUTHORIZED
+        return None
+
+    def may_publish(self, conn: MqttConnection, topic: str) -> bool:
+        """Whether ``conn``'s device may publish on ``topic``: never on a ``$`` topic (the
+        bus's own), else as the ACL says (everything without one). Counts it for $SYS."""
+        if self._may_write(conn, topic):
+            self.published_in += 1
+            return True
+        return False
+
+    def _may_write(self, conn: MqttConnection, topic: str) -> bool:
+        if topic[:1] == "$":
+            return False
+        acl = self.acl
+        return acl is None or acl.may_publish(conn.user, conn.client_id, topic)
+
+    def may_subscribe(self, conn: MqttConnection, topic_filter: str) -> bool:
+        """Whether ``conn``'s device may subscribe to ``topic_filter`` (a shared subscription
+        is checked on its filter); a granted ``$SYS`` filter gets the listener's status topics,
+        the current values at once."""
+        acl, checked = self.acl, topic_filter
+        if checked.startswith("$share/"):
+            checked = checked.split("/", 2)[2] if checked.count("/") >= 2 else checked
+        if acl is not None and not acl.may_subscribe(conn.user, conn.client_id, checked):
+            self.refused(
+                conn.address,
+                f"client {conn.client_id!r}: SUBSCRIBE {topic_filter[:60]!r} denied by the ACL",
+            )
+            return False
+        if checked.startswith("$SYS"):
+            mine = self._sys_conns.setdefault(conn, [])
+            if checked not in mine:
+                mine.append(checked)
+            # After this turn (the SUBACK may precede it, as it may any matching PUBLISH).
+            self._loop.call_soon(self._sys_send, {conn: [checked]}, self._sys_values(), True)
+        return True
+
+    def resumed(self, conn: MqttConnection) -> None:
+        """A stored session's filters are back on ``conn`` (before its CONNACK): those the ACL
+        no longer grants (it changed since they were granted) are unsubscribed, and its ``$SYS``
+        filters get the status topics again. What its backlog already holds stays."""
+        granted = conn._granted
+        if not granted:
+            return
+        revoked = [f for f in granted if not self.may_subscribe(conn, f)]
+        if revoked:
+            for topic_filter in revoked:
+                del granted[topic_filter]
+                conn._subopts.pop(topic_filter, None)
+            cid, sessions = conn.client_id, self.sessions
+            self._add_op(lambda: sessions.unsubscribe_now(cid, revoked), lambda _outcome: None)
+
+    def _sys_values(self) -> dict[str, bytes]:
+        """The status topics and their values now (text payloads)."""
+        now = time.monotonic()
+        at, seen_in, seen_out, rate_in, rate_out = self._rates
+        if now - at >= self.sys_interval_s / 2:
+            rate_in = (self.published_in - seen_in) / (now - at)
+            rate_out = (self.published_out - seen_out) / (now - at)
+            self._rates = (now, self.published_in, self.published_out, rate_in, rate_out)
+        base = f"$SYS/aaabus/{self.server_id}/"
+        values = {
+            "connected": len(self._by_client),
+            "sessions_stored": len(self._stored),
+            "publications/in_per_s": round(rate_in, 1),
+            "publications/out_per_s": round(rate_out, 1),
+            "publications/in": self.published_in,
+            "publications/out": self.published_out,
+            "refused": self.refusals,
+            "uptime_s": int(now - self._started),
+        }
+        return {base + name: str(value).encode() for name, value in values.items()}
+
+    def _sys_send(
+        self, conns: dict[MqttConnection, list[str]], values: dict[str, bytes], fresh: bool
+    ) -> None:
+        """Send each connection the status topics its $SYS filters match, at QoS 0 (retain set
+        for the values a fresh subscriber gets at once, as for a retained message)."""
+        for conn, filters in conns.items():
+            if conn.ended:
+                continue
+            for topic, payload in values.items():
+                if any(matches(f, topic) and f in conn._granted for f in filters):
+                    conn.send_status(topic, payload, fresh)
+        self.flush_writes()
+
+    def _sys_tick(self) -> None:
+        """Every ``aaabus.mqtt.sys_interval_s``: the status topics to their subscribers."""
+        if self._stopping:
+            return
+        if self._sys_conns:
+            self._sys_send(self._sys_conns, self._sys_values(), False)
+        else:
+            self._sys_values()  # keep the rates current
+        self._loop.call_later(self.sys_interval_s, self._sys_tick)
 
     def stored(self, client_id: str) -> bool:
         return client_id in self._stored
@@ -404,6 +567,55 @@ class MqttListener:
                 mine.discard(client_id)
                 if not mine:
                     del self._sessions_of[old]
+
+    # -- 5.0's delayed wills (loop thread) ---------------------------------------------------------
+
+    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
+        """Publish ``client_id``'s will ``delay`` seconds from now, unless a connection to its
+        session comes first (5.0's Will Delay Interval; the connection caps ``delay`` at the
+        session's expiry, so the will goes when the session ends at the latest). Kept in
+        memory: a server that stops meanwhile drops it, as it drops the wills of the
+        connections it cuts."""
+        handle = self._loop.call_later(delay, self._will_due, client_id)
+        old = self._wills.get(client_id)
+        if old is not None:
+            old[0].cancel()
+        self._wills[client_id] = (handle, will)
+
+    def _will_due(self, client_id: str) -> None:
+        entry = self._wills.pop(client_id, None)
+        if entry is not None:
+            self._publish_will(client_id, entry[1])
+
+    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
+        sessions = self.sessions
+        self._add_op(lambda: sessions.will_now(client_id, will), lambda _outcome: None)
+
+    def _will_claimed(self, conn: MqttConnection) -> None:
+        """``conn`` took its client id: a will waiting for its delay is dropped if ``conn``
+        resumes the session, published now if ``conn`` starts a new one (the old session
+        ends)."""
+        entry = self._wills.pop(conn.client_id, None)
+        if entry is not None:
+            entry[0].cancel()
+            if conn.terms.clean_start:
+                self._publish_will(conn.client_id, entry[1])
+
+    def deadline_sooner(self, conn: MqttConnection) -> None:
+        """``conn.deadline`` moved earlier than the one it is in the heap with (a keep-alive
+        shorter than ``connect_ms``): an entry for the new one. The old one stays, a second
+        entry for the connection (each is pushed again when it falls due): such connections
+        are looked at twice per keep-alive, the others once."""
+        if conn.deadline is not None:
+            heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+
+    def expires_in(self, seconds: float) -> None:
+        """A session may expire in ``seconds`` (a 5.0 device's own expiry): the sweep after
+        that expires sessions, not only the periodic one (slightly after: what is due is
+        strictly older than its expiry)."""
+        due = time.monotonic() + seconds + 0.1
+        if due < self._next_expiry or not self._next_expiry:
+            heapq.heappush(self._expiries, due)
 
     def refused(self, where: str, reason: str) -> None:
         self.refusals += 1
@@ -466,9 +678,13 @@ class MqttListener:
             else:
                 self.refused(conn.address, "no CONNECT before the deadline")
                 conn.end("no CONNECT before the deadline")
-        if now >= self._next_expiry:
-            # A short expiry (tests, or an operator's choice) is checked at half its length.
-            self._next_expiry = now + min(EXPIRE_S, max(SWEEP_S, self.session_expiry_s / 2))
+        soon = self._expiries
+        if now >= self._next_expiry or (soon and soon[0] <= now):
+            if now >= self._next_expiry:
+                # A short expiry (tests, or an operator's choice) is checked at half its length.
+                self._next_expiry = now + min(EXPIRE_S, max(SWEEP_S, self.session_expiry_s / 2))
+            while soon and soon[0] <= now:
+                heapq.heappop(soon)
             self._expire()
         self._loop.call_later(SWEEP_S, self._sweep)
 
@@ -530,15 +746,32 @@ class MqttListener:
         delay the answers), else through the loop's wake-up (from the engine thread).
 
         At once is safe: what a handler starts on the loop only queues (operations go to the
-        next batch through ``call_soon``; sockets are written without blocking)."""
-        if self._inline and threading.get_ident() == self._loop_thread:
+        next batch through ``call_soon``; sockets are written without blocking).
+
+        In the order of the groups, always: an earlier group run by the engine thread may have
+        queued its completions and pushes just before the loop thread ran this one; handled at
+        once, this group's would overtake them (a PUBREL sent before an earlier one: the device
+        delivers QoS 2 messages out of order). So "at once" only when nothing is queued; else
+        behind what is. The counts change only under the engine's turn (both threads' callers
+        hold it), and ``_handed`` on the loop thread alone."""
+        if (
+            self._inline
+            and threading.get_ident() == self._loop_thread
+            and self._handed == self._queued
+        ):
             try:
                 handle(*args)
             except Exception:  # a bug here must end one connection, not the commit
                 log.exception("server %s: MQTT completion failed", self.server_id)
             return
+        self._queued += 1
         with contextlib.suppress(RuntimeError):  # the listener stopped meanwhile
-            self._loop.call_soon_threadsafe(handle, *args)
+            self._loop.call_soon_threadsafe(self._in_turn, handle, args)
+
+    def _in_turn(self, handle: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """Loop thread: a completion or push queued by :meth:`_to_loop`, in its turn."""
+        self._handed += 1
+        handle(*args)
 
     def _completed(self, ops: list[tuple[Op, Then]], outcomes: list[Any]) -> None:
         for (_fn, then), outcome in zip(ops, outcomes, strict=True):
@@ -578,4 +811,49 @@ class MqttListener:
             conn = by_client.get(client_id)
             if conn is not None:
                 conn.pushed(seq, delivery)
+        self.flush_writes()
+
+    # -- roaming sessions (aaabus.mqtt.roaming; loop thread, except the observer) ------------------
+
+    def await_session(self, conn: MqttConnection) -> None:
+        """``conn``'s session was asked for on the bus: its CONNACK waits until the session
+        arrives (:meth:`MqttConnection.session_arrived`), is refused, or ``connect_ms`` passes
+        (CONNACK "server unavailable"; the session, if it arrives later, waits here for the
+        device's next CONNECT)."""
+        self._awaiting[conn.client_id] = conn
+        self._loop.call_later(self.connect_s, self._await_lapsed, conn)
+
+    def _await_lapsed(self, conn: MqttConnection) -> None:
+        if self._awaiting.get(conn.client_id) is conn:
+            del self._awaiting[conn.client_id]
+            if not conn.ended:
+                self.refused(conn.address, f"client {conn.client_id!r}: session did not arrive")
+                conn.roam_refused(mc.SERVER_UNAVAILABLE, "its session did not arrive in time")
+
+    def _on_roam(self, values: list[object]) -> None:
+        """Engine observer (engine thread, once durable): sessions arrived, were refused, left."""
+        self._to_loop(self._roamed, list(values))
+
+    def _roamed(self, values: list[Any]) -> None:
+        for value in values:
+            kind, cid = value[0], value[1]
+            if kind == "gone":
+                # Given to another server: a device still connected here is taken over.
+                self._set_stored(cid, None, False)
+                conn = self._by_client.get(cid)
+                if conn is not None and self._awaiting.get(cid) is not conn:
+                    conn.end("session moved to another server", reason=mc.SESSION_TAKEN_OVER)
+                continue
+            if kind == "ready":
+                self._set_stored(cid, value[2], True)
+            conn = self._awaiting.pop(cid, None)
+            if conn is None or conn.ended:
+                continue
+            if kind == "ready":
+                conn.session_arrived(value[3])
+            else:
+                reason = value[2]
+                self.refused(conn.address, f"client {cid!r}: session refused ({reason})")
+                code = mc.SERVER_BUSY if reason == BUSY else mc.NOT_AUTHORIZED
+                conn.roam_refused(code, f"session refused: {reason}")
         self.flush_writes()

@@ -17,14 +17,20 @@ falls behind (a full window, a slow socket, a reconnection), it takes the rest f
 acknowledgements are cumulated and committed in the next batch: the store forgets what the
 device has.
 
-A protocol violation, an oversized packet, a keep-alive lapse or a closed socket ends the
-connection; a 5.0 device is told why (DISCONNECT with a reason). The will is published when the
-connection ends without DISCONNECT. Nothing here raises to the event loop.
+What the CONNECT settled (:mod:`aaabus.io.mqtt5conn`: clean start and session expiry,
+keep-alive, the device's Receive Maximum and Maximum Packet Size, CONNACK's properties) is the
+connection's :attr:`MqttConnection.terms`; a 3.1.1 CONNECT gets terms too, in 3.1.1's rules.
+
+A protocol violation, an oversized packet, a keep-alive lapse, a takeover, the listener's stop
+or a closed socket ends the connection; a 5.0 device is told why (DISCONNECT with a reason).
+The will is published when the connection ends without DISCONNECT (5.0: after its delay).
+Nothing here raises to the event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import socket
 import time
@@ -33,10 +39,14 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from aaabus.errors import MqttProtocolError
+from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.io import mqttcodec as mc
+from aaabus.io.mqtt5conn import InboundWindow, Terms, TopicAliases, disconnect_expiry, negotiate
+from aaabus.io.mqttauth import Credentials
 from aaabus.io.mqttproto import MqttProtocol, State
+from aaabus.node import mqttmessages as mm
 from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, packet_id
+from aaabus.node.mqttshared import share_of
 
 __all__ = ["ConnectionHost", "MqttConnection"]
 
@@ -58,9 +68,13 @@ class ConnectionHost(Protocol):
     max_filters: int
     max_keepalive: int
     keepalive_0: bool
+    session_expiry_s: float
+    topic_aliases: int
+    credentials: Credentials | None
     retained: int
     retained_bytes: int
     retained_total: int
+    published_out: int
 
     def op(
         self,
@@ -84,8 +98,23 @@ class ConnectionHost(Protocol):
         self, user: str | None, password: bytes | None, then: Callable[[bool], None]
     ) -> None: ...
     def claim(self, conn: MqttConnection) -> int | None: ...
+    def await_session(self, conn: MqttConnection) -> None: ...
+    def may_publish(self, conn: MqttConnection, topic: str) -> bool: ...
+    def may_subscribe(self, conn: MqttConnection, topic_filter: str) -> bool: ...
+    def resumed(self, conn: MqttConnection) -> None: ...
     def forget(self, conn: MqttConnection) -> None: ...
     def refused(self, where: str, reason: str) -> None: ...
+    def expires_in(self, seconds: float) -> None:
+        """A session will be due for expiry in ``seconds`` (5.0's own expiry): sweep then."""
+        ...
+
+    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
+        """Publish ``client_id``'s will in ``delay`` seconds unless its session is resumed."""
+        ...
+
+    def deadline_sooner(self, conn: MqttConnection) -> None:
+        """``conn.deadline`` moved earlier: check it then, not at the deadline it had."""
+        ...
 
 
 class _Answers:
@@ -140,8 +169,11 @@ class MqttConnection(asyncio.Protocol):
         self._out: list[bytes] = []  # written this turn of the loop, not sent yet
         self._answers: _Answers | None = None  # set once the client id is claimed
         self._accepted = False  # CONNACK sent
+        self._open_op: Callable[[], Any] | None = None  # what opens the session (roaming: again)
         # Delivery (created at CONNACK: an idle waiting connection carries none of it).
         self._granted: dict[str, int] = {}
+        # 5.0 options of the filters that have any: filter -> (bits, subscription identifier).
+        self._subopts: dict[str, tuple[int, int]] = {}
         self._inbound2: set[int] = set()  # QoS 2 packet ids of a clean session awaiting PUBREL
         self._inflight: dict[int, int] = {}  # packet id -> backlog seq awaiting the device
         self._outstanding: deque[int] = deque()  # seqs handed to the device, in order
@@ -156,6 +188,23 @@ class MqttConnection(asyncio.Protocol):
         self._ahead_bytes = 0
         self._gap = False  # the store holds items beyond _next that memory does not
         self._fetching = False
+        # What the CONNECT settled (aaabus.io.mqtt5conn); 3.1.1's fixed rules until then.
+        self.terms = Terms(True, 0, 0, host.inflight)
+        self._window = host.inflight  # QoS 1/2 deliveries unacknowledged at once
+        self._max_out = 0  # the device's Maximum Packet Size (0: none)
+        self._told_too_large = False
+        self._aliases: TopicAliases | None = None  # 5.0 only, as the two below
+        self._in_window: InboundWindow | None = None
+        self._expiry_changed = False  # by the device's DISCONNECT
+        self._will_delay = 0  # 5.0's Will Delay Interval, seconds
+        # Inbound QoS 2 state in memory (a session that ends with its connection and was not
+        # resumed: a resumed one's is in the store, where its last connection left it).
+        self._volatile = True
+
+    @property
+    def v5(self) -> bool:
+        """Whether the device speaks MQTT 5.0 (known once its CONNECT is read)."""
+        return self.proto.version == mc.V5
 
     # -- asyncio callbacks ---------------------------------------------------------------------
 
@@ -249,27 +298,17 @@ class MqttConnection(asyncio.Protocol):
             self._graceful = True
             if packet.code == 0x04:  # 5.0 "disconnect with will message"
                 self._graceful = False
-            self.end("DISCONNECT")
+            self._disconnected(packet)
 
     # -- CONNECT -------------------------------------------------------------------------------
 
     def _connect(self, packet: mc.Connect) -> None:
         host = self.host
-        if packet.version != mc.V311:
-            # The codec reads 5.0; the session semantics of 5.0 (expiry, flow control, aliases)
-            # are the next step. Until then a 5.0 client is told so in its own format and may
-            # fall back to 3.1.1.
-            raise MqttProtocolError("MQTT 5.0 is not served yet", mc.UNSUPPORTED_VERSION)
-        if packet.keep_alive == 0 and not host.keepalive_0:
-            raise MqttProtocolError(
-                "keep-alive 0 refused (aaabus.mqtt.keepalive_0 is off)", mc.CLIENT_ID_NOT_VALID
-            )
-        if packet.keep_alive > host.max_keepalive:
-            raise MqttProtocolError(
-                f"keep-alive {packet.keep_alive} s over aaabus.mqtt.max_keepalive "
-                f"({host.max_keepalive} s)",
-                mc.CLIENT_ID_NOT_VALID,
-            )
+        client_id = packet.client_id
+        # MQTT: the server names a client that gives no id (the codec refuses an empty id with
+        # a persistent 3.1.1 session; 5.0 allows it, and is told the name in CONNACK).
+        assigned = None if client_id else f"auto-{uuid.uuid4().hex}"
+        self._settle(negotiate(packet, host, assigned if self.v5 else None))
         will = packet.will
         if will is not None:
             if "+" in will.topic or "#" in will.topic or not will.topic:
@@ -277,15 +316,9 @@ class MqttConnection(asyncio.Protocol):
                     f"invalid will topic {will.topic[:60]!r}", mc.PROTOCOL_ERROR
                 )
             self.will = (will.topic, will.payload, will.qos, will.retain)
-        client_id = packet.client_id
-        if not client_id:
-            # MQTT: the server names a client that gives no id (clean sessions only; the codec
-            # refuses an empty id with a persistent 3.1.1 session).
-            client_id = f"auto-{uuid.uuid4().hex}"
-        self.client_id = client_id
-        self.clean = packet.clean
+            self._will_delay = will.properties.get(mc.WILL_DELAY, 0)
+        self.client_id = client_id or assigned or ""
         self.user = packet.username
-        self.keep_alive = packet.keep_alive
         host.authenticate(packet.username, packet.password, self._authenticated)
 
     def _authenticated(self, ok: bool) -> None:
@@ -293,7 +326,7 @@ class MqttConnection(asyncio.Protocol):
             return
         if not ok:
             self.host.refused(self.address, f"bad credentials for user {self.user!r}")
-            self._write(self.proto.refuse(mc.NOT_AUTHORIZED))
+            self._write(self.proto.refuse(self._credentials_refused()))
             self.end("bad credentials", answered=True)
             return
         refusal = self.host.claim(self)
@@ -301,7 +334,10 @@ class MqttConnection(asyncio.Protocol):
             self._write(self.proto.refuse(refusal))
             self.end("refused", answered=True)
             return
+        before = self.deadline
         self.deadline = time.monotonic() + self.keep_alive * 1.5 if self.keep_alive else None
+        if self.deadline is not None and before is not None and self.deadline < before:
+            self.host.deadline_sooner(self)  # a keep-alive shorter than the CONNECT deadline
         self._answers = _Answers()
         sessions, cid, clean, user = self.host.sessions, self.client_id, self.clean, self.user
         stored = self._has_record = self.host.stored(cid)
@@ -309,20 +345,169 @@ class MqttConnection(asyncio.Protocol):
             # Nothing to drop, nothing to create: a clean session's CONNECT writes nothing.
             self._opened(Opened(False, {}))
             return
-        self._call(lambda: sessions.open_now(cid, clean, user), self._opened)
+        start, expiry = self.terms.clean_start, self.terms.expiry
+
+        def open_op() -> Opened:
+            return sessions.open_now(cid, start, user, expiry, time.time())
+
+        self._open_op = open_op  # roaming: run again once the session has arrived
+        self._call(open_op, self._opened)
 
     def _opened(self, outcome: Any) -> None:
         if isinstance(outcome, BaseException) or self.ended:
             return
-        self._has_record = not self.clean
+        if outcome.awaited:  # roaming: the session is on its way (aaabus.node.mqttroam)
+            self.host.await_session(self)
+            return
+        # 5.0: a session resumed by a connection with expiry 0 is in the store until it ends.
+        self._has_record = not self.clean or outcome.present
+        self._volatile = self.clean and not outcome.present
         self.host.stored_changed(self.client_id, self.user, self._has_record)
         self._granted = dict(outcome.filters)
-        self._write(self.proto.accept(outcome.present))
+        self._subopts = dict(outcome.options)
+        self.host.resumed(self)  # the ACL may have changed since its filters were granted
+        self._write(self.proto.accept(outcome.present, self.terms.connack))
         self._accepted = True  # deliveries may go out from now on, never before CONNACK
         if self._has_record:
             self._gap = True  # a backlog may wait in the store
         self._fill()
         self._drain()  # packets the device sent before its CONNACK
+
+    def session_arrived(self, present: bool) -> None:
+        """Roaming: the session this CONNECT waits for is in the store now (loop thread): open
+        it as the CONNECT asked, and answer ``present`` (False: the bus had none, it was
+        created here)."""
+
+        def then(outcome: Any) -> None:
+            if not isinstance(outcome, BaseException) and not outcome.awaited:
+                outcome = dataclasses.replace(outcome, present=present)
+            self._opened(outcome)
+
+        if self._open_op is not None:
+            self._call(self._open_op, then)
+
+    def roam_refused(self, code: int, why: str) -> None:
+        """Roaming: this CONNECT gets no session (loop thread): CONNACK ``code`` (5.0 reason,
+        said in the device's version), then close. Never accepted: no will, nothing to write."""
+        self._answers = None
+        self._write(self.proto.refuse(code))
+        self.end(why, answered=True)
+
+    # -- MQTT 5.0: the connection's terms (see aaabus.io.mqtt5conn) ----------------------------
+
+    def _settle(self, terms: Terms) -> None:
+        """Keep what the CONNECT settled (loop thread)."""
+        self.terms = terms
+        self.clean = terms.ends  # the session ends with the connection
+        self.keep_alive = terms.keep_alive
+        self._window = terms.window
+        self._max_out = terms.max_out
+        if self.v5:
+            self._aliases = TopicAliases(self.host.topic_aliases)
+            self._in_window = InboundWindow(self.host.inflight)
+
+    def _credentials_refused(self) -> int:
+        """The CONNACK reason of a CONNECT whose credentials are refused: 5.0 tells "bad user
+        name or password" (0x86) from "not authorized" (0x87: no name, or nobody may connect);
+        3.1.1's code stays 0x05 ("not authorized"), as before 5.0 was served."""
+        if self.v5 and self.user is not None and self.host.credentials is not None:
+            return mc.BAD_CREDENTIALS
+        return mc.NOT_AUTHORIZED
+
+    def _inbound(self, packet: mc.Publish) -> str:
+        """A 5.0 PUBLISH's topic name (its alias resolved) and its place in our Receive
+        Maximum; raises :class:`MqttProtocolError` (0x94, 0x93, 0x82)."""
+        if self._aliases is None or self._in_window is None:
+            return packet.topic
+        topic = self._aliases.resolve(packet)
+        self._in_window.received(packet.qos, packet.packet_id)
+        return topic
+
+    def _inbound_done(self, qos: int, packet_id: int) -> None:
+        """The server's last answer to the device's PUBLISH ``packet_id`` is produced."""
+        if self._in_window is not None:
+            self._in_window.finished(qos, packet_id)
+
+    def _disconnected(self, packet: mc.Disconnect) -> None:
+        """The device's DISCONNECT: 5.0 may change the session's expiry. A change from 0 is a
+        protocol error: the device is told (0x82) and its will is published."""
+        try:
+            expiry = disconnect_expiry(self.terms, packet, self.host)
+        except MqttProtocolError as exc:
+            self.host.refused(self.address, f"client {self.client_id!r}: {exc}")
+            self._graceful = False
+            self._write(mc.encode(mc.Disconnect(mc.PROTOCOL_ERROR, {}), mc.V5))
+            self.end(str(exc), answered=True)
+            return
+        if expiry is not None and expiry != self.terms.expiry:
+            self.terms.expiry = expiry
+            self.clean = expiry == 0
+            self._expiry_changed = True
+        self.end("DISCONNECT")
+
+    def _fits(self, item: Delivery, data: bytes) -> bool:
+        """Whether the PUBLISH ``data`` is within the device's Maximum Packet Size. One over it
+        is not sent and counts as delivered (5.0 §3.1.2.24); said once per connection in the
+        log."""
+        size = len(data)
+        if not self._max_out or size <= self._max_out:
+            return True
+        if not self._told_too_large:
+            self._told_too_large = True
+            self.host.refused(
+                self.address,
+                f"client {self.client_id!r}: a message on {item.topic[:60]!r} of {size} bytes "
+                f"is over the device's maximum packet size ({self._max_out}); not sent (nor "
+                "the next ones so large, which are not logged)",
+            )
+        return False
+
+    def _undelayed(self, will: tuple[str, bytes, int, bool] | None) -> Any:
+        """``will`` if it goes out as the connection ends; None if there is none, or if a 5.0
+        Will Delay Interval hands it to the listener, which publishes it when the delay or the
+        session ends, whichever comes first, unless a connection resumes the session before
+        (5.0 §3.1.3.2.2)."""
+        if will is None or not self._will_delay or self.clean:
+            return will  # no delay, or the session ends now: the will with it
+        assert self.terms.expiry is not None  # 5.0 (3.1.1 has no will delay)
+        self.host.delay_will(self.client_id, will, min(self._will_delay, self.terms.expiry))
+        return None
+
+    def _expiry_at_close(self) -> None:
+        """The session's 5.0 expiry as the connection ends (loop thread, from :meth:`end`,
+        before the session is closed): what the DISCONNECT changed goes to the store first; an
+        expiry shorter than the listener's usual sweep has the sweep come on time."""
+        expiry, sessions, cid = self.terms.expiry, self.host.sessions, self.client_id
+        if expiry is None:
+            return
+        if self._expiry_changed:
+            self.host.op(self, lambda: sessions.expiry_now(cid, expiry), lambda _outcome: None)
+        if expiry:
+            self.host.expires_in(expiry)
+
+    def _not_committed(self) -> None:
+        """An operation of this connection failed in the store: a CONNECT is refused with
+        "server unavailable" (0x88; 3.1.1: 0x03), a 5.0 device connected is told "unspecified
+        error" (0x80), and the connection ends."""
+        if self.proto.state is State.CONNECTING:
+            self._write(self.proto.refuse(mc.SERVER_UNAVAILABLE))
+            self.end("not committed", answered=True)
+        else:
+            self.end("not committed", reason=mc.UNSPECIFIED)
+
+    def shutdown(self) -> None:
+        """The listener stops (loop thread): a 5.0 device is told so (0x8B), the socket is cut.
+        Nothing is written to the store: wills and clean sessions are the next boot's."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        if not self.ended and self.proto.state is State.CONNECTED:
+            data = self.proto.disconnect(mc.SERVER_SHUTTING_DOWN)
+            if data:
+                self._out.append(data)
+            self.flush()
+        self.ended = True
+        transport.abort()
 
     # -- PUBLISH from the device ---------------------------------------------------------------
 
@@ -335,11 +520,17 @@ class MqttConnection(asyncio.Protocol):
             packet.retain,
             packet.packet_id,
         )
-        if not topic:
-            raise MqttProtocolError("topic aliases are not enabled here", mc.TOPIC_ALIAS_INVALID)
+        topic = self._inbound(packet)  # 5.0: the alias resolved, the Receive Maximum kept
+        props = mm.message_props(packet.properties, time.time()) if packet.properties else None
+        if props is not None and mm.bad_payload(props, payload):
+            self._refuse_publish(packet, mc.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+            return
+        if not host.may_publish(self, topic):  # the ACL (aaabus.mqtt.acl), and $ topics
+            self._refuse_publish(packet, mc.NOT_AUTHORIZED, f"not authorized on {topic[:60]!r}")
+            return
         qos2_id: int | None = None
         if qos == 2:
-            if self.clean:
+            if self._volatile:
                 if pid in self._inbound2:  # a retransmission: published already
                     self._answer_now(self.proto.ack(mc.PUBREC, pid or 0))
                     return
@@ -356,12 +547,12 @@ class MqttConnection(asyncio.Protocol):
                 )
                 if refusal is not None:
                     return refusal
-                return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id)
+                return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id, props)
 
         else:
 
             def op() -> Any:
-                return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id)
+                return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id, props)
 
         if qos == 0:
             self._call(op, self._ignore_refusal)
@@ -375,8 +566,19 @@ class MqttConnection(asyncio.Protocol):
                 host.refused(self.address, f"client {cid!r}: retained message refused: {outcome}")
                 code = mc.QUOTA_EXCEEDED
             slot[0] = self.proto.ack(kind, pid or 0, code)
+            if qos == 1 or code >= 0x80:  # a QoS 2 flow refused ends at PUBREC
+                self._inbound_done(qos, pid or 0)
 
         self._call(op, answered, slot)
+
+    def _refuse_publish(self, packet: mc.Publish, code: int, why: str) -> None:
+        """Do not publish ``packet``: a 5.0 device is told ``code`` in its PUBACK/PUBREC (a
+        QoS 2 flow then ends there: nothing awaits a PUBREL), a 3.1.1 device is not told."""
+        self.host.refused(self.address, f"client {self.client_id!r}: PUBLISH refused: {why}")
+        if packet.qos:
+            kind = mc.PUBACK if packet.qos == 1 else mc.PUBREC
+            self._answer_now(self.proto.ack(kind, packet.packet_id or 0, code))
+            self._inbound_done(packet.qos, packet.packet_id or 0)
 
     def _ignore_refusal(self, outcome: Any) -> None:
         if isinstance(outcome, str):
@@ -392,7 +594,7 @@ class MqttConnection(asyncio.Protocol):
         seq = self._inflight.get(pid)
         if seq is None:
             return  # unknown id (a late duplicate): nothing to do
-        if kind == mc.PUBREC:
+        if kind == mc.PUBREC and packet.code < 0x80:  # 5.0: a PUBREC >= 0x80 ends the flow
             cid, sessions = self.client_id, self.host.sessions
 
             def then(_outcome: Any) -> None:
@@ -407,7 +609,8 @@ class MqttConnection(asyncio.Protocol):
 
     def _release(self, pid: int) -> None:
         """PUBREL of an inbound QoS 2 flow: PUBCOMP (after the store forgets it, persistent)."""
-        if self.clean:
+        self._inbound_done(2, pid)  # the PUBCOMP is produced below or when this is durable
+        if self._volatile:
             self._inbound2.discard(pid)
             self._answer_now(self.proto.ack(mc.PUBCOMP, pid))
             return
@@ -449,9 +652,16 @@ class MqttConnection(asyncio.Protocol):
     def _subscribe(self, packet: mc.Subscribe) -> None:
         codes: list[int] = []
         wanted: list[tuple[str, int]] = []
+        subopts = mm.subscription_options(packet.topics, packet.properties) if self.v5 else None
         room = self.host.max_filters - len(self._granted)
         for topic_filter, options in packet.topics:
             qos = options & 0x03
+            if self._bad_share(topic_filter):  # 3.1.1: the codec leaves $share/ to us
+                codes.append(mc.TOPIC_FILTER_INVALID)
+                continue
+            if not self.host.may_subscribe(self, topic_filter):  # the ACL (aaabus.mqtt.acl)
+                codes.append(mc.NOT_AUTHORIZED)
+                continue
             if topic_filter not in self._granted:
                 if room <= 0:
                     codes.append(mc.QUOTA_EXCEEDED)
@@ -459,7 +669,7 @@ class MqttConnection(asyncio.Protocol):
                 room -= 1
             wanted.append((topic_filter, qos))
             codes.append(qos)
-        if len(wanted) < len(packet.topics):
+        if mc.QUOTA_EXCEEDED in codes:
             self.host.refused(
                 self.address,
                 f"client {self.client_id!r}: over aaabus.mqtt.max_filters "
@@ -467,6 +677,7 @@ class MqttConnection(asyncio.Protocol):
             )
         for topic_filter, qos in wanted:
             self._granted[topic_filter] = qos
+            self._keep_options(topic_filter, subopts)
         proto, pid = self.proto, packet.packet_id
         if not wanted:
             self._answer_now(proto.suback(pid, codes))
@@ -481,13 +692,34 @@ class MqttConnection(asyncio.Protocol):
             if not had_record:
                 self.host.stored_changed(cid, user, True)
 
-        self._call(lambda: sessions.subscribe_now(cid, user, clean, wanted), then, slot)
+        self._call(lambda: sessions.subscribe_now(cid, user, clean, wanted, subopts), then, slot)
+
+    def _bad_share(self, topic_filter: str) -> bool:
+        """Whether ``topic_filter`` is a malformed shared subscription (logged as refused):
+        SUBACK 0x8F (3.1.1: 0x80) for it alone. A 5.0 SUBSCRIBE with one is refused whole by
+        the codec, as the spec says; 3.1.1 has no $share, which we accept as Mosquitto does."""
+        try:
+            share_of(topic_filter)
+        except TopicError as exc:
+            self.host.refused(self.address, f"client {self.client_id!r}: {exc}")
+            return True
+        return False
+
+    def _keep_options(self, topic_filter: str, options: dict[str, tuple[int, int]] | None) -> None:
+        """The 5.0 options of ``topic_filter``'s new subscription replace those it had."""
+        keep = mm.kept(options, topic_filter)
+        if keep != (0, 0):
+            self._subopts[topic_filter] = keep
+        elif self._subopts:
+            self._subopts.pop(topic_filter, None)
 
     def _unsubscribe(self, packet: mc.Unsubscribe) -> None:
         filters = list(packet.filters)
         codes = [mc.SUCCESS if f in self._granted else 0x11 for f in filters]  # 0x11: none
         for topic_filter in filters:
             self._granted.pop(topic_filter, None)
+            if self._subopts:
+                self._subopts.pop(topic_filter, None)
         proto, pid = self.proto, packet.packet_id
         cid, sessions = self.client_id, self.host.sessions
         slot = self._reserve()
@@ -498,6 +730,12 @@ class MqttConnection(asyncio.Protocol):
         self._call(lambda: sessions.unsubscribe_now(cid, filters), then, slot)
 
     # -- delivery ------------------------------------------------------------------------------
+
+    def send_status(self, topic: str, payload: bytes, retain: bool) -> None:
+        """One of the listener's ``$SYS`` status messages, at QoS 0, outside the backlog (loop
+        thread); skipped while the socket's queue is full (the next one replaces it)."""
+        if self._accepted and not self.ended and not self._writing_paused:
+            self._write(self.proto.publish(topic, payload, 0, retain, False, None))
 
     def pushed(self, seq: int, item: Delivery) -> None:
         """The session's mailbox appended ``item`` as ``seq`` (durable): send it now if it is
@@ -522,7 +760,7 @@ class MqttConnection(asyncio.Protocol):
         self._pump()
 
     def _room(self) -> bool:
-        return len(self._inflight) < self.host.inflight and not self._writing_paused
+        return len(self._inflight) < self._window and not self._writing_paused
 
     def _pump(self) -> None:
         """Send what waits in memory while there is room, then ask the store for the rest."""
@@ -539,7 +777,7 @@ class MqttConnection(asyncio.Protocol):
         a time, once at least half the window is free (a read: the batch writes nothing)."""
         if not self._accepted or self.ended or self._fetching or not self._gap or self._ahead:
             return
-        window = self.host.inflight
+        window = self._window
         free = window - len(self._inflight)
         if (free < max(1, window // 2) and self._inflight) or self._writing_paused:
             return
@@ -571,21 +809,34 @@ class MqttConnection(asyncio.Protocol):
         if item.qos < 0:
             self._finished(seq)
             return
-        granted = max((self._granted.get(f, 0) for f in item.filters), default=0)
+        filters, retain, props = item.filters, item.retained, None
+        if (item.props is not None or self._subopts) and not item.release:
+            # 5.0's work, only for a message with properties or a device with options.
+            shaped = mm.outgoing(item, self._subopts, self.client_id, self.v5, time.time())
+            if shaped is None:  # expired, or the device's own under no-local: not for it
+                self._finished(seq)
+                return
+            filters, retain, props = shaped
+        granted = max((self._granted.get(f, 0) for f in filters), default=0)
         qos = min(granted, item.qos)
+        self.host.published_out += not item.release  # for $SYS (a PUBREL resend is no message)
         pid = packet_id(seq)
         if qos == 0:
-            data = self.proto.publish(item.topic, item.payload, 0, item.retained, False, None)
-            self._write(data)
+            data = self.proto.publish(item.topic, item.payload, 0, retain, False, None, props)
+            if self._fits(item, data):
+                self._write(data)
             self._finished(seq)
             return
-        self._inflight[pid] = seq
         if item.release:
+            self._inflight[pid] = seq
             self._write(self.proto.ack(mc.PUBREL, pid))
-        else:
-            self._write(
-                self.proto.publish(item.topic, item.payload, qos, item.retained, False, pid)
-            )
+            return
+        data = self.proto.publish(item.topic, item.payload, qos, retain, False, pid, props)
+        if not self._fits(item, data):
+            self._finished(seq)  # 5.0 §3.1.2.24: as if sent and acknowledged
+            return
+        self._inflight[pid] = seq
+        self._write(data)
 
     # -- engine operations and answers ---------------------------------------------------------
 
@@ -610,7 +861,7 @@ class MqttConnection(asyncio.Protocol):
                 )
                 if slot is not None:
                     slot[0] = b""
-                self.end("not committed")
+                self._not_committed()
                 return
             if not self.ended:
                 then(outcome)
@@ -669,7 +920,7 @@ class MqttConnection(asyncio.Protocol):
         self.host.forget(self)
         if not connected:
             return
-        will = None if self._graceful else self.will
+        will = self._undelayed(None if self._graceful else self.will)
         if will is None and self.clean and not self._has_record:
             return  # nothing in the store to change
         cid, sessions, now, clean, host = (
@@ -684,4 +935,7 @@ class MqttConnection(asyncio.Protocol):
             if clean:  # close_now deleted it
                 host.stored_changed(cid, None, False)
 
-        host.op(self, lambda: sessions.close_now(cid, will, now), then)
+        self._expiry_at_close()
+        # What the device finished: its shared subscriptions' groups take back the rest.
+        finished = (self._acked, frozenset(self._done))
+        host.op(self, lambda: sessions.close_now(cid, will, now, finished), then)

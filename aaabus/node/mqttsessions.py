@@ -6,11 +6,12 @@ through the topic representative to the device's filters, plus the QoS state MQT
 to keep: the granted QoS of each filter, the packet ids of inbound QoS 2 publications awaiting
 their PUBREL (a retransmitted PUBLISH with one of them is not published twice), and the backlog
 numbers of outbound QoS 2 messages the device has PUBREC'd (resent as PUBREL, never as PUBLISH,
-after a reconnection). It also records the user that created it and when its device left, for
-the per-user bound and the expiry.
+after a reconnection). It also records the user that created it, when its device left and, for
+MQTT 5.0, its own expiry interval, for the per-user bound and the expiry.
 
-A clean session is written only if it subscribes (its mailbox is where the bus delivers), and is
-deleted when its connection ends: a clean CONNECT alone commits nothing.
+A clean session (3.1.1; in 5.0 a session with expiry 0) is written only if it subscribes (its
+mailbox is where the bus delivers), and is deleted when its connection ends: a clean CONNECT
+alone commits nothing.
 
 The mailbox pushes (:attr:`Mailbox.push` = :data:`PUSH_KEY`): each item it appends reaches the
 listener's observer once durable, as ``(mailbox name, seq, item)``; the connection sends it at
@@ -29,17 +30,20 @@ replays the whole batch).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol, cast
 
 from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree, OOTreeSet
 from persistent import Persistent
 
+from aaabus.errors import SessionLeft
 from aaabus.model.ids import TOPICS_STAMP, AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
-from aaabus.model.pubsub import Publication, Publish, Subscribe, Unsubscribe
+from aaabus.model.pubsub import MessageProps, Publication, Publish, Subscribe, Unsubscribe
+from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept
+from aaabus.node.mqttshared import SHARE_PREFIX, SharedGroups, shares_in
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
 
@@ -86,6 +90,16 @@ class SessionRecord(Persistent):
     clean = False
     #: Wall-clock time its device disconnected (None: connected, or never seen since boot).
     left_at: float | None = None
+    #: Seconds the session outlives its device (MQTT 5.0's Session Expiry Interval, capped by
+    #: ``aaabus.mqtt.session_expiry_s``); None: the server's ``session_expiry_s`` (3.1.1).
+    expiry: int | None = None
+    #: MQTT 5.0 subscription options of the filters that have any: filter -> (option bits
+    #: no-local 0x04 / retain-as-published 0x08, subscription identifier or 0); None: none yet
+    #: (created at the first, so that a 3.1.1 session never writes one).
+    options: OOBTree | None = None
+    #: The server whose mailbox holds the subscriptions of a roaming session
+    #: (:mod:`aaabus.node.mqttroam`); None: a session that never roams (roaming off).
+    anchor: int | None = None
 
     def __init__(self, client_id: str, box: AgentId, user: str | None, clean: bool) -> None:
         self.client_id = client_id
@@ -95,6 +109,28 @@ class SessionRecord(Persistent):
         self.filters: OOBTree = OOBTree()  # filter -> granted QoS
         self.inbound: OOTreeSet = OOTreeSet()  # QoS 2 packet ids awaiting PUBREL
         self.released: LOBTree = LOBTree()  # backlog seq -> True: PUBREC'd by the device
+
+    def state(self) -> dict[str, Any]:
+        """Everything the record holds but its client id and mailbox, as data, to move it to
+        another server (:class:`~aaabus.node.roamnotes.SessionMoved`): every attribute set on
+        it, so an attribute added later travels too (plain values, tuples and BTrees of them;
+        anything else is refused when the move is sent)."""
+        return {
+            name: value
+            for name, value in cast(dict[str, Any], self.__getstate__()).items()
+            if not name.startswith("_") and name not in _NOT_STATE
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Take ``state`` (from :meth:`state` on another server); what it lacks keeps its
+        class default."""
+        for name, value in state.items():
+            if not name.startswith("_") and name not in _NOT_STATE:
+                setattr(self, name, value)
+
+
+#: What a record's state leaves out: the mailbox is the server's own, the id is the key.
+_NOT_STATE = frozenset({"client_id", "box"})
 
 
 class RetainedLedger(Persistent):
@@ -144,7 +180,9 @@ class Delivery:
     """One backlog item for a device. ``qos`` -1: nothing a device reads (a reply or an error
     report in the mailbox), counted as delivered. ``release``: send PUBREL, not the PUBLISH
     again. ``filters``: the subscription filters that selected it (the granted QoS is the
-    connection's business)."""
+    connection's business). ``origin``, ``retain`` and ``props``: those of the
+    :class:`Publication` (the publishing device, the RETAIN flag it was published with, its
+    MQTT 5.0 properties), for the subscription options and properties of 5.0."""
 
     seq: int
     topic: str
@@ -153,6 +191,9 @@ class Delivery:
     retained: bool
     release: bool
     filters: tuple[str, ...]
+    origin: str = ""
+    retain: bool = False
+    props: MessageProps | None = None
 
 
 def delivery_of(seq: int, note: Notification, release: bool = False) -> Delivery:
@@ -166,16 +207,40 @@ def delivery_of(seq: int, note: Notification, release: bool = False) -> Delivery
             note.retained,
             release,
             tuple(note.filters),
+            note.origin,
+            note.retain,
+            note.props,
         )
     return Delivery(seq, "", b"", -1, False, False, ())
 
 
 @dataclass(frozen=True, slots=True)
 class Opened:
-    """What a CONNECT finds: whether a session was there and its filters' granted QoS."""
+    """What a CONNECT finds: whether a session was there, its filters' granted QoS and the
+    5.0 options of those that have any (see :attr:`SessionRecord.options`)."""
 
     present: bool
     filters: dict[str, int]
+    options: dict[str, tuple[int, int]] = field(default_factory=dict)
+    #: Roaming: the session is on its way from another server; CONNACK waits for it.
+    awaited: bool = False
+
+
+def _expired(record: SessionRecord, now: float, expiry_s: float | None = None) -> bool:
+    """Whether ``record``'s device left more than its expiry ago: its own (5.0), capped by
+    ``expiry_s``, the server's (None: its own only)."""
+    if record.left_at is None:
+        return False
+    limit = record.expiry if expiry_s is None else min(record.expiry or expiry_s, expiry_s)
+    return limit is not None and now - record.left_at > limit
+
+
+class RoamingHooks(Protocol):
+    """What the sessions call of :class:`aaabus.node.mqttroam.Roaming` (engine thread)."""
+
+    def claim_now(self, cid: str, user: str | None) -> Opened: ...
+    def subscriptions_here(self, record: SessionRecord, note: Subscribe | Unsubscribe) -> bool: ...
+    def dropped_now(self, record: SessionRecord) -> None: ...
 
 
 class MqttSessions:
@@ -195,6 +260,13 @@ class MqttSessions:
         self._agents = agents
         self._root = root
         self._send = send
+        #: The moves of roaming sessions (aaabus.mqtt.roaming), set by the server; None: off.
+        self.roaming: RoamingHooks | None = None
+        #: The shared subscriptions ($share/...) of this server's sessions; their handler
+        #: ``#s.s.4`` is :meth:`SharedGroups.react` (registered by the server).
+        self.shared = SharedGroups(
+            server_id, backlog, AgentId.shares_of(server_id), agents, root, send, self._to_rep
+        )
 
     def _table(self) -> OOBTree:
         root = self._root()
@@ -240,10 +312,11 @@ class MqttSessions:
         left more than ``expiry_s`` ago and the clean sessions left by a crash (their
         connection is gone)."""
         out: dict[str, str | None] = {}
+        self.shared.boot_now(self._released_of)  # their connections are gone
         for client_id, record in list(self._table().items()):
             if not isinstance(record, SessionRecord):
                 continue
-            if record.clean or (record.left_at is not None and now - record.left_at > expiry_s):
+            if record.clean or _expired(record, now, expiry_s):
                 self.drop_now(client_id)
             else:
                 out[client_id] = record.user
@@ -252,37 +325,71 @@ class MqttSessions:
         return out
 
     def expire_now(self, now: float, expiry_s: float, connected: set[str]) -> list[str]:
-        """Drop the persistent sessions whose device left more than ``expiry_s`` ago."""
+        """Drop the persistent sessions whose device left more than their expiry ago (their
+        own, :attr:`SessionRecord.expiry`, or ``expiry_s``)."""
         gone: list[str] = []
         for client_id, record in list(self._table().items()):
             if (
                 isinstance(record, SessionRecord)
                 and client_id not in connected
-                and record.left_at is not None
-                and now - record.left_at > expiry_s
+                and _expired(record, now, expiry_s)
             ):
                 self.drop_now(client_id)
                 gone.append(client_id)
         return gone
 
-    def open_now(self, client_id: str, clean: bool, user: str | None) -> Opened:
-        """Start a connection's session. ``clean`` drops a session kept from before and
-        creates nothing (a clean session is written at its first SUBSCRIBE); otherwise the
-        session kept is resumed, or a new one is created."""
+    def open_now(
+        self,
+        client_id: str,
+        clean: bool,
+        user: str | None,
+        expiry: int | None = None,
+        now: float | None = None,
+    ) -> Opened:
+        """Start a connection's session. ``clean`` drops a session kept from before (3.1.1's
+        Clean Session, 5.0's Clean Start). ``expiry``: 5.0's Session Expiry Interval, already
+        capped (0: the session ends with the connection; None: 3.1.1, where ``clean`` says
+        that too). A session that ends with its connection is not created here (it is written
+        at its first SUBSCRIBE); otherwise the session kept is resumed, or a new one created.
+        ``now``: wall-clock time, to drop first a 5.0 session past its own expiry that the
+        listener's sweep has not reached yet."""
         record = self.record_now(client_id)
-        if record is not None and (clean or record.clean):
+        if record is not None and (
+            clean or record.clean or (now is not None and record.expiry and _expired(record, now))
+        ):
             self.drop_now(client_id)
             record = None
-        if clean:
+        ends = clean if expiry is None else expiry == 0
+        if record is None and ends:
             return Opened(False, {})
         if record is not None:
             record.left_at = None
+            if record.clean != ends:
+                record.clean = ends  # 5.0: resumed by a connection with expiry 0
+            if record.expiry != (expiry or None):
+                record.expiry = expiry or None
             box = self._mailbox(record.box)
             if box is not None and box.push != PUSH_KEY:
                 box.push = PUSH_KEY  # a session stored before mailboxes pushed
-            return Opened(True, dict(record.filters.items()))
-        self._create(client_id, user, clean=False)
+            options = dict(record.options.items()) if record.options else {}
+            self.shared.connect_now(client_id, shares_in(record.filters))
+            return Opened(True, dict(record.filters.items()), options)
+        if self.roaming is not None:
+            # Roaming: the session may live on another server; it is asked for, and CONNACK
+            # waits for it or for the directory's word that it is new (created then).
+            return self.roaming.claim_now(client_id, user)
+        record = self._create(client_id, user, clean=False)
+        if expiry:
+            record.expiry = expiry
         return Opened(False, {})
+
+    def expiry_now(self, client_id: str, expiry: int) -> None:
+        """5.0's DISCONNECT changed the session's expiry (already capped; 0: it ends now, with
+        its connection, which :meth:`close_now` then does)."""
+        record = self.record_now(client_id)
+        if record is not None:
+            record.expiry = expiry or None
+            record.clean = expiry == 0
 
     def _create(self, client_id: str, user: str | None, clean: bool) -> SessionRecord:
         # Deployed here and now (not through the representative): the id is known at once, and
@@ -299,19 +406,46 @@ class MqttSessions:
         record = self._table().pop(client_id, None)
         if not isinstance(record, SessionRecord):
             return
+        if record.anchor is not None and self.roaming is not None:
+            self.roaming.dropped_now(record)  # its anchor's subscriptions end there
+            if record.anchor != self.server_id:
+                self._send(record.box, AgentDeleteRequest())
+                return
         for topic_filter in record.filters:
+            if topic_filter.startswith(SHARE_PREFIX):
+                self.shared.leave_now(client_id, topic_filter)
+                continue
             self._to_rep(Unsubscribe(topic_filter, record.box))
         self._send(record.box, AgentDeleteRequest())
 
     def subscribe_now(
-        self, client_id: str, user: str | None, clean: bool, filters: list[tuple[str, int]]
+        self,
+        client_id: str,
+        user: str | None,
+        clean: bool,
+        filters: list[tuple[str, int]],
+        options: dict[str, tuple[int, int]] | None = None,
     ) -> None:
+        """Subscribe the session to ``filters`` (filter, granted QoS), each replacing a
+        subscription to the same filter. ``options``: MQTT 5.0's options byte and subscription
+        identifier of those that have any (:func:`~aaabus.node.mqttmessages.subscription_options`);
+        its retain handling decides whether the retained copies are sent (0: always, 1: if
+        the subscription is new, 2: never)."""
         record = self.record_now(client_id)
         if record is None:
+            if self.roaming is not None and not clean:
+                raise SessionLeft(client_id)  # from its connection here, once it has moved
             record = self._create(client_id, user, clean)
         for topic_filter, qos in filters:
+            new = topic_filter not in record.filters
             record.filters[topic_filter] = qos
-            self._to_rep(Subscribe(topic_filter, record.box))
+            send_retained = True
+            if options or record.options:
+                send_retained = self._options(record, topic_filter, new, options)
+            if topic_filter.startswith(SHARE_PREFIX):  # its group hands it messages
+                self.shared.join_now(client_id, record.box, topic_filter)
+                continue
+            self._to_box_rep(record, Subscribe(topic_filter, record.box, send_retained))
 
     def unsubscribe_now(self, client_id: str, filters: list[str]) -> None:
         record = self.record_now(client_id)
@@ -319,7 +453,12 @@ class MqttSessions:
             return
         for topic_filter in filters:
             if record.filters.pop(topic_filter, None) is not None:
-                self._to_rep(Unsubscribe(topic_filter, record.box))
+                if record.options:
+                    record.options.pop(topic_filter, None)
+                if topic_filter.startswith(SHARE_PREFIX):
+                    self.shared.leave_now(client_id, topic_filter)
+                    continue
+                self._to_box_rep(record, Unsubscribe(topic_filter, record.box))
 
     def publish_now(
         self,
@@ -329,18 +468,22 @@ class MqttSessions:
         retain: bool,
         qos: int,
         qos2_id: int | None = None,
+        props: MessageProps | None = None,
     ) -> bool:
-        """Publish on the bus at ``qos``; False (nothing published) for a QoS 2 retransmission
-        (``qos2_id``: the packet id of an inbound QoS 2 PUBLISH of a persistent session)."""
+        """Publish on the bus at ``qos``, with MQTT 5.0 properties ``props``; False (nothing
+        published) for a QoS 2 retransmission (``qos2_id``: the packet id of an inbound QoS 2
+        PUBLISH of a persistent session)."""
         if qos2_id is not None:
             record = self.record_now(client_id)
             if record is not None:
                 if qos2_id in record.inbound:
                     return False
                 record.inbound.insert(qos2_id)
+            elif self.roaming is not None:
+                raise SessionLeft(client_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
-        self._to_rep(Publish(topic, value, retain, qos, client_id))
+        self._to_rep(Publish(topic, value, retain, qos, client_id, props))
         return True
 
     def retain_now(
@@ -354,12 +497,16 @@ class MqttSessions:
         record = self.record_now(client_id)
         if record is not None and qos2_id in record.inbound:
             record.inbound.remove(qos2_id)
+        elif record is None and self.roaming is not None:
+            raise SessionLeft(client_id)
 
     def received_now(self, client_id: str, seq: int) -> None:
         """PUBREC from the device for backlog item ``seq``: from now on it is resent as PUBREL."""
         record = self.record_now(client_id)
         if record is not None:
             record.released[seq] = True
+        elif self.roaming is not None:
+            raise SessionLeft(client_id)  # no PUBREL from here: the new holder releases it
 
     def ack_now(self, client_id: str, acked: int) -> None:
         """Forget backlog items up to ``acked``: the device has them."""
@@ -385,25 +532,70 @@ class MqttSessions:
         released = record.released
         return [delivery_of(seq, note, seq in released) for seq, note in box.take(after, most)]
 
+    def will_now(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
+        """Publish ``client_id``'s will ``(topic, payload, qos, retain)``: when its connection
+        ends (:meth:`close_now`), or later with a 5.0 Will Delay Interval."""
+        self.publish_now(client_id, will[0], will[1], will[3], will[2])
+
     def close_now(
         self,
         client_id: str,
         will: tuple[str, bytes, int, bool] | None,
         now: float,
+        finished: tuple[int, Collection[int]] | None = None,
     ) -> None:
         """A connection ended: publish its will (``(topic, payload, qos, retain)``), delete a
-        clean session, note when a persistent one's device left."""
+        clean session, note when a persistent one's device left. ``finished``: what the
+        device finished of its backlog (the acknowledged prefix, the seqs finished beyond it),
+        from which its shared subscriptions' groups take back what it had not."""
         if will is not None:
-            self.publish_now(client_id, will[0], will[1], will[3], will[2])
+            self.will_now(client_id, will)
         record = self.record_now(client_id)
         if record is None:
             return
+        shares = shares_in(record.filters)
+        if shares:  # unknown ``finished``: what the store holds unacknowledged is unfinished
+            if finished is not None:
+                self.ack_now(client_id, finished[0])
+            done = finished[1] if finished is not None else ()
+            self.shared.disconnect_now(client_id, shares, done, record.released)
         if record.clean:
             self.drop_now(client_id)
         else:
             record.left_at = now
 
     # -- helpers -----------------------------------------------------------------------------------
+
+    @staticmethod
+    def _options(
+        record: SessionRecord,
+        topic_filter: str,
+        new: bool,
+        options: dict[str, tuple[int, int]] | None,
+    ) -> bool:
+        """Keep the 5.0 options of ``topic_filter``'s new subscription in ``record`` (those of
+        the one it replaces go); whether its retained copies are sent (retain handling)."""
+        keep = kept(options, topic_filter)
+        if keep != (0, 0):
+            if record.options is None:
+                record.options = OOBTree()
+            record.options[topic_filter] = keep
+        elif record.options:
+            record.options.pop(topic_filter, None)
+        handling = options.get(topic_filter, (0, 0))[0] & RETAIN_HANDLING if options else 0
+        return handling == 0 or (handling == RETAIN_IF_NEW and new)
+
+    def _to_box_rep(self, record: SessionRecord, note: Subscribe | Unsubscribe) -> None:
+        """(Un)subscribe ``record``'s mailbox: through this server's representative, or, for
+        a roaming session held here and anchored elsewhere, at its anchor."""
+        roaming = self.roaming
+        if record.anchor is None or roaming is None or roaming.subscriptions_here(record, note):
+            self._to_rep(note)
+
+    def _released_of(self, client_id: str) -> LOBTree | None:
+        """The seqs session ``client_id``'s device PUBREC'd (None: no such session)."""
+        record = self.record_now(client_id)
+        return record.released if record is not None else None
 
     def _mailbox(self, box_id: AgentId) -> Mailbox | None:
         box = self._agents().get((box_id.origin, box_id.stamp))

@@ -38,9 +38,10 @@ from aaabus.extras import require
 from aaabus.io.network import Network
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
-from aaabus.model.ids import AgentId
+from aaabus.model.ids import SESSIONS_STAMP, SHARES_STAMP, AgentId
 from aaabus.model.notifications import Notification
 from aaabus.node.mailboxes import MailboxDesk
+from aaabus.node.mqttbridge import BridgeSettings, MqttBridge, forget_now
 from aaabus.node.mqttsessions import MqttSessions
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
@@ -162,6 +163,18 @@ class AgentServer:
             require("property aaabus.traffic", "traffic", "pyarrow")
         if endpoints and config.setting(server_id, "aaabus.metrics.port") is not None:
             require("property aaabus.metrics.port", "metrics", "prometheus_client")
+        #: The checked properties of the MQTT bridge (None: this server bridges nothing).
+        self.bridge_settings: BridgeSettings | None = None
+        if config.setting(server_id, "aaabus.mqtt.bridge.address") is not None:
+            require("property aaabus.mqtt.bridge.address", "bridge", "paho")
+            self.bridge_settings = BridgeSettings.load(config, server_id)
+        elif config.setting(server_id, "aaabus.mqtt.bridge.out") or config.setting(
+            server_id, "aaabus.mqtt.bridge.in"
+        ):
+            raise ConfigError(
+                "aaabus.mqtt.bridge.out or .in is set but aaabus.mqtt.bridge.address is not: "
+                "give the broker's host:port, or remove the filters"
+            )
         # Import every service before touching the store: a typo must not leave half a boot.
         self._services = [(svc, resolve_service(config, svc)) for svc in self.spec.services]
         self.store: Store | None = None
@@ -183,6 +196,7 @@ class AgentServer:
             self._send_from_server,
         )
         self.mqtt: MqttListener | None = None
+        self.bridge: MqttBridge | None = None
         self.channel: Channel | None = None
         self.network: Network | None = None
         self.tracer: Tracer | None = None
@@ -227,6 +241,10 @@ class AgentServer:
             if failpoints:
                 self.engine.failpoints.arm_from_text(failpoints)
             self.engine.add_listener(self.mailboxes.on_note)
+            self._install_roaming(self.engine)
+            # MQTT shared subscriptions' groups (#s.s.4): on every server, listener or not
+            # (their state is in the store; a server whose listener is off still receives).
+            self.engine.handle(SHARES_STAMP, self.mqtt_sessions.shared.react)
             if self.trace_dir is not None:
                 self.tracer = self.engine.tracer = Tracer(
                     self.trace_dir, self.server_id, self.engine.effects
@@ -259,6 +277,15 @@ class AgentServer:
                     self.engine.observe,
                 )
                 self.mqtt.start()
+            if self.bridge_settings is not None:
+                self.bridge = MqttBridge(
+                    self.bridge_settings,
+                    self.server_id,
+                    self.backlog,
+                    self.engine,
+                    self.mqtt_sessions,
+                )
+                self.bridge.start()
             if self.endpoints:
                 self._start_endpoints()
         except BaseException:
@@ -309,6 +336,9 @@ class AgentServer:
             )
 
     def _stop_mqtt(self) -> None:
+        if self.bridge is not None:
+            self.bridge.stop()
+            self.bridge = None
         if self.mqtt is not None:
             self.mqtt.stop()
             self.mqtt = None
@@ -356,6 +386,8 @@ class AgentServer:
             record.boots += 1
             # Before the services: they may publish or open mailboxes through it.
             self._install_representative(engine)
+            if self.bridge_settings is None:
+                forget_now(root, engine.send)  # the mailbox of a bridge no longer configured
             for spec, service in self._services:
                 first_time = spec.cls not in record.services_started
                 record.services_started[spec.cls] = True
@@ -384,6 +416,25 @@ class AgentServer:
         if rep.routes != routes:
             # Through a reaction: the representative tells newcomers what it subscribes to.
             engine.send(rep.id, TopicRoutes(routes))
+
+    def _install_roaming(self, engine: Engine) -> None:
+        """With ``aaabus.mqtt.roaming``: the handler ``#s.s.3`` of the moves of MQTT sessions,
+        on every server (a directory or an anchor need no listener). Raises ConfigError for a
+        directory that is not a server of the bus."""
+        if not self.config.setting(self.server_id, "aaabus.mqtt.roaming"):
+            return
+        from aaabus.node.mqttroam import Roaming
+
+        directory: int | None = self.config.setting(self.server_id, "aaabus.mqtt.directory")
+        if directory is None:
+            directory = min(self.config.servers)
+        elif directory not in self.config.servers:
+            raise ConfigError(
+                f"aaabus.mqtt.directory = {directory} is not a server of this bus; name one of "
+                f"{', '.join(str(s) for s in sorted(self.config.servers))}"
+            )
+        roaming = Roaming(self.mqtt_sessions, directory, self.max_frame)
+        engine.handle(SESSIONS_STAMP, roaming.react)
 
     def _require_store(self) -> Store:
         if self.store is None:

@@ -30,7 +30,8 @@ T = TypeVar("T")
 
 
 class FigureSource(Protocol):
-    """An endpoint with figures of its own (the MQTT listener), read on its own thread."""
+    """An endpoint with figures of its own (the MQTT listener, the MQTT bridge), read on its
+    own thread."""
 
     def figures(self, timeout: float) -> dict[str, Any]: ...
 
@@ -56,6 +57,8 @@ class StatusSource(Protocol):
     def network(self) -> Network | None: ...
     @property
     def mqtt(self) -> FigureSource | None: ...
+    @property
+    def bridge(self) -> FigureSource | None: ...
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T: ...
 
 
@@ -114,6 +117,9 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
     mqtt = server.mqtt
     if mqtt is not None:
         snapshot["mqtt"] = mqtt.figures(timeout)
+    bridge = server.bridge
+    if bridge is not None:
+        snapshot["bridge"] = bridge.figures(timeout)
     spec = server.spec
     neighbours = server.topology.neighbours(me)
     return {

@@ -134,12 +134,28 @@ def _cmd_check(args: argparse.Namespace) -> int:
     from aaabus.config.domains import Topology
     from aaabus.config.reader import load_config
 
-    topology = Topology.from_config(load_config(args.config))
+    config = load_config(args.config)
+    topology = Topology.from_config(config)
+    _check_mqtt_acls(config)
     if args.json:
         print(json.dumps(topology.to_json(), indent=2))
     else:
         print(topology.describe())
     return 0
+
+
+def _check_mqtt_acls(config: Any) -> None:
+    """Read the MQTT ACL files the servers of ``config`` (a BusConfig) would load at boot: a
+    bad line fails the check as it would fail the server (a ConfigError naming file:line)."""
+    from pathlib import Path
+
+    from aaabus.io.mqttacl import Acl
+
+    base = Path(config.path).resolve().parent
+    for sid in config.servers:
+        acl = config.setting(sid, "aaabus.mqtt.acl")
+        if acl and config.setting(sid, "aaabus.mqtt.port") is not None:
+            Acl.load(base / acl)
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:

@@ -33,7 +33,7 @@ from aaabus.model.notifications import (
     Notification,
 )
 from aaabus.model.pubsub import Publication
-from aaabus.topics.messages import MailboxGrew
+from aaabus.topics.messages import Forwarded, MailboxGrew
 from aaabus.wire.codec import Codec, encode_note
 
 __all__ = ["Mailbox"]
@@ -50,6 +50,10 @@ class Mailbox(Agent):
     #: :class:`MailboxGrew` is sent. Set on an MQTT session's mailbox; ``None`` (class default)
     #: for client subscriptions, which fetch.
     push: str | None = None
+    #: An agent to which everything received goes, as :class:`Forwarded`, instead of being
+    #: kept (``None``, the class default: kept). Set on the mailbox of a roaming MQTT session
+    #: at its anchor server while another server holds the session (:mod:`aaabus.node.mqttroam`).
+    forward: AgentId | None = None
 
     def __init__(
         self,
@@ -86,6 +90,9 @@ class Mailbox(Agent):
             self._append(note)
 
     def _append(self, note: Notification) -> None:
+        if self.forward is not None:
+            self.send_to(self.forward, Forwarded(self.name, note))
+            return
         if self.push is not None:
             current_context("a mailbox's push").notify(self.push, (self.name, self.next_seq, note))
         elif self.watched:
@@ -122,6 +129,45 @@ class Mailbox(Agent):
         while self.count and self.items.minKey() <= upto:
             del self.items[self.items.minKey()]
             self.count -= 1
+
+    def withdraw(self, seq: int) -> Notification | None:
+        """Take item ``seq`` back (None if the mailbox no longer holds it): an MQTT shared
+        subscription hands it to another member (:mod:`aaabus.node.mqttshared`). The reader
+        skips the gap as it skips acknowledged items; numbering goes on."""
+        item = self.items.pop(seq, None)
+        if item is None:
+            return None
+        self.count -= 1
+        return _loaded(item)
+
+    # -- moves of a roaming MQTT session (engine thread, in the mover's reaction) ------------------
+
+    def append(self, note: Notification) -> None:
+        """Append ``note`` as if the mailbox had received it (pushed, numbered, bounded): an
+        item forwarded from the session's anchor. In a reaction (the push needs one)."""
+        self._append(note)
+
+    def take_all(self) -> list[tuple[int, Notification]]:
+        """Every item kept, with its number, oldest first; the mailbox is left empty (its
+        numbering goes on from where it was)."""
+        out = [(seq, _loaded(item)) for seq, item in self.items.items()]
+        self.items.clear()
+        self.count = 0
+        return out
+
+    def restore(self, items: list[tuple[int, Notification]], next_seq: int, dropped: int) -> None:
+        """Put back ``items`` with their own numbers (a device's packet ids are derived from
+        them: a message resent after a move keeps its id) and go on numbering at
+        ``next_seq``; ``dropped``: the count of items dropped at the limit so far."""
+        for seq, note in items:
+            self.items[seq] = _stored(note) if self.push is not None else note
+        self.count = len(self.items)
+        self.next_seq = max(next_seq, self.items.maxKey() + 1 if self.count else 1)
+        self.dropped = dropped
+        while self.count > self.limit:
+            del self.items[self.items.minKey()]
+            self.count -= 1
+            self.dropped += 1
 
 
 # A device's backlog holds publications by the hundred, and every commit that appends one

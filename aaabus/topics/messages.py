@@ -12,10 +12,12 @@ from typing import Any
 
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
+from aaabus.model.pubsub import MessageProps
 
 __all__ = [
     "Carried",
     "CloseMailbox",
+    "Forwarded",
     "InterestChange",
     "MailboxGrew",
     "OpenMailbox",
@@ -26,7 +28,8 @@ __all__ = [
 
 @dataclass
 class Carried(Notification):
-    """One publication on its way between representatives (and a topic's retained copy)."""
+    """One publication on its way between representatives (and a topic's retained copy);
+    the fields of :class:`~aaabus.model.pubsub.Publish`, and its publisher."""
 
     topic: str
     payload: Any
@@ -34,6 +37,7 @@ class Carried(Notification):
     retain: bool = False
     qos: int = 2
     origin: str = ""
+    props: MessageProps | None = None
 
 
 @dataclass
@@ -92,3 +96,12 @@ class MailboxGrew(Notification):
     new; wakes the connections waiting on it."""
 
     name: str
+
+
+@dataclass
+class Forwarded(Notification):
+    """From mailbox ``name`` whose :attr:`~aaabus.topics.mailbox.Mailbox.forward` is set, to
+    that agent: ``item``, which the mailbox received and did not keep."""
+
+    name: str
+    item: Notification

@@ -102,7 +102,13 @@ class TopicRepresentative(Agent):
         self._index_tables()  # builds them if this representative was stored before they existed
         if isinstance(note, Publish):
             item = Carried(
-                check_topic(note.topic), note.payload, sender, note.retain, note.qos, note.origin
+                check_topic(note.topic),
+                note.payload,
+                sender,
+                note.retain,
+                note.qos,
+                note.origin,
+                note.props,
             )
             self._handle(item)
             self._relay(self.routes if item.retain else self._interested(item.topic), item)
@@ -111,7 +117,9 @@ class TopicRepresentative(Agent):
                 self._handle(note.item)
             self._relay(note.targets, note.item)
         elif isinstance(note, Subscribe):
-            self._subscribe(note.subscriber or sender, check_filter(note.topic_filter))
+            self._subscribe(
+                note.subscriber or sender, check_filter(note.topic_filter), note.send_retained
+            )
         elif isinstance(note, Unsubscribe):
             self._unsubscribe(note.subscriber or sender, check_filter(note.topic_filter))
         elif isinstance(note, UnknownAgent) and note.target in self.of_subscriber:
@@ -169,6 +177,8 @@ class TopicRepresentative(Agent):
                 tuple(chosen[subscriber]),
                 qos=item.qos,
                 origin=item.origin,
+                props=item.props,
+                retain=item.retain,
             )
             self.send_to(subscriber, note)
 
@@ -192,7 +202,9 @@ class TopicRepresentative(Agent):
 
     # -- subscriptions -----------------------------------------------------------------------------
 
-    def _subscribe(self, subscriber: AgentId, topic_filter: str) -> None:
+    def _subscribe(
+        self, subscriber: AgentId, topic_filter: str, send_retained: bool = True
+    ) -> None:
         if subscriber.server != self.server:
             raise TopicError(
                 f"{subscriber} lives on server {subscriber.server}: subscribe through the topic "
@@ -208,10 +220,20 @@ class TopicRepresentative(Agent):
         if filters is None:
             filters = self.of_subscriber[subscriber] = OOTreeSet()
         filters.insert(topic_filter)
+        if not send_retained:
+            return
         for topic, _ in sorted(self.retained_trie.matching(topic_filter), key=_key):
             item = self.retained[topic]
             note = Publication(
-                topic, item.payload, item.publisher, (topic_filter,), True, item.qos, item.origin
+                topic,
+                item.payload,
+                item.publisher,
+                (topic_filter,),
+                True,
+                item.qos,
+                item.origin,
+                item.props,  # a copy stored before Carried had them: the class default, None
+                True,
             )
             self.send_to(subscriber, note)
 

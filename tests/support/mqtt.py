@@ -12,7 +12,11 @@ from typing import Any
 
 import paho.mqtt.client as paho
 import pytest
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from aaabus.io import mqttcodec as mc
 
 #: The Debian clients (package mosquitto-clients); tests that run them skip without them.
 TOOLS = shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None
@@ -101,6 +105,159 @@ class Device:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class Device5(Device):
+    """A paho client speaking MQTT 5.0, otherwise a :class:`Device`. ``expiry``, ``receive_max``
+    and ``max_packet``: the CONNECT's Session Expiry Interval, Receive Maximum and Maximum
+    Packet Size; ``clean_start``: 5.0's Clean Start; ``manual_ack``: the test acknowledges
+    (:meth:`ack`). ``connect()`` returns (reason code, session present) and keeps CONNACK's
+    properties in :attr:`connack_props`; a DISCONNECT's reason code lands in :attr:`disconnects`
+    (the server's, or paho's own when the socket closes)."""
+
+    def __init__(
+        self,
+        port: int,
+        client_id: str,
+        *,
+        clean_start: bool = True,
+        expiry: int | None = None,
+        receive_max: int | None = None,
+        max_packet: int | None = None,
+        manual_ack: bool = False,
+        user: str | None = None,
+        password: str | None = None,
+    ) -> None:
+        self.port = port
+        self.clean_start = clean_start
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+        )
+        self.inbox: queue.Queue[tuple[str, bytes, int, bool]] = queue.Queue()
+        self.mids: queue.Queue[tuple[int, int]] = queue.Queue()  # (mid, qos) of each message
+        self.connack: queue.Queue[Any] = queue.Queue()
+        self.suback: queue.Queue[Any] = queue.Queue()
+        self.disconnects: queue.Queue[int] = queue.Queue()
+        self.connack_props: dict[str, Any] = {}
+        self.properties = Properties(PacketTypes.CONNECT)
+        if expiry is not None:
+            self.properties.SessionExpiryInterval = expiry
+        if receive_max is not None:
+            self.properties.ReceiveMaximum = receive_max
+        if max_packet is not None:
+            self.properties.MaximumPacketSize = max_packet
+        self.client.manual_ack_set(manual_ack)
+
+        def message(_c: Any, _u: Any, m: Any) -> None:
+            self.mids.put((m.mid, m.qos))
+            self.inbox.put((m.topic, bytes(m.payload), m.qos, bool(m.retain)))
+
+        def connected(_c: Any, _u: Any, flags: Any, rc: Any, props: Any) -> None:
+            self.connack_props = props.json() if props is not None else {}
+            self.connack.put((rc.value, flags.session_present))
+
+        self.client.on_message = message
+        self.client.on_connect = connected
+        self.client.on_subscribe = lambda _c, _u, mid, codes, _p: self.suback.put(mid)
+        self.client.on_disconnect = lambda _c, _u, _f, rc, _p: self.disconnects.put(rc.value)
+        if user is not None:
+            self.client.username_pw_set(user, password)
+
+    def connect(self, timeout: float = 10.0, keepalive: int = 30) -> tuple[int, bool]:
+        self.client.connect(
+            "127.0.0.1",
+            self.port,
+            keepalive=keepalive,
+            clean_start=self.clean_start,
+            properties=self.properties,
+        )
+        self.client.loop_start()
+        result: tuple[int, bool] = self.connack.get(timeout=timeout)
+        return result
+
+    def publish_props(
+        self, topic: str, payload: bytes, qos: int, properties: Properties, retain: bool = False
+    ) -> None:
+        self.client.publish(topic, payload, qos, retain, properties).wait_for_publish(10)
+
+    def ack(self, mid: int, qos: int) -> None:
+        self.client.ack(mid, qos)
+
+    def close(self, expiry: int | None = None) -> None:
+        """DISCONNECT (with a new Session Expiry Interval if ``expiry`` is given)."""
+        props = None
+        if expiry is not None:
+            props = Properties(PacketTypes.DISCONNECT)
+            props.SessionExpiryInterval = expiry
+        self.client.disconnect(properties=props)
+        self.client.loop_stop()
+
+
+class RawDevice5:
+    """A device speaking MQTT 5.0 over a bare socket, its packets encoded and the server's
+    decoded by :mod:`aaabus.io.mqttcodec` (checked against paho and the specification in
+    tests/test_mqtt_codec.py): for what a library would not send."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self._raw = RawDevice.__new__(RawDevice)
+        self._raw.sock, self._raw._buffer = self.sock, b""
+
+    def send(self, *packets: Any) -> None:
+        self.sock.sendall(b"".join(mc.encode(p, mc.V5) for p in packets))
+
+    def packet(self) -> Any:
+        """The server's next packet, decoded; EOFError when the server closed."""
+        first, body = self._raw.packet()
+        return mc.decode(first, body, mc.V5, from_client=False)
+
+    def until(self, kind: type, timeout: float = 10.0) -> Any:
+        """Skip packets up to the first of ``kind`` (EOFError if the server closes first)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.sock.settimeout(max(0.01, deadline - time.monotonic()))
+            got = self.packet()
+            if isinstance(got, kind):
+                return got
+        raise TimeoutError(f"no {kind.__name__} in {timeout} s")
+
+    def connect(
+        self,
+        client_id: str = "",
+        *,
+        clean: bool = True,
+        keep_alive: int = 30,
+        properties: dict[int, Any] | None = None,
+    ) -> mc.ConnAck:
+        self.send(
+            mc.Connect(mc.V5, client_id, clean, keep_alive, None, None, None, properties or {})
+        )
+        connack = self.packet()
+        assert isinstance(connack, mc.ConnAck), connack
+        return connack
+
+    def silent(self, timeout: float = 0.3) -> bool:
+        """Whether the server sends nothing for ``timeout`` seconds (an absence can only be
+        shown by waiting: keep it short)."""
+        self.sock.settimeout(timeout)
+        try:
+            got = self.packet()
+        except TimeoutError:
+            return True
+        finally:
+            self.sock.settimeout(10)
+        raise AssertionError(f"unexpected {got}")
+
+    def closed(self, timeout: float = 10.0) -> bool:
+        """Whether the server closes the socket (and sends nothing more) within ``timeout``."""
+        self.sock.settimeout(timeout)
+        try:
+            return self.sock.recv(1) == b""
+        except ConnectionResetError:
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
 
 
 def tool(*args: str, timeout: float = 20.0) -> subprocess.CompletedProcess[str]:

@@ -1,0 +1,476 @@
+"""Roaming MQTT sessions: a device's persistent session follows it to any server of the bus
+(property ``aaabus.mqtt.roaming``; docs/mqtt.md, "Sessions that follow a device").
+
+Three roles, each a table in the store root of the server that plays it:
+
+* **the directory** (one server, ``aaabus.mqtt.directory``): client id -> (anchor, user);
+* **the anchor** (the server where the session was created): its mailbox stays there,
+  subscribed to the device's filters, and forwards what it receives (:attr:`Mailbox.forward
+  <aaabus.topics.mailbox.Mailbox.forward>`) to the **holder**, the server that holds the session
+  now (record + backlog). Every publication for the device passes through the anchor, in the
+  anchor's causal delivery order, and the anchor -> holder channel is FIFO: what the device
+  receives is in causal order whichever server it is connected to. (Moving the subscriptions
+  instead would let a publication made meanwhile at a third server miss both, or reach both.)
+* **the holder**: the session's :class:`~aaabus.node.mqttsessions.SessionRecord` and a mailbox
+  that the handler appends the forwarded items to.
+
+The exchange is a handful of notifications between the handlers ``#s.s.3`` of the servers
+(:mod:`aaabus.node.roamnotes`): a persistent CONNECT of an id this server does not hold sends
+:class:`Claim` to the directory; the directory creates the entry (:class:`Created`), refuses
+another user (:class:`Refused`), or asks the anchor to move the session (:class:`Roam`); the
+anchor refuses a session already moving (``busy``) or has the holder give it
+(:class:`Handover`); the giver sends the whole session (:class:`SessionMoved`: record state and
+backlog with its numbers) and closes its device's connection as a takeover; the new holder
+restores it, appends what the anchor forwarded meanwhile, and tells the anchor
+(:class:`Settled`), which accepts the next move only then. A session is never held by two
+servers: giving it and restoring it are each one reaction, and the move in between is one
+message.
+
+Threads: :meth:`Roaming.react` runs on the engine thread as the reaction of ``#s.s.3``
+(:meth:`aaabus.core.engine.Engine.handle`), in its transaction: what it changes and sends is
+committed together, and if it raises it is rolled back and its sender told. What the listener
+must learn (a session arrived, was refused, left) goes to it through the engine's observer
+:data:`ROAM_KEY` once durable. The ``*_now`` methods run in the listener's batches (engine
+thread, as ``#s.s.0``).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from BTrees.OOBTree import OOBTree
+from persistent import Persistent
+from persistent.list import PersistentList
+
+from aaabus.model.context import current_context
+from aaabus.model.ids import AgentId
+from aaabus.model.notifications import (
+    AgentCreateReply,
+    AgentDeleteAck,
+    AgentDeleteRequest,
+    ExceptionNotification,
+    Notification,
+    UnknownAgent,
+)
+from aaabus.model.pubsub import Publication, Subscribe, Unsubscribe
+from aaabus.node.mqttsessions import (
+    BOX_PREFIX,
+    PUSH_KEY,
+    MqttSessions,
+    Opened,
+    SessionRecord,
+)
+from aaabus.node.mqttshared import shares_in
+from aaabus.node.roamnotes import (
+    AnchorSubscribe,
+    AnchorUnsubscribe,
+    Claim,
+    Created,
+    Drop,
+    Handover,
+    MovedItems,
+    Refused,
+    Restored,
+    Roam,
+    SessionMoved,
+    Settled,
+    Unregister,
+)
+from aaabus.topics.mailbox import Mailbox
+from aaabus.topics.messages import Forwarded
+from aaabus.wire.codec import encode_note
+
+__all__ = ["AWAITED", "BUSY", "NOT_AUTHORIZED", "ROAM_KEY", "AnchorRecord", "Roaming"]
+
+log = logging.getLogger("aaabus.mqtt")
+
+#: The observer key of what the listener learns from the handler: ``("ready", cid, user,
+#: present)``, ``("refused", cid, reason)``, ``("gone", cid)``.
+ROAM_KEY = "mqtt-roam"
+#: What :meth:`MqttSessions.open_now` returns when the session was asked for: CONNACK waits.
+AWAITED = Opened(False, {}, awaited=True)
+#: Reasons of :class:`Refused`.
+BUSY = "busy"
+NOT_AUTHORIZED = "not authorized"
+
+_DIRECTORY = "mqtt_directory"  # cid -> (anchor server, user)
+_ANCHORS = "mqtt_anchors"  # cid -> AnchorRecord
+_PENDING = "mqtt_roam_pending"  # cid -> Pending
+
+
+class AnchorRecord(Persistent):
+    """At the anchor: the session's mailbox (subscribed to ``filters``), the server holding the
+    session and whether a move is under way (from :class:`Roam` to :class:`Settled`)."""
+
+    def __init__(self, box: AgentId, user: str | None, holder: int) -> None:
+        self.box = box
+        self.user = user
+        self.holder = holder
+        self.moving = False
+        self.filters: OOBTree = OOBTree()  # filter -> True
+
+
+class Pending(Persistent):
+    """At a server that asked for a session: who asked, and what the anchor forwarded before
+    the session itself arrived (appended after its backlog)."""
+
+    #: The session once it arrived, until its mailbox exists (see Roaming._restored).
+    record: SessionRecord | None = None
+    #: The parts of its backlog that came ahead of it (MovedItems), in order.
+    moved: PersistentList | None = None
+
+    def __init__(self, user: str | None) -> None:
+        self.user = user
+        self.held: PersistentList = PersistentList()
+
+
+class Roaming:
+    """The roaming side of ``sessions`` (see the module docstring); ``directory``: the server
+    id of the directory."""
+
+    def __init__(self, sessions: MqttSessions, directory: int, max_frame: int = 16 << 20) -> None:
+        self.sessions = sessions
+        self.server_id = sessions.server_id
+        self.directory = directory
+        #: Bytes of backlog items per moving message: well under ``aaabus.max_frame``.
+        self.frame_budget = max(1024, max_frame // 4)
+        sessions.roaming = self
+        self._handlers: dict[type, Callable[[AgentId, Any], None]] = {
+            Claim: self._claim,
+            Unregister: self._unregister,
+            Roam: self._roam,
+            Handover: self._handover,
+            SessionMoved: self._moved,
+            MovedItems: self._moved_items,
+            Created: self._created,
+            Refused: self._refused,
+            Settled: self._settled,
+            Restored: self._restored,
+            Forwarded: self._forwarded,
+            AnchorSubscribe: self._anchor_subscribe,
+            AnchorUnsubscribe: self._anchor_unsubscribe,
+            Drop: self._drop,
+        }
+
+    # -- tables --------------------------------------------------------------------------------
+
+    def _table(self, key: str) -> OOBTree:
+        root = self.sessions._root()
+        table = root.get(key)
+        if table is None:
+            table = root[key] = OOBTree()
+        return table
+
+    def _to(self, server: int, note: Notification) -> None:
+        self.sessions._send(AgentId.sessions_of(server), note)
+
+    def _tell(self, value: tuple[Any, ...]) -> None:
+        current_context("a roaming session's move").notify(ROAM_KEY, value)
+
+    # -- from MqttSessions (engine thread, in an operation or a reaction) -------------------------
+
+    def claim_now(self, cid: str, user: str | None) -> Opened:
+        """A persistent CONNECT of ``cid``, which this server does not hold: ask the directory
+        (once: a claim already under way is waited for); CONNACK waits (:data:`AWAITED`)."""
+        pending = self._table(_PENDING)
+        if cid not in pending:
+            pending[cid] = Pending(user)
+            self._to(self.directory, Claim(cid, user, self.server_id))
+        return AWAITED
+
+    def subscriptions_here(self, record: SessionRecord, note: Subscribe | Unsubscribe) -> bool:
+        """Whether ``note`` (for ``record``'s mailbox) goes to this server's representative:
+        the anchor's subscriptions are the session's; a holder elsewhere asks the anchor."""
+        cid, anchor = record.client_id, record.anchor
+        if anchor is None or anchor == self.server_id:
+            entry = self._table(_ANCHORS).get(cid)
+            if entry is not None:
+                if isinstance(note, Subscribe):
+                    entry.filters[note.topic_filter] = True
+                else:
+                    entry.filters.pop(note.topic_filter, None)
+            return True
+        if isinstance(note, Subscribe):
+            send_retained = getattr(note, "send_retained", True)
+            self._to(anchor, AnchorSubscribe(cid, [(note.topic_filter, send_retained)]))
+        else:
+            self._to(anchor, AnchorUnsubscribe(cid, [note.topic_filter]))
+        return False
+
+    def dropped_now(self, record: SessionRecord) -> None:
+        """``record``'s session ended here (clean start, expiry): the anchor forgets it and
+        tells the directory (here, or through :class:`Drop`)."""
+        if record.anchor is None:
+            return
+        if record.anchor == self.server_id:
+            self._table(_ANCHORS).pop(record.client_id, None)
+            self._to(self.directory, Unregister(record.client_id, self.server_id))
+        else:
+            self._to(record.anchor, Drop(record.client_id))
+
+    # -- the handler #s.s.3 (engine thread, as a reaction) ----------------------------------------
+
+    def react(self, sender: AgentId, note: Any) -> None:
+        """Handle one notification to ``#s.s.3`` (see :meth:`Engine.handle
+        <aaabus.core.engine.Engine.handle>`). Raises ``TypeError`` for one it does not know."""
+        handler = self._handlers.get(type(note))
+        if handler is not None:
+            handler(sender, note)
+        elif isinstance(note, AgentDeleteAck | AgentCreateReply):
+            pass  # a mailbox this handler deleted or created
+        elif isinstance(note, ExceptionNotification | UnknownAgent):
+            log.warning("server %s: session handler got %r from %s", self.server_id, note, sender)
+        else:
+            raise TypeError(f"the sessions handler does not handle {type(note).__name__}")
+
+    # The directory.
+
+    def _claim(self, _sender: AgentId, note: Claim) -> None:
+        directory = self._table(_DIRECTORY)
+        entry = directory.get(note.cid)
+        if entry is None:
+            directory[note.cid] = (note.to, note.user)
+            self._to(note.to, Created(note.cid, note.user))
+        elif entry[1] != note.user:
+            self._to(note.to, Refused(note.cid, NOT_AUTHORIZED))
+        else:
+            self._to(entry[0], Roam(note.cid, note.to))
+
+    def _unregister(self, _sender: AgentId, note: Unregister) -> None:
+        directory = self._table(_DIRECTORY)
+        entry = directory.get(note.cid)
+        if entry is not None and entry[0] == note.anchor:
+            del directory[note.cid]
+
+    # The anchor.
+
+    def _roam(self, _sender: AgentId, note: Roam) -> None:
+        entry = self._table(_ANCHORS).get(note.cid)
+        # Unknown here: its Drop went by and the directory has not heard yet. Moving: one move
+        # at a time. Held by the asker already: its Drop is on its way. The device retries.
+        if entry is None or entry.moving or entry.holder == note.to:
+            self._to(note.to, Refused(note.cid, BUSY))
+            return
+        if entry.holder == self.server_id:
+            if not self._give(note.cid, note.to):
+                self._to(note.to, Refused(note.cid, BUSY))
+                return
+        else:
+            self._to(entry.holder, Handover(note.cid, note.to))
+        entry.holder = note.to
+        entry.moving = True
+        box = self.sessions._mailbox(entry.box)
+        if box is not None:
+            # From now on, to the new holder (to this server's handler if the session comes
+            # back here: held until it has arrived, like anywhere else).
+            box.forward = AgentId.sessions_of(note.to)
+
+    def _settled(self, _sender: AgentId, note: Settled) -> None:
+        entry = self._table(_ANCHORS).get(note.cid)
+        if entry is not None:
+            entry.moving = False
+
+    def _anchor_subscribe(self, _sender: AgentId, note: AnchorSubscribe) -> None:
+        entry = self._table(_ANCHORS).get(note.cid)
+        if entry is None:
+            return  # dropped meanwhile
+        rep = AgentId.topics_of(self.server_id)
+        for topic_filter, send_retained in note.filters:
+            entry.filters[topic_filter] = True
+            self.sessions._send(rep, Subscribe(topic_filter, entry.box, send_retained))
+
+    def _anchor_unsubscribe(self, _sender: AgentId, note: AnchorUnsubscribe) -> None:
+        entry = self._table(_ANCHORS).get(note.cid)
+        if entry is None:
+            return
+        rep = AgentId.topics_of(self.server_id)
+        for topic_filter in note.filters:
+            if entry.filters.pop(topic_filter, None) is not None:
+                self.sessions._send(rep, Unsubscribe(topic_filter, entry.box))
+
+    def _drop(self, _sender: AgentId, note: Drop) -> None:
+        entry = self._table(_ANCHORS).pop(note.cid, None)
+        if entry is None:
+            return
+        rep = AgentId.topics_of(self.server_id)
+        for topic_filter in entry.filters:
+            self.sessions._send(rep, Unsubscribe(topic_filter, entry.box))
+        self.sessions._send(entry.box, AgentDeleteRequest())
+        self._to(self.directory, Unregister(note.cid, self.server_id))
+
+    # The holders.
+
+    def _give(self, cid: str, to: int) -> bool:
+        """Take the session out of this server and send it to ``to`` (False: not here)."""
+        sessions = self.sessions
+        record = sessions.record_now(cid)
+        if record is None or record.anchor is None:
+            return False
+        box = sessions._mailbox(record.box)
+        items = box.take_all() if box is not None else []
+        # A backlog larger than a frame goes ahead in parts (MovedItems), the session last:
+        # one reaction's sends to one server arrive in order.
+        parts = _parts(items, self.frame_budget)
+        for part in parts[:-1]:
+            self._to(to, MovedItems(cid, part))
+        moved = SessionMoved(
+            cid,
+            record.anchor,
+            record.state(),
+            parts[-1],
+            box.next_seq if box is not None else 1,
+            box.dropped if box is not None else 0,
+        )
+        # Its shared subscriptions' groups are this server's: it leaves them (what they handed
+        # it moves with its backlog) and joins the groups of its new server once restored.
+        for share in shares_in(record.filters):
+            sessions.shared.leave_now(cid, share)
+        del sessions._table()[cid]
+        if record.anchor != self.server_id:
+            sessions._send(record.box, AgentDeleteRequest())  # the anchor's mailbox stays
+        self._to(to, moved)
+        self._tell(("gone", cid))  # its connection here is closed as a takeover
+        return True
+
+    def _handover(self, _sender: AgentId, note: Handover) -> None:
+        if not self._give(note.cid, note.to):
+            self._to(note.to, Refused(note.cid, BUSY))  # ended here: its Drop is on its way
+
+    def _moved(self, _sender: AgentId, note: SessionMoved) -> None:
+        sessions, cid = self.sessions, note.cid
+        pendings = self._table(_PENDING)
+        pending = pendings.get(cid)
+        if pending is None:  # cannot happen (the move answers this server's claim): go on
+            pending = pendings[cid] = Pending(None)
+        if sessions.record_now(cid) is not None or pending.record is not None:
+            # Cannot happen (one move at a time, and this server asked because it had none).
+            raise RuntimeError(f"session {cid!r} moved to server {self.server_id}, which has it")
+        items = [*pending.moved, *note.items] if pending.moved else list(note.items)
+        pending.moved = None
+        next_seq = note.next_seq
+        for item in pending.held:  # forwarded before the session arrived: after its backlog
+            items.append((next_seq, item))
+            next_seq += 1
+        pending.held = PersistentList()
+        if note.anchor == self.server_id:
+            entry = self._table(_ANCHORS).get(cid)
+            box = sessions._mailbox(entry.box) if entry is not None else None
+            if entry is None or box is None:
+                raise RuntimeError(f"session {cid!r} came back to its anchor without its mailbox")
+            # Still forwarding to this handler until Restored: what arrives meanwhile is held
+            # and appended after what was held before, in order.
+            box.restore(items, next_seq, note.dropped)
+            box_id = entry.box
+        else:
+            box = Mailbox(BOX_PREFIX + cid, None, sessions.backlog)
+            box.push = PUSH_KEY
+            box.restore(items, next_seq, note.dropped)
+            box_id = box.deploy()  # with its items: they travel in the creation request
+        record = SessionRecord(cid, box_id, None, False)
+        record.restore(note.state)
+        record.anchor = note.anchor
+        record.left_at = time.time()  # no device yet: it expires if none comes
+        # The record joins the table once its mailbox exists: this server's queue runs the
+        # mailbox's creation request first, then Restored (what is forwarded meanwhile is
+        # still held, and appended then).
+        pending.record = record
+        self._to(self.server_id, Restored(cid, record.user))
+
+    def _moved_items(self, _sender: AgentId, note: MovedItems) -> None:
+        pendings = self._table(_PENDING)
+        pending = pendings.get(note.cid)
+        if pending is None:  # cannot happen (the move answers this server's claim): go on
+            pending = pendings[note.cid] = Pending(None)
+        if pending.moved is None:
+            pending.moved = PersistentList()
+        pending.moved.extend(note.items)
+
+    def _restored(self, _sender: AgentId, note: Restored) -> None:
+        sessions, cid = self.sessions, note.cid
+        pending = self._table(_PENDING).pop(cid, None)
+        record = pending.record if pending is not None else None
+        if record is None:
+            return  # cannot happen
+        sessions._table()[cid] = record
+        for share in shares_in(record.filters):
+            sessions.shared.join_now(cid, record.box, share)
+        box = sessions._mailbox(record.box)
+        if box is not None:
+            box.forward = None  # back at its anchor: it keeps what it receives again
+        for item in pending.held:
+            if not _owed(record, item):
+                continue
+            if box is not None:
+                box.append(item)
+            else:
+                sessions._send(record.box, item)
+        self._to(record.anchor, Settled(cid))
+        self._tell(("ready", cid, record.user, True))
+
+    def _created(self, _sender: AgentId, note: Created) -> None:
+        sessions, cid = self.sessions, note.cid
+        self._table(_PENDING).pop(cid, None)
+        if sessions.record_now(cid) is not None:
+            # A clean session of the id, made here meanwhile: the directory now names this
+            # server the anchor, which must hold an anchored session.
+            sessions.drop_now(cid)
+        record = sessions._create(cid, note.user, clean=False)
+        record.anchor = self.server_id
+        record.left_at = time.time()
+        self._table(_ANCHORS)[cid] = AnchorRecord(record.box, note.user, self.server_id)
+        self._tell(("ready", cid, note.user, False))
+
+    def _refused(self, _sender: AgentId, note: Refused) -> None:
+        self._table(_PENDING).pop(note.cid, None)
+        self._tell(("refused", note.cid, note.reason))
+
+    def _forwarded(self, _sender: AgentId, note: Forwarded) -> None:
+        cid = note.name[len(BOX_PREFIX) :]
+        record = self.sessions.record_now(cid)
+        if record is not None:
+            if not _owed(record, note.item):
+                return
+            box = self.sessions._mailbox(record.box)
+            if box is not None:
+                box.append(note.item)
+            else:  # its creation is still queued here: the item follows it
+                self.sessions._send(record.box, note.item)
+            return
+        pending = self._table(_PENDING).get(cid)
+        if pending is not None:
+            pending.held.append(note.item)
+        # Else the session ended here and its Drop is on its way to the anchor: nothing owed.
+
+
+def _parts(
+    items: list[tuple[int, Notification]], budget: int
+) -> list[list[tuple[int, Notification]]]:
+    """``items`` cut into runs of about ``budget`` bytes each once encoded (at least one run,
+    maybe empty)."""
+    parts: list[list[tuple[int, Notification]]] = [[]]
+    size = 0
+    for item in items:
+        note = item[1]
+        try:
+            weight = len(encode_note(note)) + 16
+        except TypeError:  # no data form: SessionMoved's send says so, naming it
+            weight = budget
+        if parts[-1] and size + weight > budget:
+            parts.append([])
+            size = 0
+        parts[-1].append(item)
+        size += weight
+    return parts
+
+
+def _owed(record: SessionRecord, item: Notification) -> bool:
+    """Whether a forwarded ``item`` is still owed to ``record``'s device: not a publication
+    that matched only filters it has unsubscribed from since (at the holder, at once, as MQTT
+    asks; the anchor's mailbox stops receiving them once it has handled the unsubscription)."""
+    if not isinstance(item, Publication) or not item.filters:
+        return True
+    filters = record.filters
+    return any(f in filters for f in item.filters)

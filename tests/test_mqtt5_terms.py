@@ -1,0 +1,142 @@
+"""MQTT 5.0's connection-level rules in process (aaabus.io.mqtt5conn): what a CONNECT settles,
+topic aliases and our Receive Maximum. The same rules against server processes and real
+clients: tests/test_mqtt5.py."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from aaabus.errors import MqttProtocolError
+from aaabus.io import mqttcodec as mc
+from aaabus.io.mqtt5conn import InboundWindow, TopicAliases, disconnect_expiry, negotiate
+
+
+@dataclass
+class Limits:
+    inflight: int = 10
+    max_packet: int = 4096
+    topic_aliases: int = 4
+    max_keepalive: int = 60
+    keepalive_0: bool = False
+    session_expiry_s: float = 100
+
+
+def connect(version: int = mc.V5, clean: bool = True, keep_alive: int = 30) -> Any:
+    return mc.Connect(version, "c", clean, keep_alive, None, None, None, {})
+
+
+def test_3_1_1_clean_session_is_clean_start_and_expiry_0_persistent_the_server_expiry() -> None:
+    clean = negotiate(connect(mc.V311, clean=True), Limits(), None)
+    assert (clean.clean_start, clean.expiry, clean.ends, clean.connack) == (True, 0, True, {})
+    kept = negotiate(connect(mc.V311, clean=False), Limits(), None)
+    assert (kept.clean_start, kept.expiry, kept.ends) == (False, None, False)
+    assert kept.window == 10 and kept.max_out == 0
+
+
+@pytest.mark.parametrize("keep_alive", [0, 61])
+def test_3_1_1_keep_alive_out_of_bounds_is_refused_5_0_gets_the_server_keep_alive(
+    keep_alive: int,
+) -> None:
+    with pytest.raises(MqttProtocolError) as refused:
+        negotiate(connect(mc.V311, keep_alive=keep_alive), Limits(), None)
+    assert refused.value.code == mc.CLIENT_ID_NOT_VALID  # said as 3.1.1's 0x02
+    terms = negotiate(connect(keep_alive=keep_alive), Limits(), None)
+    assert terms.keep_alive == 60 and terms.connack[mc.SERVER_KEEP_ALIVE] == 60
+    allowed = negotiate(connect(keep_alive=0), Limits(keepalive_0=True), None)
+    assert allowed.keep_alive == 0 and mc.SERVER_KEEP_ALIVE not in allowed.connack
+
+
+def test_5_0_expiry_is_capped_and_said_only_when_capped() -> None:
+    assert negotiate(connect(), Limits(), None).expiry == 0
+    asked = connect(clean=False)
+    asked.properties[mc.SESSION_EXPIRY] = 50
+    terms = negotiate(asked, Limits(), None)
+    assert (terms.clean_start, terms.expiry, terms.ends) == (False, 50, False)
+    assert mc.SESSION_EXPIRY not in terms.connack
+    asked.properties[mc.SESSION_EXPIRY] = 0xFFFFFFFF
+    terms = negotiate(asked, Limits(), None)
+    assert terms.expiry == 100 and terms.connack[mc.SESSION_EXPIRY] == 100
+
+
+def test_5_0_connack_properties_and_the_device_limits() -> None:
+    packet = connect()
+    packet.properties.update({mc.RECEIVE_MAXIMUM: 3, mc.MAXIMUM_PACKET_SIZE: 500})
+    terms = negotiate(packet, Limits(), "auto-1")
+    assert (terms.window, terms.max_out) == (3, 500)
+    assert terms.connack == {
+        mc.RECEIVE_MAXIMUM: 10,
+        mc.MAXIMUM_PACKET_SIZE: 4096,
+        mc.TOPIC_ALIAS_MAXIMUM: 4,
+        mc.RETAIN_AVAILABLE: 1,
+        mc.WILDCARD_SUB_AVAILABLE: 1,
+        mc.SUBSCRIPTION_ID_AVAILABLE: 1,
+        mc.SHARED_SUB_AVAILABLE: 1,
+        mc.ASSIGNED_CLIENT_ID: "auto-1",
+    }
+    # Ours is the bound: a device asking for more gets our window.
+    packet.properties[mc.RECEIVE_MAXIMUM] = 1000
+    assert negotiate(packet, Limits(), None).window == 10
+    assert mc.TOPIC_ALIAS_MAXIMUM not in negotiate(packet, Limits(topic_aliases=0), None).connack
+
+
+def test_an_authentication_method_is_refused_0x8c() -> None:
+    packet = connect()
+    packet.properties[mc.AUTH_METHOD] = "SCRAM-SHA-256"
+    with pytest.raises(MqttProtocolError) as refused:
+        negotiate(packet, Limits(), None)
+    assert refused.value.code == mc.BAD_AUTH_METHOD
+
+
+def test_disconnect_may_change_the_expiry_but_not_from_0() -> None:
+    asked = connect(clean=False)
+    asked.properties[mc.SESSION_EXPIRY] = 50
+    terms = negotiate(asked, Limits(), None)
+    assert disconnect_expiry(terms, mc.Disconnect(0, {}), Limits()) is None
+    assert disconnect_expiry(terms, mc.Disconnect(0, {mc.SESSION_EXPIRY: 0}), Limits()) == 0
+    assert disconnect_expiry(terms, mc.Disconnect(0, {mc.SESSION_EXPIRY: 500}), Limits()) == 100
+    none = negotiate(connect(), Limits(), None)
+    assert disconnect_expiry(none, mc.Disconnect(0, {mc.SESSION_EXPIRY: 0}), Limits()) == 0
+    with pytest.raises(MqttProtocolError) as refused:
+        disconnect_expiry(none, mc.Disconnect(0, {mc.SESSION_EXPIRY: 5}), Limits())
+    assert refused.value.code == mc.PROTOCOL_ERROR
+
+
+def publish(topic: str, alias: int | None = None, qos: int = 0, pid: int | None = None) -> Any:
+    props = {mc.TOPIC_ALIAS: alias} if alias is not None else {}
+    return mc.Publish(topic, b"", qos, False, False, pid, props)
+
+
+def test_topic_aliases_set_use_and_refuse() -> None:
+    aliases = TopicAliases(4)
+    assert aliases.resolve(publish("plain")) == "plain"
+    assert aliases.resolve(publish("a/b", 1)) == "a/b"
+    assert aliases.resolve(publish("", 1)) == "a/b"
+    assert aliases.resolve(publish("c/d", 1)) == "c/d"  # set again: replaced
+    assert aliases.resolve(publish("", 1)) == "c/d"
+    for bad in (publish("x", 5), publish("", 2)):
+        with pytest.raises(MqttProtocolError) as refused:
+            aliases.resolve(bad)
+        assert refused.value.code == mc.TOPIC_ALIAS_INVALID
+    with pytest.raises(MqttProtocolError) as refused:
+        TopicAliases(0).resolve(publish("x", 1))  # aliases disabled
+    assert refused.value.code == mc.TOPIC_ALIAS_INVALID
+
+
+def test_the_inbound_window_counts_qos_1_and_2_flows_until_they_end() -> None:
+    window = InboundWindow(2)
+    window.received(0, None)  # QoS 0 never counts
+    window.received(1, 1)
+    window.received(2, 2)
+    window.received(2, 2)  # a retransmission is not another flow
+    with pytest.raises(MqttProtocolError) as refused:
+        window.received(1, 3)
+    assert refused.value.code == mc.RECEIVE_MAXIMUM_EXCEEDED
+    window.finished(2, 2)
+    window.received(2, 4)
+    window.finished(1, 1)
+    window.received(1, 5)
+    with pytest.raises(MqttProtocolError):
+        window.received(2, 6)
