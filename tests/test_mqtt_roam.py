@@ -478,3 +478,68 @@ def _held_by(roam_bus: RoamBus, sid: int) -> bool:
     return all(
         roam_bus.mqtt(other)["sessions_stored"] == (1 if other == sid else 0) for other in LISTENERS
     )
+
+
+def _until_reached(pub: Device, topic: str, got: Callable[[float], bytes | None]) -> None:
+    """Publish probes on ``topic`` until one arrives: a group just made on a server receives
+    only once the publisher's server knows that server's new interest (it travels as any
+    subscription does); probes published before are not delivered, none comes late."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        pub.publish(topic, b"probe", 2)
+        if got(0.2) == b"probe":
+            return
+    raise AssertionError(f"no probe on {topic} reached the group in 20 s")
+
+
+def test_a_roaming_member_of_a_shared_subscription_joins_the_group_where_it_arrives(
+    roam_bus: RoamBus,
+) -> None:
+    """Groups are a server's: the member leaves server 0's group when its session moves (what
+    the group had handed it moves with its backlog) and joins server 4's, which then hands it
+    what is published; server 0's group, whose only member left, is gone."""
+    port = roam_bus.port
+    member = Roamer("worker", version=5)
+    other = Device(port[0], "stay-put")
+    pub = Device(port[PUBLISHERS], "pub-j")
+
+    def member_got(timeout: float) -> bytes | None:
+        try:
+            return member.inbox.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+    def other_got(timeout: float) -> bytes | None:
+        try:
+            return other.inbox.get(timeout=timeout)[1]
+        except queue.Empty:
+            return None
+
+    try:
+        assert member.move_to(port[0]) == (False, [])
+        member.subscribe("$share/crew/jobs/#", 2)
+        assert pub.connect()[0] == 0
+        _until_reached(pub, "jobs/probe", member_got)
+        for i in range(5):
+            pub.publish("jobs/a", f"j{i}".encode(), 2)
+        assert member.receive(5) == numbers("j", 0, 5)  # the only member: all of them
+        member.leave()
+        assert member.move_to(port[4]) == (True, [])
+        _until_reached(pub, "jobs/probe", member_got)  # 4's group, joined on arrival
+        for i in range(5, 10):
+            pub.publish("jobs/a", f"j{i}".encode(), 2)
+        assert member.receive(5) == numbers("j", 5, 10)
+        assert roam_bus.mqtt(0)["sessions_stored"] == 0
+        # A member joining at 0 makes a new group there: both groups get each message.
+        assert other.connect()[0] == 0
+        other.subscribe("$share/crew/jobs/#", 2)
+        _until_reached(pub, "jobs/probe", other_got)
+        while member_got(0.5) is not None:  # the probes that reached 4's group meanwhile
+            pass
+        pub.publish("jobs/a", b"both", 2)
+        assert member.receive(1) == [b"both"]
+        assert other_got(20) == b"both"
+    finally:
+        member.leave()
+        other.close()
+        pub.close()
