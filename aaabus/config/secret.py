@@ -47,7 +47,7 @@ import os
 import secrets
 import struct
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -358,16 +358,27 @@ def load_credential(path: str | os.PathLike[str]) -> Credential:
     return parse_credential(_read_private(where), where)
 
 
+def read_private(where: str, encoding: str, open_to_others: Callable[[int], Exception]) -> str:
+    """The text of a file that only its owner may read (a key, a password): checked on the open
+    file, so a file swapped between the check and the read cannot slip through. A file open to
+    group or others raises ``open_to_others(mode)``; OSError and UnicodeDecodeError as they
+    come (each caller words them for its own file)."""
+    with open(where, encoding=encoding) as file:
+        mode = os.fstat(file.fileno()).st_mode
+        if mode & 0o077:
+            raise open_to_others(mode & 0o777)
+        return file.read()
+
+
 def _read_private(where: str) -> str:
+    def open_to_others(mode: int) -> Exception:
+        return SecretError(
+            f"{where}: key file is open to group or others (mode {mode:o}): "
+            f"anyone who reads it holds its rights on the bus; run `chmod 600 {where}`"
+        )
+
     try:
-        with open(where, encoding="ascii") as key_file:
-            mode = os.fstat(key_file.fileno()).st_mode
-            if mode & 0o077:
-                raise SecretError(
-                    f"{where}: key file is open to group or others (mode {mode & 0o777:o}): "
-                    f"anyone who reads it holds its rights on the bus; run `chmod 600 {where}`"
-                )
-            return key_file.read()
+        return read_private(where, "ascii", open_to_others)
     except FileNotFoundError:
         raise SecretError(f"{where}: bus key file not found; {_FIX}") from None
     except UnicodeDecodeError:

@@ -42,7 +42,6 @@ import collections
 import contextlib
 import logging
 import math
-import os
 import selectors
 import socket
 import ssl
@@ -56,6 +55,7 @@ from typing import TYPE_CHECKING, Any, cast
 from BTrees.OOBTree import OOBTree
 
 from aaabus.config.reader import BusConfig
+from aaabus.config.secret import read_private
 from aaabus.errors import ConfigError, TopicError
 from aaabus.io.backoff import Backoff
 from aaabus.model.ids import AgentId
@@ -212,15 +212,16 @@ class BridgeSettings:
 def _read_password(path: Path) -> str:
     """The first line of a private file; :class:`ConfigError` if it is missing or readable by
     its group or others (as the bus's key files, :mod:`aaabus.config.secret`)."""
+
+    def open_to_others(mode: int) -> Exception:
+        return ConfigError(
+            f"aaabus.mqtt.bridge.password_file: {path} is open to group or others "
+            f"(mode {mode:o}); run `chmod 600 {path}`"
+        )
+
     try:
-        with open(path, encoding="utf-8") as file:
-            mode = os.fstat(file.fileno()).st_mode
-            if mode & 0o077:
-                raise ConfigError(
-                    f"aaabus.mqtt.bridge.password_file: {path} is open to group or others "
-                    f"(mode {mode & 0o777:o}); run `chmod 600 {path}`"
-                )
-            return file.readline().rstrip("\r\n")
+        text = read_private(str(path), "utf-8", open_to_others)
+        return text.split("\n", 1)[0].rstrip("\r")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
         raise ConfigError(f"aaabus.mqtt.bridge.password_file: {path}: {reason}") from None
