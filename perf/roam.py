@@ -55,6 +55,9 @@ from perf.brokers import Endpoint, find_binary, free_ports, start_mosquitto, sto
 from perf.harness import scratch
 
 ROAM, MOVED = "roam", "moved"
+#: Published before the messages until the device has one: the device's subscription is then
+#: in force where the publisher publishes (not counted).
+PROBE = f"{ROAM}/probe"
 CLIENT_ID = "roamer"
 
 
@@ -68,6 +71,10 @@ class Sites:
     publisher: Endpoint
     kill: Callable[[int], None]
     restart: Callable[[int], None]
+    #: Returns once every site would pass on what the device publishes to the watcher, whose
+    #: subscription is made first (aaabus: a subscription reaches the other servers as a
+    #: message does; Mosquitto's bridges are configured beforehand: nothing to wait for).
+    ready: Callable[[], None] = lambda: None
 
 
 class RoamSystem(Protocol):
@@ -107,12 +114,30 @@ class AaabusRoaming:
             def restart(site: int) -> None:
                 bus[self.SITES[site]].start().wait_ready(60.0)
 
+            def ready() -> None:
+                # The watcher's filter is the only one so far: each site knows it.
+                for server in self.SITES:
+                    _wait_remote_filters(running.bus.config, server, 1, 60.0)
+
             yield Sites(
                 [running.endpoints[s] for s in self.SITES],
                 running.endpoints[self.PUBLISHER],
                 kill,
                 restart,
+                ready,
             )
+
+
+def _wait_remote_filters(config: str | Path, server: int, count: int, timeout: float) -> None:
+    """Until server ``server``'s topic representative knows ``count`` filters subscribed on
+    other servers (read through its admin port)."""
+    from aaabus.tools.client import Client
+
+    deadline = time.monotonic() + timeout
+    while Client(config, server).status()["topics"]["remote_filters"] < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"server {server} does not know the watcher's subscription")
+        time.sleep(0.05)  # another process's state, read through its admin port: poll it
 
 
 class MosquittoBridges:
@@ -198,6 +223,7 @@ class Tally:
     cond: threading.Condition = field(default_factory=threading.Condition)
     roam: list[int] = field(default_factory=list)
     moved: list[int] = field(default_factory=list)
+    probes: list[int] = field(default_factory=list)
 
     def add(self, into: list[int], value: int) -> None:
         with self.cond:
@@ -246,7 +272,10 @@ class Device:
         self.client.on_disconnect = lambda *_a: self._event("gone", None)
 
     def _message(self, _c: Any, _u: Any, msg: Any) -> None:
-        self.tally.add(self.tally.roam, int(msg.payload))
+        if msg.topic == PROBE:
+            self.tally.add(self.tally.probes, 0)
+        else:
+            self.tally.add(self.tally.roam, int(msg.payload))
 
     def _event(self, kind: str, value: Any) -> None:
         with self._cond:
@@ -318,6 +347,7 @@ class Outcome:
     kills: int = 0
     connect_attempts: int = 0
     seconds: float = 0.0
+    missing: list[int] = field(default_factory=list)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -329,6 +359,7 @@ class Outcome:
             "kills": self.kills,
             "connect_attempts": self.connect_attempts,
             "seconds": round(self.seconds, 1),
+            "missing_first": self.missing[:20],
         }
 
 
@@ -367,8 +398,15 @@ def scenario(sites: Sites, args: argparse.Namespace) -> Outcome:
     try:
         if not watched.wait(30.0):
             raise TimeoutError("the watcher got no SUBACK")
-        # Before the publisher starts: the device's session (and subscription) exists.
+        sites.ready()
+        # Before the publisher starts: the device's session (and subscription) exists, and is
+        # in force where the publisher publishes (probes until one arrives).
         outcome.connect_attempts += device.arrive(sites.sites[0], time.monotonic() + 60.0)
+        probe_deadline = time.monotonic() + 60.0
+        while not tally.wait_for(lambda: bool(tally.probes), time.monotonic() + 0.2):
+            if time.monotonic() > probe_deadline:
+                raise TimeoutError("no probe reached the device in 60 s")
+            publisher.publish(PROBE, b"probe", qos=2)
         pace = args.moves * args.dwell / args.messages
 
         def publish_all() -> None:
@@ -433,6 +471,7 @@ def scenario(sites: Sites, args: argparse.Namespace) -> Outcome:
         roam, moved = list(tally.roam), list(tally.moved)
     distinct = set(roam)
     outcome.lost = args.messages - len(distinct & set(range(args.messages)))
+    outcome.missing = sorted(set(range(args.messages)) - distinct)
     outcome.duplicated = len(roam) - len(distinct)
     outcome.violations = out_of_order(roam) + out_of_order(moved)
     outcome.seconds = time.monotonic() - started
