@@ -89,6 +89,9 @@ class Recorder:
     def send(self, to: AgentId, note: Notification) -> None:
         self.sent.append((to, note))
 
+    def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
+        self.sent.append((to, build((item,))))  # one event per item here: sent as it comes
+
     def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:
         raise AssertionError("no mailbox is opened here")
 

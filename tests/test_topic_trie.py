@@ -7,6 +7,7 @@ from a store written before the tries, which has none).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,9 @@ class Recorder:
 
     def send(self, to: AgentId, note: Notification) -> None:
         self.sent.append((to, note))
+
+    def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
+        self.sent.append((to, build((item,))))  # one event per item here: sent as it comes
 
     def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:
         raise AssertionError("the representative deploys mailboxes only")

@@ -6,12 +6,20 @@ import functools
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
-from aaabus import Agent, AgentId, AgentServer, ExceptionNotification, Notification
+from aaabus import (
+    Agent,
+    AgentId,
+    AgentServer,
+    ExceptionNotification,
+    Notification,
+    Publication,
+)
 from aaabus.config.reader import load_config
 from aaabus.errors import ConfigError
 from aaabus.node.inprocess import InProcessBus
@@ -248,3 +256,67 @@ def test_a_bad_topic_declaration_stops_the_boot_with_one_line(
         server.start()
     assert says in str(caught.value) and "\n" not in str(caught.value)
     assert server.store is None  # nothing left open
+
+
+@dataclass
+class Burst(Notification):
+    """Make a :class:`Burster` publish ``count`` publications on ``topic`` in one reaction; with
+    ``own``, subscribe to ``topic`` first, in the same reaction."""
+
+    topic: str
+    count: int
+    own: bool = False
+
+
+class Burster(Agent):
+    """Publishes bursts; records what it receives, with the sender of each publication."""
+
+    def __init__(self) -> None:
+        super().__init__("burster")
+        self.got: list[tuple[str, object]] = []
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Burst):
+            if note.own:
+                self.subscribe(note.topic)
+            for k in range(note.count):
+                self.publish(note.topic, k)
+        elif isinstance(note, Publication):
+            self.got = [*self.got, (str(sender), note.payload)]
+        else:
+            super().react(sender, note)
+
+
+def test_a_burst_of_publications_crosses_each_link_as_one_message(tmp_path: Path) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        far = bus[2].deploy(TopicProbe("far", ["burst/#"]))
+        near = bus[1].deploy(TopicProbe("near", ["burst/#"]))
+        wait_interest(bus, {"burst/#": {1, 2}})
+        publisher = bus[0].deploy(Burster())
+        before = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
+        bus[0].send(publisher, Burst("burst/x", 20))
+        for sub in (far, near):
+            wait_until("all 20", lambda sub=sub: len(received(bus, sub)) >= 20 or None)
+        after = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
+        # Twenty publications of one reaction: one message s0 -> s1 and one s1 -> s2.
+        assert {sid: after[sid] - before[sid] for sid in after} == {0: 1, 1: 1, 2: 0}
+        for sub in (far, near):
+            assert [payload for _, payload, _, _ in received(bus, sub)] == list(range(20))
+
+
+def test_a_subscription_made_in_a_reaction_gets_that_reactions_publications(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        publisher = bus[0].deploy(Burster())
+        # Subscribe, then publish, in one reaction: the representative handles both there and
+        # then, in that order, so the subscription is in force for the publications after it.
+        bus[0].send(publisher, Burst("own/t", 3, own=True))
+        got = wait_until("own publications", lambda: _three(agent_attr(bus[0], publisher, "got")))
+        rep = str(AgentId.topics_of(0))
+        assert got == [(rep, 0), (rep, 1), (rep, 2)]  # sent by the representative, in order
+        assert bus[0].status()["topics"]["filters"] == 1
+
+
+def _three(got: list[tuple[str, object]]) -> list[tuple[str, object]] | None:
+    return got if len(got) >= 3 else None

@@ -241,7 +241,10 @@ SETTINGS: tuple[Setting, ...] = (
         integer(1, 1_000_000),
         64,
         "Most reactions in one group commit. Each reaction stays atomic; a group makes several "
-        "durable with one fsync. `1` gives one commit per reaction.",
+        "durable with one fsync. The messages that arrived with the group, and the local "
+        "messages that their reactions (or those of queued messages) send, run in it beyond "
+        "this bound: they are bounded by what came in. `1` gives one commit per queued "
+        "reaction.",
     ),
     Setting(
         "aaabus.engine.max_group_ms",

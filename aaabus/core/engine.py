@@ -76,6 +76,8 @@ log = logging.getLogger("aaabus.engine")
 _ERROR_REPORTS = (ExceptionNotification, UnknownAgent)
 
 Input = Callable[["Engine"], None]
+#: Makes the one notification of the items gathered for a target (see Engine.gather).
+Build = Callable[[tuple[Any, ...]], Any]
 T = TypeVar("T")
 
 
@@ -235,6 +237,18 @@ class Engine:
         self._failures = 0
         self._ready: collections.deque[Message] = collections.deque()
         self._ready_ok = False
+        # While a group runs its reactions (not in careful mode): the messages to run next in
+        # this group, ahead of qin, never written to it (see _run_reactions). None otherwise.
+        self._chain: collections.deque[Message] | None = None
+        # How many arrivals, then near sends, are left at the chain's head, and whether the
+        # running reaction's local sends are near ones (see _group_steps).
+        self._arrivals_left = 0
+        self._near_left = 0
+        self._near_sends = False
+        # Folded targets (see fold): stamp -> the notification types a send hands over at once.
+        self._folds: dict[int, tuple[type, ...]] = {}
+        # Sends gathered in the open event (see gather): (sender, target) -> (build, items).
+        self._gathered: dict[tuple[AgentId, AgentId], tuple[Build, list[Any]]] = {}
         self._listeners: list[Callable[[AgentId, Notification], None]] = []
         # System handlers (see handle): reserved stamp -> fn(sender, note), run as reactions.
         self._handlers: dict[int, Callable[[AgentId, Any], None]] = {}
@@ -542,6 +556,30 @@ class Engine:
             raise ValueError(f"stamp {stamp} cannot have a system handler")
         self._handlers[stamp] = fn
 
+    def fold(self, stamp: int, kinds: tuple[type, ...]) -> None:
+        """Hand the notifications of ``kinds`` sent to this server's system agent
+        ``#s.s.<stamp>`` to that agent's ``react`` at once, inside the sending reaction, instead
+        of queueing them (set before start).
+
+        For the topic representative (``#s.s.2``): an agent's publication is then delivered to
+        this server's subscribers and relayed to the others' within the publishing reaction,
+        one reaction and two queued records less per publication. The agent reacts as if the
+        notification arrived now, with itself as the current agent (its sends have it as
+        sender); its changes and sends belong to the sending reaction, committed or rolled back
+        with it, and what it raises fails that reaction.
+
+        Why the order is kept: the engine runs one thing at a time, so the agent sees the
+        notification at a point of this server's sequential history. It may overtake messages
+        queued for the agent, but none of those is causally before the sending reaction:
+        everything that is, and was sent to this server, was queued ahead of the sender's own
+        input and handled before it ran (qin is one FIFO, filled in causal order). Fold every
+        kind whose relative order matters (for topics: publications *and* subscriptions, so
+        that an agent's subscription never trails its later publication).
+        """
+        if not 0 <= stamp < FIRST_USER_STAMP or stamp in (SERVER_STAMP, FACTORY_STAMP):
+            raise ValueError(f"stamp {stamp} cannot be folded")
+        self._folds[stamp] = kinds
+
     def add_listener(self, listener: Callable[[AgentId, Notification], None]) -> None:
         """Call ``listener(sender, note)`` after commit for notifications to ``#s.s.0``.
 
@@ -680,24 +718,63 @@ class Engine:
             # The reactions' context is set once for all of them (it is the same object), not
             # around the commit: after-commit actions are not reactions.
             with running(self._context):
+                careful = bool(self._careful)
                 ready = self._ready
+                chain: collections.deque[Message] = collections.deque(ready)
                 if ready:
                     # Taken all at once (nothing is added while reactions run: _ready_ok is
                     # off), with one undo entry rather than one per message.
-                    batch = list(ready)
-                    self.effects.undo(ready.extend, batch)  # before the clear it takes back
+                    self.effects.undo(ready.extend, list(chain))  # before the clear it undoes
                     ready.clear()
-                    for msg in batch:
-                        self._react_one(msg, careful=False)
-                        reactions += 1
-                limit = 1 if self._careful else self.max_batch
+                # The chain: messages this group runs ahead of qin without writing them to it
+                # (two records less each), first those that arrived deliverable, then the local
+                # sends of its reactions made while qin is empty (route). Its order is qin's: a
+                # message joins it only while qin is empty, so it precedes everything in qin,
+                # and it runs first. In careful mode everything goes through qin, one reaction
+                # per transaction.
+                self._chain = None if careful else chain
+                # What the chain holds, from its head: arrivals, then the sends of arrivals and
+                # of qin's reactions (a publication's deliveries to local subscribers), then
+                # deeper sends (an agent's message to itself, again and again). The first two
+                # always run in this group: they are bounded by what came in. The rest counts
+                # against max_batch and max_group_ms as qin's reactions do, and what is left at
+                # the bound goes to qin.
+                self._arrivals_left = len(chain)
+                self._near_left = 0
+                limit = 1 if careful else self.max_batch
                 deadline = time.perf_counter() + self.max_group_s
                 qin = self.store.qin
-                while qin and reactions < limit:
-                    self._react_one(qin.peek(), careful=bool(self._careful), from_qin=True)
-                    reactions += 1
-                    if time.perf_counter() > deadline:
-                        break
+                try:
+                    while True:
+                        if chain:
+                            if self._arrivals_left:
+                                self._arrivals_left -= 1
+                                self._near_sends = True
+                            elif self._near_left:
+                                self._near_left -= 1
+                                self._near_sends = False
+                            elif reactions >= limit and not qin:
+                                # The group's bound (max_batch, or its time is up): the deeper
+                                # sends left go to qin, in order (qin is empty here: a message
+                                # joins the chain only then, and nothing joins qin while the
+                                # chain holds one).
+                                for msg in chain:
+                                    qin.put(msg)
+                                chain.clear()
+                                break
+                            else:
+                                self._near_sends = False
+                            self._react_one(chain.popleft(), careful=False)
+                        elif qin and reactions < limit:
+                            self._near_sends = True
+                            self._react_one(qin.peek(), careful=careful, from_qin=True)
+                        else:
+                            break
+                        reactions += 1
+                        if time.perf_counter() > deadline:
+                            limit = min(limit, reactions)
+                finally:
+                    self._chain = None
             yield from self._commit_steps()
             # Counted once committed, all at once: an aborted group counts nothing.
             self.stats.reactions += reactions
@@ -777,9 +854,32 @@ class Engine:
             self._inbox.extendleft(reversed(list(inputs)))
 
     def _seal(self) -> None:
-        """End of an event (a reaction or an input): stamp its remote sends as one clock event."""
+        """End of an event (a reaction or an input): send what it gathered, then stamp its
+        remote sends as one clock event."""
+        if self._gathered:
+            self._send_gathered()
         if self.channel is not None:
             self.channel.seal()
+
+    def gather(self, to: AgentId, item: object, build: Build) -> None:
+        """Send ``build(items)`` to ``to`` at the end of this event, ``items`` being every item
+        gathered for ``to`` by the current agent in the event, in order (see
+        :meth:`ReactionContext.gather`)."""
+        key = (self._current, to)
+        entry = self._gathered.get(key)
+        if entry is None:
+            entry = self._gathered[key] = (build, [])
+            self.effects.undo(self._gathered.pop, key, None)
+        items = entry[1]
+        items.append(item)
+        self.effects.undo(items.pop)
+
+    def _send_gathered(self) -> None:
+        gathered = self._gathered
+        self._gathered = {}
+        self.effects.undo(setattr, self, "_gathered", gathered)
+        for (sender, to), (build, items) in gathered.items():
+            self._send_from(sender, to, build(tuple(items)))
 
     def _commit_steps(self) -> Steps:
         # Sends made outside any reaction or input (boot-time operations) are one last event.
@@ -956,6 +1056,23 @@ class Engine:
         if self.failpoints.armed:
             self.failpoints.hit("engine.delete")
 
+    def _fold(self, target: AgentId, note: Any) -> bool:
+        """Run ``target``'s reaction to ``note`` now, inside the current one (see :meth:`fold`);
+        False if it is not stored here (yet), to send ``note`` as a message instead."""
+        entry = self.store.agents.get((target.origin, target.stamp))
+        if entry is None or isinstance(entry, AgentBox):
+            return False
+        sender = self._current
+        self._current = target
+        try:
+            if not getattr(entry, _INITIALISED, False):
+                entry.on_init(False)
+                self._initialised(entry)
+            entry.react(sender, note)
+        finally:
+            self._current = sender
+        return True
+
     # -- the factory (#s.s.1) --------------------------------------------------------------------
 
     def _factory_react(self, sender: AgentId, note: Any, careful: bool) -> None:
@@ -1062,7 +1179,16 @@ class Engine:
         """
         to = msg.target
         if to.server == self.server_id:
-            self.store.qin.put(msg)
+            chain = self._chain
+            if chain is not None and not self.store.qin:
+                # Run later in this group, never written to qin (see _group_steps). No undo
+                # entry: the chain exists only while reactions run outside careful mode, where
+                # any failure aborts the whole group and the chain with it.
+                chain.append(msg)
+                if self._near_sends:
+                    self._near_left += 1
+            else:
+                self.store.qin.put(msg)
         elif self.channel is not None and self.channel.knows(to.server):
             self.channel.send(msg)
         else:
@@ -1099,7 +1225,20 @@ class _EngineContext:
     def send(self, to: AgentId, note: Notification) -> None:
         if not isinstance(to, AgentId):
             raise TypeError(f"send_to() needs an AgentId, got {type(to).__name__}")
-        self._engine._send_from(self._engine._current, to, note)
+        engine = self._engine
+        if engine._folds:
+            kinds = engine._folds.get(to.stamp)
+            if (
+                kinds is not None
+                and isinstance(note, kinds)
+                and to.server == to.origin == engine.server_id
+                and engine._fold(to, note)
+            ):
+                return
+        engine._send_from(engine._current, to, note)
+
+    def gather(self, to: AgentId, item: object, build: Build) -> None:
+        self._engine.gather(to, item, build)
 
     def deploy(self, agent: Agent, server: int, reply: bool) -> AgentId:
         engine = self._engine

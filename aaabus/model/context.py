@@ -7,6 +7,7 @@ the in-process simulation mode — from seeing each other's reactions.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -46,6 +47,16 @@ class ReactionContext(Protocol):
 
     def delete(self, agent_id: AgentId) -> None:
         """Remove ``agent_id`` (an agent of this server) when the reaction commits."""
+        ...
+
+    def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
+        """Send ``build(items)`` to ``to``, sent by :attr:`current`, once the running event ends
+        (the reaction, or the input of a boot service or call), ``items`` being every ``item``
+        gathered for ``to`` by that agent during the event, in order.
+
+        One message instead of many to one place (the topic representative's relays per next
+        hop: a burst of publications crosses a link as one). Transactional like :meth:`send`.
+        """
         ...
 
     def notify(self, key: str, value: object) -> None:

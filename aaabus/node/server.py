@@ -38,8 +38,9 @@ from aaabus.extras import require
 from aaabus.io.network import Network
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
-from aaabus.model.ids import SESSIONS_STAMP, SHARES_STAMP, AgentId
+from aaabus.model.ids import SESSIONS_STAMP, SHARES_STAMP, TOPICS_STAMP, AgentId
 from aaabus.model.notifications import Notification
+from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
 from aaabus.node.mailboxes import MailboxDesk
 from aaabus.node.mqttbridge import BridgeSettings, MqttBridge, forget_now
 from aaabus.node.mqttsessions import MqttSessions
@@ -245,6 +246,10 @@ class AgentServer:
             # MQTT shared subscriptions' groups (#s.s.4): on every server, listener or not
             # (their state is in the store; a server whose listener is off still receives).
             self.engine.handle(SHARES_STAMP, self.mqtt_sessions.shared.react)
+            # An agent's publications and subscriptions are handled by the representative
+            # inside the agent's reaction (Engine.fold): one reaction and two queued records
+            # less per publication. Both kinds, so that their order is the agent's.
+            self.engine.fold(TOPICS_STAMP, (Publish, Subscribe, Unsubscribe))
             if self.trace_dir is not None:
                 self.tracer = self.engine.tracer = Tracer(
                     self.trace_dir, self.server_id, self.engine.effects

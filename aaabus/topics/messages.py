@@ -22,6 +22,7 @@ __all__ = [
     "MailboxGrew",
     "OpenMailbox",
     "Relay",
+    "Relays",
     "TopicRoutes",
 ]
 
@@ -59,6 +60,19 @@ class Relay(Notification):
 
     targets: tuple[int, ...]
     item: Carried | InterestChange
+
+
+@dataclass
+class Relays(Notification):
+    """The relays of one event to one next hop, in order (a burst of publications crosses a link
+    as one message, and costs the receiver one reaction): handled as that many :class:`Relay`."""
+
+    relays: tuple[Relay, ...]
+
+
+def one_message(relays: tuple[Relay, ...]) -> Relay | Relays:
+    """What the relays of one event to one hop travel as: the relay itself when alone."""
+    return relays[0] if len(relays) == 1 else Relays(relays)
 
 
 @dataclass

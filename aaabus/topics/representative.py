@@ -41,6 +41,7 @@ from BTrees.OOBTree import OOBTree, OOTreeSet
 
 from aaabus.errors import TopicError
 from aaabus.model.agent import Agent
+from aaabus.model.context import current_context
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification, UnknownAgent
 from aaabus.model.pubsub import Publication, Publish, Subscribe, Unsubscribe
@@ -52,7 +53,9 @@ from aaabus.topics.messages import (
     InterestChange,
     OpenMailbox,
     Relay,
+    Relays,
     TopicRoutes,
+    one_message,
 )
 from aaabus.topics.trie import TopicTrie
 
@@ -112,10 +115,11 @@ class TopicRepresentative(Agent):
             )
             self._handle(item)
             self._relay(self.routes if item.retain else self._interested(item.topic), item)
+        elif isinstance(note, Relays):
+            for relay in note.relays:
+                self._take(relay)
         elif isinstance(note, Relay):
-            if self.server in note.targets:
-                self._handle(note.item)
-            self._relay(note.targets, note.item)
+            self._take(note)
         elif isinstance(note, Subscribe):
             self._subscribe(
                 note.subscriber or sender, check_filter(note.topic_filter), note.send_retained
@@ -150,6 +154,12 @@ class TopicRepresentative(Agent):
         }
 
     # -- publications ------------------------------------------------------------------------------
+
+    def _take(self, relay: Relay) -> None:
+        """A relay from a neighbour: handle its item if this server is a target, pass it on."""
+        if self.server in relay.targets:
+            self._handle(relay.item)
+        self._relay(relay.targets, relay.item)
 
     def _handle(self, item: Carried | InterestChange) -> None:
         """Apply ``item`` here: record an interest change, or deliver a publication locally."""
@@ -190,15 +200,19 @@ class TopicRepresentative(Agent):
         return servers
 
     def _relay(self, targets: Iterable[int], item: Carried | InterestChange) -> None:
-        """Send ``item`` towards ``targets`` (minus this server): one Relay per next hop."""
+        """Send ``item`` towards ``targets`` (minus this server): one Relay per next hop, and
+        the Relays of one event to one hop gathered into one message (:class:`Relays`)."""
         me = self.server
         by_hop: dict[int, list[int]] = {}
         for target in sorted(set(targets)):
             hop = self.routes.get(target)
             if target != me and hop is not None:  # None: no longer in the configuration
                 by_hop.setdefault(hop, []).append(target)
+        if not by_hop:
+            return
+        gather = current_context("relaying").gather
         for hop in sorted(by_hop):
-            self.send_to(AgentId.topics_of(hop), Relay(tuple(by_hop[hop]), item))
+            gather(AgentId.topics_of(hop), Relay(tuple(by_hop[hop]), item), one_message)
 
     # -- subscriptions -----------------------------------------------------------------------------
 
