@@ -296,7 +296,7 @@ def test_a_burst_of_publications_crosses_each_link_as_one_message(tmp_path: Path
         before = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
         bus[0].send(publisher, Burst("burst/x", 20))
         for sub in (far, near):
-            wait_until("all 20", lambda sub=sub: len(received(bus, sub)) >= 20 or None)
+            wait_until("all 20", functools.partial(_at_least, bus, sub, 20))
         after = {sid: sent_remote(bus, sid) for sid in (0, 1, 2)}
         # Twenty publications of one reaction: one message s0 -> s1 and one s1 -> s2.
         assert {sid: after[sid] - before[sid] for sid in after} == {0: 1, 1: 1, 2: 0}
@@ -316,6 +316,10 @@ def test_a_subscription_made_in_a_reaction_gets_that_reactions_publications(
         rep = str(AgentId.topics_of(0))
         assert got == [(rep, 0), (rep, 1), (rep, 2)]  # sent by the representative, in order
         assert bus[0].status()["topics"]["filters"] == 1
+
+
+def _at_least(bus: InProcessBus, sub: AgentId, n: int) -> bool | None:
+    return len(received(bus, sub)) >= n or None
 
 
 def _three(got: list[tuple[str, object]]) -> list[tuple[str, object]] | None:
