@@ -39,7 +39,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,9 @@ class Recorder:
 
     def send(self, to: AgentId, note: Notification) -> None:
         self.sent.append((to, note))
+
+    def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
+        self.sent.extend((to, note) for to in targets)
 
     def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
         self.sent.append((to, build((item,))))  # one event per item here: sent as it comes

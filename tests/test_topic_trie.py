@@ -7,7 +7,7 @@ from a store written before the tries, which has none).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -175,6 +175,9 @@ class Recorder:
 
     def send(self, to: AgentId, note: Notification) -> None:
         self.sent.append((to, note))
+
+    def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
+        self.sent.extend((to, note) for to in targets)
 
     def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
         self.sent.append((to, build((item,))))  # one event per item here: sent as it comes

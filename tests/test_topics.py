@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
 
@@ -324,3 +324,40 @@ def _at_least(bus: InProcessBus, sub: AgentId, n: int) -> bool | None:
 
 def _three(got: list[tuple[str, object]]) -> list[tuple[str, object]] | None:
     return got if len(got) >= 3 else None
+
+
+@dataclass
+class SubscribeThenFail(Notification):
+    """Make a :class:`Burster` subscribe to ``topic``, publish on it, then raise."""
+
+    topic: str
+
+
+class Fickle(Burster):
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, SubscribeThenFail):
+            self.subscribe(note.topic)
+            self.publish(note.topic, "lost")
+            raise RuntimeError("rolled back, subscription included")
+        super().react(sender, note)
+
+
+def test_what_the_representative_matched_follows_subscriptions_and_their_rollbacks(
+    tmp_path: Path,
+) -> None:
+    with inprocess(tmp_path, [[0]]) as bus:
+        fickle = bus[0].deploy(Fickle())
+        publisher = bus[0].deploy(Burster())
+        # Matched (and remembered) while the subscription existed, then rolled back with it.
+        bus[0].send(fickle, SubscribeThenFail("m/t"))
+        bus[0].send(publisher, Burst("m/t", 1))
+        late = bus[0].deploy(TopicProbe("late", ["m/t"]))  # a new subscription: matched anew
+        bus[0].send(publisher, Burst("m/t", 2))
+        got = wait_until("late got 2", lambda: _full(received(bus, late), 2))
+        assert [payload for _, payload, _, _ in got] == [0, 1]
+        assert agent_attr(bus[0], fickle, "got") == []
+        assert bus[0].status()["topics"]["filters"] == 1
+
+
+def _full(got: list[Any], n: int) -> list[Any] | None:
+    return got if len(got) >= n else None

@@ -1237,6 +1237,17 @@ class _EngineContext:
                 return
         engine._send_from(engine._current, to, note)
 
+    def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
+        engine = self._engine
+        sender = engine._current
+        body: bytes | None = None
+        for to in targets:
+            if not isinstance(to, AgentId):
+                raise TypeError(f"send_all() needs AgentIds, got {type(to).__name__}")
+            if body is None:
+                body = engine.codec.encode(note)
+            engine.route(Message(sender, to, body))
+
     def gather(self, to: AgentId, item: object, build: Build) -> None:
         self._engine.gather(to, item, build)
 

@@ -7,7 +7,7 @@ the in-process simulation mode — from seeing each other's reactions.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -37,6 +37,13 @@ class ReactionContext(Protocol):
 
     def send(self, to: AgentId, note: Notification) -> None:
         """Queue ``note`` for ``to``, sent by :attr:`current`."""
+        ...
+
+    def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
+        """Queue ``note`` for each of ``targets``, sent by :attr:`current`, encoded once (a
+        publication to the subscribers of one server). ``note`` must not change afterwards:
+        every target receives what it was at this call. Never folded (see
+        :meth:`aaabus.core.engine.Engine.fold`): each target gets a message."""
         ...
 
     # `agent` is an aaabus.model.agent.Agent (its only caller is Agent.deploy). Typed Any here

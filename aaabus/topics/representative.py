@@ -71,6 +71,9 @@ class TopicRepresentative(Agent):
     mailboxes it creates (property ``aaabus.topics.backlog``).
     """
 
+    #: What publications on recent topics were owed (see _matching): memory only, never stored.
+    _v_matching: dict[str, Matching] | None = None
+
     def __init__(self, routes: Mapping[int, int], backlog: int) -> None:
         super().__init__("topics")
         # A plain dict, always replaced whole (never changed in place): the store sees it.
@@ -114,7 +117,10 @@ class TopicRepresentative(Agent):
                 note.props,
             )
             self._handle(item)
-            self._relay(self.routes if item.retain else self._interested(item.topic), item)
+            if item.retain:
+                self._relay(self.routes, item)
+            else:
+                self._send_relays(self._matching(item.topic)[1], item)
         elif isinstance(note, Relays):
             for relay in note.relays:
                 self._take(relay)
@@ -174,45 +180,87 @@ class TopicRepresentative(Agent):
                 if item.topic not in self.retained:
                     self.retained_trie.insert(item.topic)
                 self.retained[item.topic] = item
-        chosen: dict[AgentId, list[str]] = {}
-        # In the order of the filters, as a subscriber's Publication.filters always came.
-        for topic_filter, subscribers in sorted(self.local_trie.match(item.topic), key=_key):
-            for subscriber in subscribers:
-                chosen.setdefault(subscriber, []).append(topic_filter)
-        for subscriber in sorted(chosen):
+        deliveries = self._matching(item.topic)[0]
+        if not deliveries:
+            return
+        send_all = current_context("publishing").send_all
+        for filters, subscribers in deliveries:
             note = Publication(
                 item.topic,
                 item.payload,
                 item.publisher,
-                tuple(chosen[subscriber]),
+                filters,
                 qos=item.qos,
                 origin=item.origin,
                 props=item.props,
                 retain=item.retain,
             )
-            self.send_to(subscriber, note)
+            send_all(subscribers, note)  # one Publication, encoded once, for all of them
 
-    def _interested(self, topic: str) -> set[int]:
-        """The other servers with a subscription matching ``topic``."""
+    def _matching(self, topic: str) -> Matching:
+        """Who gets a publication on ``topic``: this server's subscribers, grouped by the filters
+        of theirs that match (in filter order, as a subscriber's ``Publication.filters``
+        always came; groups in the order of their first subscriber), and the other servers
+        with a matching subscription, by next hop.
+
+        Kept in memory per topic (``_v_matching``), since most publications go to topics
+        published before: the tries are walked once per topic, not per publication. Every
+        change of a table that matching reads clears it (:meth:`_changed`), which also bumps
+        the stored ``version``: a transaction that changed a table is then one that changed
+        this object, so if it rolls back ZODB resets the object, and the memory of what it
+        matched goes with it.
+        """
+        cache = self._v_matching
+        if cache is None:
+            cache = {}
+            self._v_matching = cache
+        found = cache.get(topic)
+        if found is not None:
+            return found
+        chosen: dict[AgentId, list[str]] = {}
+        for topic_filter, subscribers in sorted(self.local_trie.match(topic), key=_key):
+            for subscriber in subscribers:
+                chosen.setdefault(subscriber, []).append(topic_filter)
+        groups: dict[tuple[str, ...], list[AgentId]] = {}
+        for subscriber in sorted(chosen):
+            groups.setdefault(tuple(chosen[subscriber]), []).append(subscriber)
         servers: set[int] = set()
         for _, where in self.remote_trie.match(topic):
             servers.update(where)
-        return servers
+        if len(cache) >= MATCHING_CACHED:
+            cache.clear()
+        found = cache[topic] = (
+            tuple((filters, tuple(subs)) for filters, subs in groups.items()),
+            self._hops(servers),
+        )
+        return found
+
+    def _changed(self) -> None:
+        """A table that matching reads changed: forget what was matched (see :meth:`_matching`)."""
+        self.version = getattr(self, "version", 0) + 1
+        self._v_matching = None
 
     def _relay(self, targets: Iterable[int], item: Carried | InterestChange) -> None:
         """Send ``item`` towards ``targets`` (minus this server): one Relay per next hop, and
         the Relays of one event to one hop gathered into one message (:class:`Relays`)."""
+        self._send_relays(self._hops(targets), item)
+
+    def _hops(self, targets: Iterable[int]) -> Hops:
+        """``targets`` (minus this server) by the next hop towards them, hops in order."""
         me = self.server
         by_hop: dict[int, list[int]] = {}
         for target in sorted(set(targets)):
             hop = self.routes.get(target)
             if target != me and hop is not None:  # None: no longer in the configuration
                 by_hop.setdefault(hop, []).append(target)
-        if not by_hop:
+        return tuple((AgentId.topics_of(hop), tuple(by_hop[hop])) for hop in sorted(by_hop))
+
+    def _send_relays(self, hops: Hops, item: Carried | InterestChange) -> None:
+        if not hops:
             return
         gather = current_context("relaying").gather
-        for hop in sorted(by_hop):
-            gather(AgentId.topics_of(hop), Relay(tuple(by_hop[hop]), item), one_message)
+        for rep, targets in hops:
+            gather(rep, Relay(targets, item), one_message)
 
     # -- subscriptions -----------------------------------------------------------------------------
 
@@ -229,7 +277,8 @@ class TopicRepresentative(Agent):
             subscribers = self.local[topic_filter] = OOTreeSet()
             self.local_trie.insert(topic_filter, subscribers)
             self._announce((topic_filter,), add=True)
-        subscribers.insert(subscriber)
+        if subscribers.insert(subscriber):
+            self._changed()
         filters = self.of_subscriber.get(subscriber)
         if filters is None:
             filters = self.of_subscriber[subscriber] = OOTreeSet()
@@ -256,6 +305,7 @@ class TopicRepresentative(Agent):
         if subscribers is None or subscriber not in subscribers:
             return
         subscribers.remove(subscriber)
+        self._changed()
         if not subscribers:
             del self.local[topic_filter]
             self.local_trie.remove(topic_filter)
@@ -270,6 +320,7 @@ class TopicRepresentative(Agent):
         self._relay(self.routes, InterestChange(self.server, filters, add))
 
     def _record_interest(self, change: InterestChange) -> None:
+        self._changed()
         for topic_filter in change.filters:
             where = self.remote.get(topic_filter)
             if change.add:
@@ -287,6 +338,7 @@ class TopicRepresentative(Agent):
         """The configuration changed: forget servers that left, tell newcomers our filters."""
         old = set(self.routes)
         self.routes = dict(routes)
+        self._changed()
         for gone in old - set(routes):
             self._record_interest(InterestChange(gone, tuple(self.remote.keys()), add=False))
         newcomers = set(routes) - old
@@ -320,6 +372,17 @@ class TopicRepresentative(Agent):
 
 #: Sorts (key, value) entries of a trie by key.
 _key = itemgetter(0)
+
+#: Servers a relay goes to, by next hop: (the hop's representative, the targets behind it).
+Hops = tuple[tuple[AgentId, tuple[int, ...]], ...]
+
+#: What a publication on one topic is owed here: groups of this server's subscribers (by the
+#: filters that match), and the other servers interested (see TopicRepresentative._matching).
+Matching = tuple[tuple[tuple[tuple[str, ...], tuple[AgentId, ...]], ...], Hops]
+
+#: Topics whose matching a representative keeps in memory; past that, it starts again empty
+#: (a bus publishing on ever new topics pays the tries, as before, and no more memory).
+MATCHING_CACHED = 4096
 
 
 def _trie_of(entries: Iterable[tuple[str, object]]) -> TopicTrie:
