@@ -163,9 +163,12 @@ class TopicRepresentative(Agent):
 
     def _take(self, relay: Relay) -> None:
         """A relay from a neighbour: handle its item if this server is a target, pass it on."""
-        if self.server in relay.targets:
+        targets = relay.targets
+        if self.server in targets:
             self._handle(relay.item)
-        self._relay(relay.targets, relay.item)
+            if len(targets) == 1:
+                return  # the usual case: this server was the only target
+        self._relay(targets, relay.item)
 
     def _handle(self, item: Carried | InterestChange) -> None:
         """Apply ``item`` here: record an interest change, or deliver a publication locally."""

@@ -115,7 +115,7 @@ class _Plan:
         # not per message (dataclasses.fields alone cost a microsecond).
         self.out_fields = tuple((f.name, f.name in self.dynamic) for f in fields)
         self.checked = tuple(
-            (name, self.hints[name])
+            (name, self.hints[name], checker(self.hints[name]))
             for name in sorted(self.dynamic)
             if self.hints[name] is not Any and self.hints[name] is not object
         )
@@ -156,8 +156,8 @@ class _Plan:
         if not self.dynamic:
             return decoded
         values = msgspec.structs.asdict(decoded)
-        for name, hint in self.checked:
-            if not conforms(values[name], hint):
+        for name, hint, check in self.checked:
+            if not check(values[name]):
                 raise BadBody(
                     f"notification {self.tag} refused: field {name!r} holds a "
                     f"{type(values[name]).__name__}, not {_show(hint)}"
@@ -485,33 +485,78 @@ def _is_dynamic(hint: Any) -> bool:
 
 def conforms(value: Any, hint: Any) -> bool:
     """Whether ``value`` is of type ``hint`` (the annotations a dynamic field can have)."""
+    return checker(hint)(value)
+
+
+def checker(hint: Any) -> Callable[[Any], bool]:
+    """The test :func:`conforms` applies for ``hint``, worked out once per hint: decoding checks
+    every dynamic field of every message, and asking ``typing`` about the hint each time cost
+    more than the check itself."""
+    try:
+        found = _CHECKERS.get(hint)
+    except TypeError:  # an unhashable hint (a Literal of lists): not kept
+        return _compile(hint)
+    if found is None:
+        found = _CHECKERS[hint] = _compile(hint)
+    return found
+
+
+_CHECKERS: dict[Any, Callable[[Any], bool]] = {}
+
+
+def _compile(hint: Any) -> Callable[[Any], bool]:
     if hint is Any or hint is object:
-        return True
+        return _anything
     if hint is None or hint is type(None):
-        return value is None
+        return _is_none
     origin = typing.get_origin(hint)
     if origin is None:
         if hint is float:
-            return isinstance(value, float | int) and not isinstance(value, bool)
-        return isinstance(hint, type) and isinstance(value, hint)
+            return _is_float
+        if isinstance(hint, type):
+            return lambda value: isinstance(value, hint)
+        return _nothing
     args = typing.get_args(hint)
     if origin is typing.Union or origin is types.UnionType:
-        return any(conforms(value, a) for a in args)
+        alternatives = tuple(checker(a) for a in args)
+        return lambda value: any(check(value) for check in alternatives)
     if origin is typing.Literal:
-        return value in args
-    if not isinstance(value, origin):
-        return False
+        return lambda value: value in args
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        each = checker(args[0])
+        return lambda value: isinstance(value, tuple) and all(each(v) for v in value)
     if origin is tuple:
-        if len(args) == 2 and args[1] is Ellipsis:
-            return all(conforms(v, args[0]) for v in value)
-        return len(args) == len(value) and all(
-            conforms(v, a) for v, a in zip(value, args, strict=True)
+        checks = tuple(checker(a) for a in args)
+        return lambda value: (
+            isinstance(value, tuple)
+            and len(value) == len(checks)
+            and all(check(v) for check, v in zip(checks, value, strict=True))
         )
     if origin in (list, set, frozenset) and args:
-        return all(conforms(v, args[0]) for v in value)
+        each = checker(args[0])
+        return lambda value: isinstance(value, origin) and all(each(v) for v in value)
     if origin is dict and args:
-        return all(conforms(k, args[0]) and conforms(v, args[1]) for k, v in value.items())
+        keys, values = checker(args[0]), checker(args[1])
+        return lambda value: (
+            isinstance(value, dict) and all(keys(k) and values(v) for k, v in value.items())
+        )
+    return lambda value: isinstance(value, origin)
+
+
+def _anything(value: Any) -> bool:
     return True
+
+
+def _nothing(value: Any) -> bool:
+    return False
+
+
+def _is_none(value: Any) -> bool:
+    return value is None
+
+
+def _is_float(value: Any) -> bool:
+    return isinstance(value, float | int) and not isinstance(value, bool)
 
 
 def _show(hint: Any) -> str:
