@@ -176,6 +176,9 @@ class Recorder:
     def send(self, to: AgentId, note: Notification) -> None:
         self.sent.append((to, note))
 
+    def hand_over(self, to: AgentId, note: Notification) -> None:
+        self.sent.append((to, note))
+
     def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
         self.sent.extend((to, note) for to in targets)
 

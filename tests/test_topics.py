@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
@@ -361,3 +361,39 @@ def test_what_the_representative_matched_follows_subscriptions_and_their_rollbac
 
 def _full(got: list[Any], n: int) -> list[Any] | None:
     return got if len(got) >= n else None
+
+
+class Mutator(TopicProbe):
+    """Records a copy of each publication's payload (a list) as received, then changes the
+    payload in place."""
+
+    def __init__(self, label: str, filters: Sequence[str] = ()) -> None:
+        super().__init__(label, filters)
+        self.seen: list[list[str]] = []
+
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, Publication):
+            self.seen = [*self.seen, list(note.payload)]
+            note.payload.append("changed by " + self.name)
+        super().react(sender, note)
+
+
+def test_a_subscriber_that_changes_its_payload_changes_nobody_elses(tmp_path: Path) -> None:
+    with inprocess(tmp_path, [[0, 1]]) as bus:
+        first = bus[1].deploy(Mutator("first", ["p/#"]))
+        second = bus[1].deploy(Mutator("second", ["p/#"]))
+        alone = bus[1].deploy(Mutator("alone", ["q/#"]))
+        wait_interest(bus, {"p/#": {1}, "q/#": {1}})
+        publisher = bus[0].deploy(TopicProbe("pub"))
+        bus[0].send(publisher, Do("publish", "p/t", ["x"]))  # two subscribers on s1
+        bus[0].send(publisher, Do("publish", "q/t", ["y"], retain=True))  # one, and retained
+        for sub in (first, second, alone):
+            wait_until("delivered", functools.partial(_at_least, bus, sub, 1))
+        late = bus[1].deploy(TopicProbe("late", ["q/#"]))
+        wait_until("retained copy", functools.partial(_at_least, bus, late, 1))
+        assert agent_attr(bus[1], first, "seen") == [["x"]]
+        assert agent_attr(bus[1], second, "seen") == [["x"]]
+        assert agent_attr(bus[1], alone, "seen") == [["y"]]
+        # The one subscriber of a relayed publication got the object itself (handed over): it
+        # changed it, but the retained copy kept by the representative is intact.
+        assert received(bus, late) == [("q/t", ["y"], ("q/#",), True)]

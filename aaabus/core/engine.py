@@ -43,7 +43,7 @@ import time
 import traceback
 from collections.abc import Callable, Generator, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, TypeVar
 
 import cloudpickle
 from persistent import Persistent
@@ -239,7 +239,7 @@ class Engine:
         self._ready_ok = False
         # While a group runs its reactions (not in careful mode): the messages to run next in
         # this group, ahead of qin, never written to it (see _run_reactions). None otherwise.
-        self._chain: collections.deque[Message] | None = None
+        self._chain: collections.deque[Message | _Handed] | None = None
         # How many arrivals, then near sends, are left at the chain's head, and whether the
         # running reaction's local sends are near ones (see _group_steps).
         self._arrivals_left = 0
@@ -720,7 +720,7 @@ class Engine:
             with running(self._context):
                 careful = bool(self._careful)
                 ready = self._ready
-                chain: collections.deque[Message] = collections.deque(ready)
+                chain: collections.deque[Message | _Handed] = collections.deque(ready)
                 if ready:
                     # Taken all at once (nothing is added while reactions run: _ready_ok is
                     # off), with one undo entry rather than one per message.
@@ -759,7 +759,7 @@ class Engine:
                                 # joins the chain only then, and nothing joins qin while the
                                 # chain holds one).
                                 for msg in chain:
-                                    qin.put(msg)
+                                    qin.put(self._as_message(msg))
                                 chain.clear()
                                 break
                             else:
@@ -921,7 +921,13 @@ class Engine:
         else:
             self.store.qin.put(msg)
 
-    def _react_one(self, msg: Message, careful: bool, from_qin: bool = False) -> None:
+    def _as_message(self, msg: Message | _Handed) -> Message:
+        """A chain's entry as qin holds it: a handed-over note encoded."""
+        if isinstance(msg, _Handed):
+            return Message(msg.sender, msg.target, self.codec.encode(msg.note))
+        return msg
+
+    def _react_one(self, msg: Message | _Handed, careful: bool, from_qin: bool = False) -> None:
         # In careful mode the reaction gets a savepoint of its own, so that it can be rolled
         # back alone without losing the inputs applied earlier in the same group.
         savepoint = self.store.tm.savepoint() if careful else None
@@ -939,7 +945,7 @@ class Engine:
             # Decoded inside the try: a body this server cannot decode (a type not registered
             # here, a field of the wrong type, garbage from a peer) fails this reaction alone,
             # like a raising react: consumed, its sender told, counted as a dead letter.
-            note = self.codec.decode(msg.body)
+            note = msg.note if isinstance(msg, _Handed) else self.codec.decode(msg.body)
             # (The reaction's context is set by the caller, for the group's reactions.)
             if target.stamp == FACTORY_STAMP:
                 self._factory_react(msg.sender, note, careful)
@@ -969,7 +975,7 @@ class Engine:
             if savepoint is None:
                 raise ReactionFailed() from exc
             savepoint.rollback()
-            self._report_failure(msg, note, exc)
+            self._report_failure(self._as_message(msg), note, exc)
 
     def _count(self, name: str) -> None:
         """Count one committed event in :attr:`stats` (taken back if the group aborts)."""
@@ -1171,6 +1177,20 @@ class Engine:
         """
         self._context.send(to, note)
 
+    def _hand_over(self, to: AgentId, note: Notification) -> None:
+        """Send ``note`` to ``to`` from the current agent, the object itself if it runs in this
+        group (see :meth:`ReactionContext.hand_over`), else encoded as any send."""
+        chain = self._chain
+        if chain is None or to.server != self.server_id or self.store.qin:
+            self._send_from(self._current, to, note)
+            return
+        chain.append(_Handed(self._current, to, note))
+        if self._near_sends:
+            self._near_left += 1
+        self._count("sent")
+        if self.failpoints.armed:
+            self.failpoints.hit("engine.send")
+
     def route(self, msg: Message) -> None:
         """Queue ``msg`` in this group: locally into qin, else through the channel.
 
@@ -1197,6 +1217,15 @@ class Engine:
         self._count("sent")
         if self.failpoints.armed:
             self.failpoints.hit("engine.send")
+
+
+class _Handed(NamedTuple):
+    """A chain's entry that is a notification handed over as an object (never encoded unless
+    it must wait in qin): see :meth:`ReactionContext.hand_over`."""
+
+    sender: AgentId
+    target: AgentId
+    note: Notification
 
 
 def _to_the_end(steps: Steps) -> None:
@@ -1250,6 +1279,11 @@ class _EngineContext:
 
     def gather(self, to: AgentId, item: object, build: Build) -> None:
         self._engine.gather(to, item, build)
+
+    def hand_over(self, to: AgentId, note: Notification) -> None:
+        if not isinstance(to, AgentId):
+            raise TypeError(f"hand_over() needs an AgentId, got {type(to).__name__}")
+        self._engine._hand_over(to, note)
 
     def deploy(self, agent: Agent, server: int, reply: bool) -> AgentId:
         engine = self._engine

@@ -46,6 +46,14 @@ class ReactionContext(Protocol):
         :meth:`aaabus.core.engine.Engine.fold`): each target gets a message."""
         ...
 
+    def hand_over(self, to: AgentId, note: Notification) -> None:
+        """Like :meth:`send`, giving ``note`` itself away: if ``to``'s reaction runs in this
+        group (a local message sent while nothing is queued), it receives this very object,
+        never encoded nor decoded. The caller must hold no reference it would use again, nor
+        share any part of ``note`` that someone else may change (a publication relayed in from
+        another server, delivered to its one subscriber here)."""
+        ...
+
     # `agent` is an aaabus.model.agent.Agent (its only caller is Agent.deploy). Typed Any here
     # because naming Agent would make this module and agent.py import each other.
     def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:

@@ -165,13 +165,17 @@ class TopicRepresentative(Agent):
         """A relay from a neighbour: handle its item if this server is a target, pass it on."""
         targets = relay.targets
         if self.server in targets:
-            self._handle(relay.item)
+            self._handle(relay.item, fresh=True)
             if len(targets) == 1:
                 return  # the usual case: this server was the only target
         self._relay(targets, relay.item)
 
-    def _handle(self, item: Carried | InterestChange) -> None:
-        """Apply ``item`` here: record an interest change, or deliver a publication locally."""
+    def _handle(self, item: Carried | InterestChange, fresh: bool = False) -> None:
+        """Apply ``item`` here: record an interest change, or deliver a publication locally.
+
+        ``fresh``: the item was decoded from a relay for this reaction alone, so a publication
+        that one subscriber gets and no retained copy keeps can be handed over as it is
+        (``hand_over``: not encoded again and decoded by the subscriber)."""
         if isinstance(item, InterestChange):
             self._record_interest(item)
             return
@@ -186,7 +190,7 @@ class TopicRepresentative(Agent):
         deliveries = self._matching(item.topic)[0]
         if not deliveries:
             return
-        send_all = current_context("publishing").send_all
+        ctx = current_context("publishing")
         for filters, subscribers in deliveries:
             note = Publication(
                 item.topic,
@@ -198,7 +202,10 @@ class TopicRepresentative(Agent):
                 props=item.props,
                 retain=item.retain,
             )
-            send_all(subscribers, note)  # one Publication, encoded once, for all of them
+            if fresh and not item.retain and len(subscribers) == 1 and len(deliveries) == 1:
+                ctx.hand_over(subscribers[0], note)  # nobody else holds any part of it
+            else:
+                ctx.send_all(subscribers, note)  # one Publication, encoded once, for all
 
     def _matching(self, topic: str) -> Matching:
         """Who gets a publication on ``topic``: this server's subscribers, grouped by the filters
