@@ -23,7 +23,14 @@ from aaabus.errors import BadBody
 from aaabus.model.pubsub import Publication, Publish
 from aaabus.testing.torture import Chain, Credit
 from aaabus.testing.workload import Bounce
-from aaabus.topics.messages import Carried, InterestChange, OpenMailbox, Relay, TopicRoutes
+from aaabus.topics.messages import (
+    Carried,
+    InterestChange,
+    OpenMailbox,
+    Relay,
+    Relays,
+    TopicRoutes,
+)
 from aaabus.wire.codec import Codec, conforms, encode_note, is_pickle
 from tests.support.agents import Inc, Poke, Seen
 from tests.support.hostile import Planted
@@ -68,6 +75,7 @@ SAMPLES: list[Notification] = [
     Publication("a/b", b"payload", ID, ("a/#",), False, 2),
     Relay((1, 2), Carried("t", frozenset([1]), ID)),
     Relay((3,), InterestChange(0, ("a/+",), True)),
+    Relays(((1,), (2, 3)), (Carried("t", (1, "x"), ID), InterestChange(0, ("a/#",), False))),
     TopicRoutes({1: 0, 2: 0}),
     OpenMailbox("m", None, (ID, Inc(9))),
     Poke(ID, Seen(ID, ID, bytearray(b"xy"))),

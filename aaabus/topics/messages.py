@@ -65,14 +65,23 @@ class Relay(Notification):
 @dataclass
 class Relays(Notification):
     """The relays of one event to one next hop, in order (a burst of publications crosses a link
-    as one message, and costs the receiver one reaction): handled as that many :class:`Relay`."""
+    as one message, and costs the receiver one reaction): ``items[k]`` for ``targets[k]``,
+    handled as that many :class:`Relay`. Two flat tuples rather than a tuple of :class:`Relay`:
+    one level of nesting less to encode and decode per item."""
 
-    relays: tuple[Relay, ...]
+    targets: tuple[tuple[int, ...], ...]
+    items: tuple[Carried | InterestChange, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.targets) != len(self.items):
+            raise ValueError(f"{len(self.targets)} target lists for {len(self.items)} items")
 
 
 def one_message(relays: tuple[Relay, ...]) -> Relay | Relays:
     """What the relays of one event to one hop travel as: the relay itself when alone."""
-    return relays[0] if len(relays) == 1 else Relays(relays)
+    if len(relays) == 1:
+        return relays[0]
+    return Relays(tuple(r.targets for r in relays), tuple(r.item for r in relays))
 
 
 @dataclass

@@ -122,10 +122,10 @@ class TopicRepresentative(Agent):
             else:
                 self._send_relays(self._matching(item.topic)[1], item)
         elif isinstance(note, Relays):
-            for relay in note.relays:
-                self._take(relay)
+            for targets, relayed in zip(note.targets, note.items, strict=True):
+                self._take(targets, relayed)
         elif isinstance(note, Relay):
-            self._take(note)
+            self._take(note.targets, note.item)
         elif isinstance(note, Subscribe):
             self._subscribe(
                 note.subscriber or sender, check_filter(note.topic_filter), note.send_retained
@@ -161,14 +161,13 @@ class TopicRepresentative(Agent):
 
     # -- publications ------------------------------------------------------------------------------
 
-    def _take(self, relay: Relay) -> None:
+    def _take(self, targets: tuple[int, ...], item: Carried | InterestChange) -> None:
         """A relay from a neighbour: handle its item if this server is a target, pass it on."""
-        targets = relay.targets
         if self.server in targets:
-            self._handle(relay.item, fresh=True)
+            self._handle(item, fresh=True)
             if len(targets) == 1:
                 return  # the usual case: this server was the only target
-        self._relay(targets, relay.item)
+        self._relay(targets, item)
 
     def _handle(self, item: Carried | InterestChange, fresh: bool = False) -> None:
         """Apply ``item`` here: record an interest change, or deliver a publication locally.
