@@ -39,7 +39,7 @@ import argparse
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from aaabus.model.ids import TOPICS_STAMP, AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication, Publish, Subscribe, Unsubscribe
 from aaabus.model.topicnames import matches
+from aaabus.testing.context import RecordingContext
 from aaabus.topics.messages import InterestChange, Relay
 from aaabus.topics.representative import TopicRepresentative
 from perf.harness import scratch
@@ -77,37 +78,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
 
 
-class Recorder:
-    """The reaction context of server 0: keeps what the representative sends, sends nothing."""
-
-    server_id = 0
-    current = ME
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[AgentId, Notification]] = []
-
-    def send(self, to: AgentId, note: Notification) -> None:
-        self.sent.append((to, note))
-
-    def hand_over(self, to: AgentId, note: Notification) -> None:
-        self.sent.append((to, note))
-
-    def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
-        self.sent.extend((to, note) for to in targets)
-
-    def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
-        self.sent.append((to, build((item,))))  # one event per item here: sent as it comes
-
-    def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:
-        raise AssertionError("no mailbox is opened here")
-
-    def delete(self, agent_id: AgentId) -> None:
-        raise AssertionError("the representative deletes nothing itself")
-
-    def notify(self, key: str, value: object) -> None:
-        raise AssertionError("the representative notifies no observer")
-
-
 def _filter(i: int) -> str:
     return ("site/{i}/+/temp", "site/{i}/#", "fleet/{i}/status")[i % 3].format(i=i)
 
@@ -130,7 +100,7 @@ class Bench:
         self.topic = f"site/{self.k}/hall/temp"
         self.topic_filter = f"+/{self.k}/status"
         self.subscriber = AgentId(0, 0, 17)
-        self.ctx = Recorder()
+        self.ctx = RecordingContext(ME)
         self._build()
         self.store = open_store("file", directory, 0, TrustPolicy())
         rep = self.store.agents[(0, TOPICS_STAMP)]

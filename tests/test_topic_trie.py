@@ -7,9 +7,7 @@ from a store written before the tries, which has none).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -22,6 +20,7 @@ from aaabus.model.ids import TOPICS_STAMP, AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication, Publish, Subscribe, Unsubscribe
 from aaabus.model.topicnames import matches
+from aaabus.testing.context import RecordingContext
 from aaabus.topics.messages import InterestChange, Relay
 from aaabus.topics.representative import TopicRepresentative
 from aaabus.topics.trie import ENTRY, TopicTrie, TrieNode
@@ -164,37 +163,6 @@ def test_a_trie_survives_a_file_store_reopen_and_its_records_pass_the_trust_poli
         store.close()
 
 
-class Recorder:
-    """The reaction context of server 0, keeping what the representative sends."""
-
-    server_id = 0
-    current = AgentId.topics_of(0)
-
-    def __init__(self) -> None:
-        self.sent: list[tuple[AgentId, Notification]] = []
-
-    def send(self, to: AgentId, note: Notification) -> None:
-        self.sent.append((to, note))
-
-    def hand_over(self, to: AgentId, note: Notification) -> None:
-        self.sent.append((to, note))
-
-    def send_all(self, targets: Iterable[AgentId], note: Notification) -> None:
-        self.sent.extend((to, note) for to in targets)
-
-    def gather(self, to: AgentId, item: object, build: Callable[[tuple[Any, ...]], Any]) -> None:
-        self.sent.append((to, build((item,))))  # one event per item here: sent as it comes
-
-    def deploy(self, agent: Any, server: int, reply: bool) -> AgentId:
-        raise AssertionError("the representative deploys mailboxes only")
-
-    def delete(self, agent_id: AgentId) -> None:
-        raise AssertionError("the representative deletes nothing itself")
-
-    def notify(self, key: str, value: object) -> None:
-        raise AssertionError("the representative notifies no observer")
-
-
 def representative() -> TopicRepresentative:
     """A representative of server 0 whose only neighbour, server 1, is its route to 1."""
     rep = TopicRepresentative({1: 1}, backlog=10)
@@ -202,8 +170,8 @@ def representative() -> TopicRepresentative:
     return rep
 
 
-def react(rep: TopicRepresentative, sender: AgentId, note: Notification) -> Recorder:
-    ctx = Recorder()
+def react(rep: TopicRepresentative, sender: AgentId, note: Notification) -> RecordingContext:
+    ctx = RecordingContext(AgentId.topics_of(0))
     with running(ctx):
         rep.react(sender, note)
     return ctx
@@ -217,11 +185,11 @@ SOMEONE = AgentId(0, 0, 999)
 FILTER_SHAPES = ("site/{i}/+/temp", "site/{i}/#", "fleet/{i}/status")
 
 
-def deliveries(ctx: Recorder) -> dict[AgentId, tuple[str, ...]]:
+def deliveries(ctx: RecordingContext) -> dict[AgentId, tuple[str, ...]]:
     return {to: note.filters for to, note in ctx.sent if isinstance(note, Publication)}
 
 
-def relayed_to(ctx: Recorder) -> list[tuple[int, ...]]:
+def relayed_to(ctx: RecordingContext) -> list[tuple[int, ...]]:
     return [note.targets for _, note in ctx.sent if isinstance(note, Relay)]
 
 
