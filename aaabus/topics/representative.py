@@ -17,10 +17,13 @@ What it holds (all in the server's store, so it survives restarts):
   store written before the tries existed builds them from its tables in its first reaction.
 
 How a publication travels: the publisher's reaction sends :class:`~aaabus.model.pubsub.Publish`
-to its own server's representative. That representative delivers it to the local subscribers
-whose filters match, and sends one :class:`~aaabus.topics.messages.Relay` per next hop that
-leads to an interested server (every server, for a retained publication); each representative
-on the way delivers locally if it is a target and relays the rest the same way. Routes are the
+to its own server's representative, which the server has the engine fold (``Engine.fold``): the
+representative reacts there and then, inside the publishing reaction. It delivers the
+publication to the local subscribers whose filters match, and relays it once per next hop that
+leads to an interested server (every server, for a retained publication): the relays of one
+event to one hop are gathered into one message (:class:`~aaabus.topics.messages.Relays`, or a
+lone :class:`~aaabus.topics.messages.Relay`). Each representative on the way delivers locally
+if it is a target and relays the rest the same way. Routes are the
 unique paths of the servers–domains tree, so a publication crosses each link at most once and
 every subscriber gets it from one path. Interest announcements travel the same way (to every
 server), so they reach each representative in the order they were made.
