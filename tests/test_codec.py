@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from aaabus import AgentId, ExceptionNotification, Notification, PersistentList, UnknownAgent
 from aaabus.errors import BadBody
-from aaabus.model.pubsub import Publication, Publish
+from aaabus.model.pubsub import MessageProps, Publication, Publish
 from aaabus.testing.torture import Chain, Credit
 from aaabus.testing.workload import Bounce
 from aaabus.topics.messages import (
@@ -75,7 +75,12 @@ SAMPLES: list[Notification] = [
     Publication("a/b", b"payload", ID, ("a/#",), False, 2),
     Relay((1, 2), Carried("t", frozenset([1]), ID)),
     Relay((3,), InterestChange(0, ("a/+",), True)),
-    Relays(((1,), (2, 3)), (Carried("t", (1, "x"), ID), InterestChange(0, ("a/#",), False))),
+    Relays.of(
+        [
+            ((1,), Carried("t", (1, "x"), ID, True, 1, "dev", MessageProps(content_type="a"))),
+            ((2, 3), InterestChange(0, ("a/#",), False)),
+        ]
+    ),
     TopicRoutes({1: 0, 2: 0}),
     OpenMailbox("m", None, (ID, Inc(9))),
     Poke(ID, Seen(ID, ID, bytearray(b"xy"))),

@@ -7,6 +7,7 @@ own data classes).
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,23 +66,116 @@ class Relay(Notification):
 @dataclass
 class Relays(Notification):
     """The relays of one event to one next hop, in order (a burst of publications crosses a link
-    as one message, and costs the receiver one reaction): ``items[k]`` for ``targets[k]``,
-    handled as that many :class:`Relay`. Two flat tuples rather than a tuple of :class:`Relay`:
-    one level of nesting less to encode and decode per item."""
+    as one message, and costs the receiver one reaction), handled as that many :class:`Relay`.
+
+    Kept as columns: relay ``k`` goes to ``targets[k]`` and carries the interest change
+    ``changes[k]`` if there is one, else the publication made of ``topics[k]``,
+    ``payloads[k]``, ``publishers[k]``, ``flags[k]`` (RETAIN in bit 0, the QoS above it),
+    ``origins[k]`` and ``props[k]`` (an interest change's row holds placeholders there). Why
+    not a tuple of :class:`Carried`: each publication would travel with its class's tag and
+    its field names, and decode through a nested body of its own; as columns, only payloads
+    are walked, the rest is decoded and checked by msgspec in C. Use :meth:`of` and
+    :meth:`relays`.
+    """
 
     targets: tuple[tuple[int, ...], ...]
-    items: tuple[Carried | InterestChange, ...]
+    topics: tuple[str, ...]
+    payloads: tuple[Any, ...]
+    publishers: tuple[AgentId, ...]
+    flags: tuple[int, ...]
+    origins: tuple[str, ...]
+    props: tuple[MessageProps | None, ...]
+    changes: tuple[InterestChange | None, ...]
 
     def __post_init__(self) -> None:
-        if len(self.targets) != len(self.items):
-            raise ValueError(f"{len(self.targets)} target lists for {len(self.items)} items")
+        n = len(self.targets)
+        columns = (
+            self.topics,
+            self.payloads,
+            self.publishers,
+            self.flags,
+            self.origins,
+            self.props,
+            self.changes,
+        )
+        if any(len(column) != n for column in columns):
+            raise ValueError(f"columns of unequal lengths for {n} relays")
+
+    @classmethod
+    def of(cls, relays: Sequence[tuple[tuple[int, ...], Carried | InterestChange]]) -> Relays:
+        """The columns of ``relays``, ``(targets, item)`` each, in order."""
+        targets: list[tuple[int, ...]] = []
+        topics: list[str] = []
+        payloads: list[Any] = []
+        publishers: list[AgentId] = []
+        flags: list[int] = []
+        origins: list[str] = []
+        props: list[MessageProps | None] = []
+        changes: list[InterestChange | None] = []
+        for where, item in relays:
+            targets.append(where)
+            if isinstance(item, InterestChange):
+                topics.append("")
+                payloads.append(None)
+                publishers.append(_NOBODY)
+                flags.append(0)
+                origins.append("")
+                props.append(None)
+                changes.append(item)
+            else:
+                topics.append(item.topic)
+                payloads.append(item.payload)
+                publishers.append(item.publisher)
+                flags.append(item.retain | item.qos << 1)
+                origins.append(item.origin)
+                props.append(item.props)
+                changes.append(None)
+        return cls(
+            tuple(targets),
+            tuple(topics),
+            tuple(payloads),
+            tuple(publishers),
+            tuple(flags),
+            tuple(origins),
+            tuple(props),
+            tuple(changes),
+        )
+
+    def relays(self) -> Iterator[tuple[tuple[int, ...], Carried | InterestChange]]:
+        """Each relay, ``(targets, item)``, in order."""
+        rows = zip(
+            self.targets,
+            self.topics,
+            self.payloads,
+            self.publishers,
+            self.flags,
+            self.origins,
+            self.props,
+            self.changes,
+            strict=True,
+        )
+        for targets, topic, payload, publisher, flags, origin, props, change in rows:
+            if change is not None:
+                yield targets, change
+            else:
+                yield (
+                    targets,
+                    Carried(topic, payload, publisher, bool(flags & 1), flags >> 1, origin, props),
+                )
 
 
-def one_message(relays: tuple[Relay, ...]) -> Relay | Relays:
-    """What the relays of one event to one hop travel as: the relay itself when alone."""
+#: The publisher column of an interest change's row in :class:`Relays` (a placeholder).
+_NOBODY = AgentId(0, 0, 0)
+
+
+def one_message(
+    relays: tuple[tuple[tuple[int, ...], Carried | InterestChange], ...],
+) -> Relay | Relays:
+    """What the relays of one event to one hop, ``(targets, item)`` each, travel as: one
+    :class:`Relay` when alone, else :class:`Relays`."""
     if len(relays) == 1:
-        return relays[0]
-    return Relays(tuple(r.targets for r in relays), tuple(r.item for r in relays))
+        return Relay(*relays[0])
+    return Relays.of(relays)
 
 
 @dataclass

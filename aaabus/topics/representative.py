@@ -125,7 +125,7 @@ class TopicRepresentative(Agent):
             else:
                 self._send_relays(self._matching(item.topic)[1], item)
         elif isinstance(note, Relays):
-            for targets, relayed in zip(note.targets, note.items, strict=True):
+            for targets, relayed in note.relays():
                 self._take(targets, relayed)
         elif isinstance(note, Relay):
             self._take(note.targets, note.item)
@@ -272,7 +272,7 @@ class TopicRepresentative(Agent):
             return
         gather = current_context("relaying").gather
         for rep, targets in hops:
-            gather(rep, Relay(targets, item), one_message)
+            gather(rep, (targets, item), one_message)
 
     # -- subscriptions -----------------------------------------------------------------------------
 

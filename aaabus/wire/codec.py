@@ -524,6 +524,8 @@ def _compile(hint: Any) -> Callable[[Any], bool]:
         return lambda value: value in args
     if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
         each = checker(args[0])
+        if each is _anything:  # tuple[Any, ...]: no member to look at
+            return lambda value: isinstance(value, tuple)
         return lambda value: isinstance(value, tuple) and all(each(v) for v in value)
     if origin is tuple:
         checks = tuple(checker(a) for a in args)
