@@ -238,7 +238,7 @@ class Engine:
         self._ready: collections.deque[Message] = collections.deque()
         self._ready_ok = False
         # While a group runs its reactions (not in careful mode): the messages to run next in
-        # this group, ahead of qin, never written to it (see _run_reactions). None otherwise.
+        # this group, ahead of qin, never written to it (see _group_steps). None otherwise.
         self._chain: collections.deque[Message | _Handed] | None = None
         # How many arrivals, then near sends, are left at the chain's head, and whether the
         # running reaction's local sends are near ones (see _group_steps).
@@ -1031,6 +1031,10 @@ class Engine:
             self.effects.undo(self._boxed.pop, agent_id, None)
         else:
             agent = entry
+        return self._ready_to_react(agent)
+
+    def _ready_to_react(self, agent: Agent) -> Agent:
+        """``agent``, its ``on_init(False)`` run if it has not run on this object yet."""
         if not getattr(agent, _INITIALISED, False):
             agent.on_init(False)
             self._initialised(agent)
@@ -1071,10 +1075,7 @@ class Engine:
         sender = self._current
         self._current = target
         try:
-            if not getattr(entry, _INITIALISED, False):
-                entry.on_init(False)
-                self._initialised(entry)
-            entry.react(sender, note)
+            self._ready_to_react(entry).react(sender, note)
         finally:
             self._current = sender
         return True
@@ -1180,16 +1181,11 @@ class Engine:
     def _hand_over(self, to: AgentId, note: Notification) -> None:
         """Send ``note`` to ``to`` from the current agent, the object itself if it runs in this
         group (see :meth:`ReactionContext.hand_over`), else encoded as any send."""
-        chain = self._chain
-        if chain is None or to.server != self.server_id or self.store.qin:
+        if to.server != self.server_id or not self._chain_open():
             self._send_from(self._current, to, note)
             return
-        chain.append(_Handed(self._current, to, note))
-        if self._near_sends:
-            self._near_left += 1
-        self._count("sent")
-        if self.failpoints.armed:
-            self.failpoints.hit("engine.send")
+        self._chain_append(_Handed(self._current, to, note))
+        self._sent()
 
     def route(self, msg: Message) -> None:
         """Queue ``msg`` in this group: locally into qin, else through the channel.
@@ -1199,14 +1195,8 @@ class Engine:
         """
         to = msg.target
         if to.server == self.server_id:
-            chain = self._chain
-            if chain is not None and not self.store.qin:
-                # Run later in this group, never written to qin (see _group_steps). No undo
-                # entry: the chain exists only while reactions run outside careful mode, where
-                # any failure aborts the whole group and the chain with it.
-                chain.append(msg)
-                if self._near_sends:
-                    self._near_left += 1
+            if self._chain_open():
+                self._chain_append(msg)
             else:
                 self.store.qin.put(msg)
         elif self.channel is not None and self.channel.knows(to.server):
@@ -1214,9 +1204,26 @@ class Engine:
         else:
             self._unknown_agent(msg.sender, to, self.codec.decode(msg.body))
             return
+        self._sent()
+
+    def _sent(self) -> None:
         self._count("sent")
         if self.failpoints.armed:
             self.failpoints.hit("engine.send")
+
+    def _chain_open(self) -> bool:
+        """Whether a local message sent now joins the chain (see _group_steps): reactions are
+        running outside careful mode and qin is empty."""
+        return self._chain is not None and not self.store.qin
+
+    def _chain_append(self, entry: Message | _Handed) -> None:
+        """Run ``entry`` later in this group, never written to qin. No undo entry: the chain
+        exists only while reactions run outside careful mode, where any failure aborts the
+        whole group and the chain with it."""
+        assert self._chain is not None
+        self._chain.append(entry)
+        if self._near_sends:
+            self._near_left += 1
 
 
 class _Handed(NamedTuple):
