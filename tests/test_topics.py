@@ -397,3 +397,30 @@ def test_a_subscriber_that_changes_its_payload_changes_nobody_elses(tmp_path: Pa
         # The one subscriber of a relayed publication got the object itself (handed over): it
         # changed it, but the retained copy kept by the representative is intact.
         assert received(bus, late) == [("q/t", ["y"], ("q/#",), True)]
+
+
+@dataclass
+class PublishThenFail(Notification):
+    """Make a :class:`Regretful` publish ``payload`` on ``topic``, then raise."""
+
+    topic: str
+    payload: object
+
+
+class Regretful(Burster):
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, PublishThenFail):
+            self.publish(note.topic, note.payload)
+            raise RuntimeError("rolled back, its relay included")
+        super().react(sender, note)
+
+
+def test_a_relay_gathered_by_a_reaction_that_fails_never_leaves(tmp_path: Path) -> None:
+    with inprocess(tmp_path, LINE) as bus:
+        far = bus[2].deploy(TopicProbe("far", ["r/#"]))
+        wait_interest(bus, {"r/#": {2}})
+        publisher = bus[0].deploy(Regretful())
+        bus[0].send(publisher, PublishThenFail("r/t", "never"))
+        bus[0].send(publisher, Burst("r/t", 1))
+        got = wait_until("the good one", lambda: _full(received(bus, far), 1))
+        assert [payload for _, payload, _, _ in got] == [0]
