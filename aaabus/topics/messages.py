@@ -89,7 +89,13 @@ class Relays(Notification):
 
     def __post_init__(self) -> None:
         n = len(self.targets)
-        columns = (
+        if any(len(column) != n for column in self._columns()):
+            raise ValueError(f"columns of unequal lengths for {n} relays")
+
+    def _columns(self) -> tuple[tuple[Any, ...], ...]:
+        """Every column, in the order of the fields."""
+        return (
+            self.targets,
             self.topics,
             self.payloads,
             self.publishers,
@@ -98,8 +104,6 @@ class Relays(Notification):
             self.props,
             self.changes,
         )
-        if any(len(column) != n for column in columns):
-            raise ValueError(f"columns of unequal lengths for {n} relays")
 
     @classmethod
     def of(cls, relays: Sequence[tuple[tuple[int, ...], Carried | InterestChange]]) -> Relays:
@@ -143,17 +147,7 @@ class Relays(Notification):
 
     def relays(self) -> Iterator[tuple[tuple[int, ...], Carried | InterestChange]]:
         """Each relay, ``(targets, item)``, in order."""
-        rows = zip(
-            self.targets,
-            self.topics,
-            self.payloads,
-            self.publishers,
-            self.flags,
-            self.origins,
-            self.props,
-            self.changes,
-            strict=True,
-        )
+        rows = zip(*self._columns(), strict=True)
         for targets, topic, payload, publisher, flags, origin, props, change in rows:
             if change is not None:
                 yield targets, change
