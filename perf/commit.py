@@ -12,6 +12,11 @@ that rotates, so that the machine's mood weighs on all alike):
   after each sync than in the ``mem`` loop: caches and CPU have cooled meanwhile);
 * ``file``: a ZODB commit on FileStorage (``aaabus.store=file``);
 * ``log``: a ZODB commit on LogStorage (the default store);
+* ``journal``: a hop as the bus commits it now on the log store (the default): a ~300-byte
+  frame put in a link's outgoing queue, the previous one acknowledged, the clock counting the
+  send, all as side records of the journal (:mod:`aaabus.core.journal`), ZODB taking no part:
+  the commit of a hop whose agent's state did not change (a reply, a relay, a router);
+* ``journal_agent``: the same with an agent whose counter moves, in ZODB, in the same block;
 * ``file_storage`` and ``log_storage``: the same records committed through each storage's own
   two-phase commit (``tpc_begin``, two ``store``, ``tpc_vote``, ``tpc_finish``), already pickled:
   what the storage itself costs, without ZODB's connection (pickling, object bookkeeping),
@@ -28,7 +33,8 @@ or GC pass (CPython's cyclic collector runs between chunks, not during them), th
 peak size and its size at the end.
 
 Prints a table, then one JSON line (``--json``: only that line) with at least ``floor_p50_us``,
-``file_p50_us``, ``log_p50_us``, ``log_vs_floor`` and ``file_vs_floor``.
+``file_p50_us``, ``log_p50_us``, ``log_vs_floor``, ``file_vs_floor``, ``journal_vs_floor`` and
+``journal_agent_vs_floor``.
 """
 
 from __future__ import annotations
@@ -52,7 +58,7 @@ from ZODB.utils import p64, z64
 
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.segments import zero_fill
-from aaabus.core.store import PersistentQueue
+from aaabus.core.store import PersistentQueue, open_store
 
 RECORD_BYTES = 600
 MESSAGE = b"m" * 300
@@ -65,6 +71,8 @@ CONTENDERS = (
     "log",
     "file_storage",
     "log_storage",
+    "journal",
+    "journal_agent",
 )
 
 
@@ -161,6 +169,38 @@ class StorageCommit:
         self.storage.close()
 
 
+class JournalHop:
+    """A hop through the bus's own store (a log store with its journal): the link's frame
+    queued, the one before it acknowledged, a clock page changed; with ``agent``, an agent whose
+    counter moves too."""
+
+    def __init__(self, directory: Path, agent: bool) -> None:
+        self.store = open_store("log", directory, 0)
+        links = self.store.links
+        self.clock = links.new_clock("D", 2, 0, "delta", "causal")
+        self.out = links.outgoing(1, "D")
+        self.agent: Agent | None = None
+        if agent:
+            self.agent = self.store.agents[(0, 1)] = Agent()
+        self.store.commit()
+
+    def __call__(self) -> None:
+        # The stamp itself is the reaction's work, not the commit's: what the commit sees of it
+        # is the changed page of the clock.
+        page = self.clock._pages[0]
+        seq = page.d[1] + 1
+        page.d[1] = seq
+        page._p_changed = True
+        self.out[seq] = MESSAGE
+        self.out.pop_through(seq - 1)
+        if self.agent is not None:
+            self.agent.count += 1
+        self.store.commit()
+
+    def close(self) -> None:
+        self.store.close()
+
+
 class Floor:
     """One pwrite + fdatasync per call, appended to a preallocated file (wrapping around)."""
 
@@ -244,6 +284,8 @@ def measure(root: Path, rounds: int, per_round: int, warmup: int) -> dict[str, d
         "log": Hop(LogStorage(root / "log")),
         "file_storage": StorageCommit(ZODB.FileStorage.FileStorage(str(root / "raw.fs"))),
         "log_storage": StorageCommit(LogStorage(root / "rawlog")),
+        "journal": JournalHop(root / "journal", agent=False),
+        "journal_agent": JournalHop(root / "journal-agent", agent=True),
     }
     samples: dict[str, list[int]] = {name: [] for name in CONTENDERS}
     try:
@@ -344,6 +386,8 @@ def run(args: argparse.Namespace) -> int:
         for key in ("p50", "p90", "p99", "max"):
             result[f"{name}_{key}_us"] = round(summary[key], 1)
     result["log_vs_floor"] = round(figures["log"]["p50"] / floor, 3)
+    result["journal_vs_floor"] = round(figures["journal"]["p50"] / floor, 3)
+    result["journal_agent_vs_floor"] = round(figures["journal_agent"]["p50"] / floor, 3)
     result["file_vs_floor"] = round(figures["file"]["p50"] / floor, 3)
     result["falloc_vs_floor"] = round(figures["floor_falloc"]["p50"] / floor, 3)
     result["log_storage_vs_floor"] = round(figures["log_storage"]["p50"] / floor, 3)

@@ -48,6 +48,7 @@ from examples._bus import free_base
 from tests.support.agents import Marker, Probe
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.tls import make_certificate
+from tests.support.topics import wait_until
 
 DOCS = ["README.md", "docs/tutorial.md", "docs/operations.md"]
 #: Every page that describes the product (perf/RESULTS.md is a log of dated runs: what it says
@@ -395,6 +396,13 @@ def test_the_architecture_lists_every_thread_a_server_starts(
     busy_servers: tuple[list[AgentServer], set[int | None]],
 ) -> None:
     servers, before = busy_servers
+    # The link between them is up (its TLS handshakes ran on the workers) before the census.
+    for server in servers:
+
+        def up(server: AgentServer = server) -> bool | None:
+            return all(server.status()["links"].values()) or None
+
+        wait_until("link up", up)
     with Client(servers[0].config, 0) as client:
         probe = client.deploy(Probe(), 1)  # over the TLS link: its handshake ran on a worker
         client.send(probe, Marker("thread census"))

@@ -5,10 +5,12 @@ time (one in-process server, a real store on disk)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 
 from aaabus import Agent, AgentId, Notification
+from aaabus.core.journal import JournalQueue
 from aaabus.core.store import PersistentQueue
 from tests.support.harness import SingleServer
 from tests.support.topics import agent_attr, wait_until
@@ -92,15 +94,17 @@ class Looper(Agent):
 
 @pytest.fixture
 def qin_puts(monkeypatch: pytest.MonkeyPatch) -> list[object]:
-    """Every message put into any input queue (a spy on the real queue's put)."""
+    """Every message put into any input queue (a spy on the real queues' put: the journal's of
+    a log store, the ZODB one of the others)."""
     puts: list[object] = []
-    real = PersistentQueue.put
+    for kind in (PersistentQueue, JournalQueue):
+        real = kind.put
 
-    def put(self: PersistentQueue, item: object) -> int:
-        puts.append(item)
-        return real(self, item)
+        def put(self: Any, item: Any, real: Any = real) -> int:
+            puts.append(item)
+            return int(real(self, item))
 
-    monkeypatch.setattr(PersistentQueue, "put", put)
+        monkeypatch.setattr(kind, "put", put)
     return puts
 
 

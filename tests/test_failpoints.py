@@ -48,8 +48,12 @@ class WalkBus:
     slow: FaultProxy
 
 
-@pytest.fixture(scope="module")
-def walk_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WalkBus]:
+@pytest.fixture(scope="module", params=["log", "file"])
+def walk_bus(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[WalkBus]:
+    """The walk's bus, on each kind of store: the log store's queues are its journal's side
+    records, the file store's are ZODB objects."""
     tmp = tmp_path_factory.mktemp("walk")
     properties = {
         "aaabus.secret": "bus.key",
@@ -69,7 +73,7 @@ def walk_bus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[WalkBus]:
         path.write_text(text)
         ensure_secret(tmp / "bus.key")
         config = parse_config(text, str(path))
-        with InProcessBus(config, store_kind="file", storage_root=tmp) as bus:
+        with InProcessBus(config, store_kind=request.param, storage_root=tmp) as bus:
             # Links up before the walk: a run must not depend on when a link comes up.
             for name in ("router", "holdback"):
                 run = Run(bus.servers, next(s for s in SCENARIOS if s.name == name), f"{name}.")

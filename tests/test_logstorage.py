@@ -47,6 +47,8 @@ from aaabus.core.logstorage.format import (
 from aaabus.core.logstorage.segments import parse_name
 from aaabus.core.store import CACHE_SIZE, PersistentQueue, Store, _verify_current_records
 from aaabus.errors import LogStoreDamaged, StoreError, StoreInUse
+from aaabus.model.ids import AgentId
+from aaabus.wire.message import Message
 from tests.support.harness import REPO_ROOT
 from tests.support.logstore_child import DROP_EVERY, KEEP
 from tests.test_faults import _mount_tmpfs, _umount
@@ -527,7 +529,7 @@ def test_the_bus_store_runs_on_a_log_storage(tmp_path: Path) -> None:
     try:
         store.record.boots += 1
         for n in range(300):
-            store.qin.put(("note", n))
+            store.qin.put(Message(AgentId(7, 0, n), AgentId(7, 0, 1), b"note %d" % n))
             store.agents[(7, n % 5)] = Item(n)
             channel = store.queues.setdefault(f"out-{n % 3}", PersistentQueue())
             channel.put(n)
@@ -545,7 +547,9 @@ def test_the_bus_store_runs_on_a_log_storage(tmp_path: Path) -> None:
     store = Store(ZODB.DB(storage, cache_size=CACHE_SIZE), "log store", 7)
     try:
         assert store.record.boots == 1
-        assert [store.qin.pop()[1] for _ in range(len(store.qin))] == list(range(150, 300))
+        assert [store.qin.pop().sender.stamp for _ in range(len(store.qin))] == list(
+            range(150, 300)
+        )
         assert {key: item.value for key, item in store.agents.items()} == {
             (7, k): 295 + k for k in range(5)
         }

@@ -40,12 +40,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from BTrees.OOBTree import OOBTree
-
 from aaabus.core.clock import DomainClock
 from aaabus.core.early import Dependency, EarlyLinks, EarlyVote, Incoming, Item
 from aaabus.core.protocol import Deliver, LinkProtocol
-from aaabus.core.store import PersistentQueue
 from aaabus.errors import StoreError
 from aaabus.wire.linkframes import (
     DATA,
@@ -145,26 +142,20 @@ class Channel:
 
     def _open(self, config: BusConfig, tracer: Tracer | None) -> LinkProtocol:
         """Find or create this server's clocks and queues (call inside a transaction)."""
-        queues = self.store.queues
+        links = self.store.links
         if config.setting(self.me, "aaabus.domains.rebuild"):
             self._forget_changed_domains(config)
         members_of: dict[str, tuple[int, ...]] = {}
-        waiting: dict[str, OOBTree] = {}
-        qout: dict[tuple[int, str], PersistentQueue] = {}
+        waiting: dict[str, Any] = {}
+        qout: dict[tuple[int, str], Any] = {}
         for domain in self.topology.domains_of(self.me):
             members = self.topology.domains[domain]
             members_of[domain] = members
             me = members.index(self.me)
             spec = config.domains[domain]
-            key = ("clock", domain)
-            clock = queues.get(key)
+            clock = links.clock(domain)
             if clock is None:
-                clock = queues[key] = DomainClock(
-                    len(members),
-                    me,
-                    stamps=spec.stamps,
-                    order=spec.order,
-                )
+                clock = links.new_clock(domain, len(members), me, spec.stamps, spec.order)
             elif (clock.size, clock.me, clock.stamps, clock.order) != (
                 len(members),
                 me,
@@ -178,17 +169,10 @@ class Channel:
                     "(see docs/operations.md)"
                 )
             self.clocks[domain] = clock
-            wait_key = ("wait", domain)
-            if wait_key not in queues:
-                queues[wait_key] = OOBTree()
-            waiting[domain] = queues[wait_key]
+            waiting[domain] = links.waiting(domain)
             for peer in members:
-                if peer == self.me:
-                    continue
-                out_key = ("out", peer, domain)
-                if out_key not in queues:
-                    queues[out_key] = PersistentQueue()
-                qout[peer, domain] = queues[out_key]
+                if peer != self.me:
+                    qout[peer, domain] = links.outgoing(peer, domain)
         return LinkProtocol(
             self.me,
             members_of,
@@ -209,30 +193,28 @@ class Channel:
         holds a held-back or unacknowledged message is refused (StoreError), since dropping it
         would lose that message; the agents, their state and the input queue are never touched.
         """
-        queues = self.store.queues
+        links = self.store.links
         wanted: dict[str, tuple[int, int, str, str]] = {}
         for domain in self.topology.domains_of(self.me):
             members = self.topology.domains[domain]
             spec = config.domains[domain]
             wanted[domain] = (len(members), members.index(self.me), spec.stamps, spec.order)
-        stale = set()
-        for key in list(queues.keys()):
-            if key[0] == "clock":
-                clock = queues[key]
-                if wanted.get(key[1]) != (clock.size, clock.me, clock.stamps, clock.order):
-                    stale.add(key[1])
-        doomed = [k for k in queues if k[0] in ("clock", "wait", "out") and k[-1] in stale]
-        pending = sum(len(queues[key]) for key in doomed if key[0] != "clock")
+        stale = sorted(
+            domain
+            for domain, clock in links.domains()
+            if wanted.get(domain) != (clock.size, clock.me, clock.stamps, clock.order)
+        )
+        pending = sum(links.pending(domain) for domain in stale)
         if pending:
             raise StoreError(
-                f"server {self.me} cannot rebuild domain(s) {', '.join(sorted(stale))}: they "
+                f"server {self.me} cannot rebuild domain(s) {', '.join(stale)}: they "
                 f"still hold {pending} message(s) held back or not acknowledged; boot under the "
                 "old configuration, drain the bus (docs/operations.md), then try again"
             )
-        for key in doomed:
-            del queues[key]
+        for domain in stale:
+            links.drop(domain)
         if stale:
-            log.warning("server %s: domain(s) %s rebuilt afresh", self.me, ", ".join(sorted(stale)))
+            log.warning("server %s: domain(s) %s rebuilt afresh", self.me, ", ".join(stale))
 
     def knows(self, server: int) -> bool:
         return server in self.routes

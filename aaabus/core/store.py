@@ -42,6 +42,8 @@ from persistent.mapping import PersistentMapping
 
 from aaabus.config.trust import TrustPolicy
 from aaabus.core.cachesweep import CacheSweeper
+from aaabus.core.clock import DomainClock
+from aaabus.core.journal import Journal, JournalQueue
 from aaabus.core.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
 from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
@@ -106,6 +108,65 @@ class PersistentQueue(LOBTree):
         return removed
 
 
+class ZodbQueues:
+    """The channel's clocks and queues as ZODB objects under the root's ``queues`` tree: the
+    layout of the file and memory stores (the log store keeps them in its journal,
+    :class:`~aaabus.core.journal.Journal`, which answers the same questions).
+
+    Keys: ``("clock", domain)`` a :class:`DomainClock`, ``("wait", domain)`` an ``OOBTree``
+    (peer, seq) -> held-back message, ``("out", peer, domain)`` a :class:`PersistentQueue`
+    link seq -> frame."""
+
+    def __init__(self, queues: OOBTree, qin: PersistentQueue) -> None:
+        self._queues = queues
+        self._qin = qin
+
+    def clock(self, domain: str) -> DomainClock | None:
+        clock: DomainClock | None = self._queues.get(("clock", domain))
+        return clock
+
+    def new_clock(self, domain: str, size: int, me: int, stamps: str, order: str) -> DomainClock:
+        clock = self._queues["clock", domain] = DomainClock(size, me, stamps=stamps, order=order)
+        return clock
+
+    def waiting(self, domain: str) -> OOBTree:
+        key = ("wait", domain)
+        if key not in self._queues:
+            self._queues[key] = OOBTree()
+        wait: OOBTree = self._queues[key]
+        return wait
+
+    def outgoing(self, peer: int, domain: str) -> PersistentQueue:
+        key = ("out", peer, domain)
+        if key not in self._queues:
+            self._queues[key] = PersistentQueue()
+        out: PersistentQueue = self._queues[key]
+        return out
+
+    def domains(self) -> list[tuple[str, DomainClock]]:
+        return [(key[1], clock) for key, clock in self._queues.items() if key[0] == "clock"]
+
+    def _keys(self, domain: str | None = None) -> list[tuple[Any, ...]]:
+        return [
+            key
+            for key in self._queues
+            if key[0] in ("wait", "out") and (domain is None or key[-1] == domain)
+        ]
+
+    def pending(self, domain: str) -> int:
+        """Messages held back or unacknowledged in ``domain``."""
+        return sum(len(self._queues[key]) for key in self._keys(domain))
+
+    def pending_messages(self) -> int:
+        """Every message queued: input, held back, unacknowledged."""
+        return len(self._qin) + sum(len(self._queues[key]) for key in self._keys())
+
+    def drop(self, domain: str) -> None:
+        """Forget the clock and queues of ``domain`` (the caller checked they are empty)."""
+        for key in [("clock", domain), *self._keys(domain)]:
+            self._queues.pop(key, None)
+
+
 class ServerRecord(Persistent):
     """Counters of one server: which server owns the store, boots, and id allocation."""
 
@@ -137,10 +198,13 @@ class Store:
         identity: bytes | None = None,
         *,
         pack_every: int = 0,
+        journal: bool = True,
     ) -> None:
         """``identity``: of the bus (refused if the store records another); ``pack_every``: pack
         in the background each time the storage grew by this many bytes (a FileStorage; 0:
-        never)."""
+        never); ``journal``: keep the queues and clocks of a log store as its side records
+        (:mod:`aaabus.core.journal`) rather than as ZODB objects (False: the layout of the
+        versions before, kept for tests of the upgrade)."""
         self.description = description
         self._db = db
         self._packer: Packer | None = None
@@ -179,10 +243,29 @@ class Store:
             self._packer = Packer(db, pack_every)
         #: Agents by (origin, stamp): the hosting server is this one by definition.
         self.agents: OOBTree = root["agents"]
-        #: Deliverable notifications for local agents, in delivery order.
-        self.qin: PersistentQueue = root["qin"]
-        #: Named structures of the channel side (outgoing queues, held-back messages, clocks).
+        #: The ZODB tree of the channel's structures (clocks, held-back messages, outgoing
+        #: queues) in a file or memory store; empty in a log store, whose journal holds them.
         self.queues: OOBTree = root["queues"]
+        storage = db.storage
+        self.journal: Journal | None = None
+        #: Deliverable notifications for local agents, in delivery order.
+        self.qin: PersistentQueue | JournalQueue
+        #: The channel's clocks and queues, wherever this kind of store keeps them.
+        self.links: ZodbQueues | Journal
+        if journal and isinstance(storage, LogStorage):
+            try:
+                self.journal = Journal(storage, self.tm, description)
+            except StoreError:
+                self.close()
+                raise
+            self.links = self.journal
+            self.qin = self.journal.qin
+            if self.journal.adopt(root["qin"], self.queues):
+                self.tm.commit()
+                log.info("%s: queues and clocks moved into the journal", description)
+        else:
+            self.qin = root["qin"]
+            self.links = ZodbQueues(self.queues, root["qin"])
         if self.record.wire_version != WIRE_VERSION:
             self._upgrade_wire()
 
@@ -200,10 +283,8 @@ class Store:
                 f"{self.description} was written by wire version {old}, newer than this "
                 f"server's {WIRE_VERSION}: run it with the aaabus that wrote it"
             )
-        # Held-back messages ("wait") and outgoing queues ("out"); clocks hold no body.
-        pending = len(self.qin) + sum(
-            len(value) for key, value in self.queues.items() if key[0] in ("wait", "out")
-        )
+        # Clocks hold no body.
+        pending = self.links.pending_messages()
         if pending:
             self.close()
             written = f"wire version {old}" if old is not None else "wire version 2 or earlier"
@@ -238,6 +319,8 @@ class Store:
         storage = self._db.storage
         if not isinstance(storage, LogStorage):
             return False
+        if self.journal is not None and self.journal.voted():
+            return True  # no ZODB object took part: the journal's own commit voted
         try:
             # What the connection handed the storage for ``txn`` (ZODB passes its metadata).
             meta = txn.data(self.conn)
@@ -304,6 +387,7 @@ def open_store(
     *,
     segment_size: int = DEFAULT_SEGMENT_SIZE,
     pack_every: int = DEFAULT_PACK_EVERY,
+    journal: bool = True,
 ) -> Store:
     """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
 
@@ -314,7 +398,9 @@ def open_store(
     With ``identity`` (:func:`aaabus.config.secret.bus_identity`), a store recorded under another
     bus is refused. ``segment_size``: of the log store's new segment files (existing ones keep
     theirs). ``pack_every``: a file store is packed in the background each time it grew by this
-    many bytes (0: never).
+    many bytes (0: never). ``journal``: a log store keeps its queues and clocks in its
+    journal (:mod:`aaabus.core.journal`); False keeps them as ZODB objects, as versions before
+    did (for tests of the move from that layout).
 
     A durable store's directory is created mode 0700 and its files 0600; a directory that
     another user owns or that its group or others may write is refused (they could swap the
@@ -336,7 +422,7 @@ def open_store(
     _refuse_other_kind(path, kind)
     if kind == "log":
         db, description = _open_log(path / LOG_DIR, server_id, segment_size, trust)
-        return _open_root(db, description, server_id, identity)
+        return _open_root(db, description, server_id, identity, journal=journal)
     db = _open_file(path / FILE_NAME, server_id, trust)
     return _open_root(db, f"storage {path / FILE_NAME}", server_id, identity, pack_every)
 
@@ -433,9 +519,10 @@ def _open_root(
     server_id: int,
     identity: bytes | None,
     pack_every: int = 0,
+    journal: bool = True,
 ) -> Store:
     try:
-        return Store(db, description, server_id, identity, pack_every=pack_every)
+        return Store(db, description, server_id, identity, pack_every=pack_every, journal=journal)
     except (UntrustedClass, MalformedPickle) as exc:  # a record the boot reads (names its oid)
         db.close()
         raise _refused(description, str(exc)) from None

@@ -122,6 +122,20 @@ records and watermarks (oids are never reused, even once their objects were coll
 Segments left unsealed (a crash) are sealed at the end of their readable blocks, over any torn
 bytes, and synced; empty ones are kept as spares.
 
+Side records
+============
+Records that are not ZODB objects share the format: their oid is a key whose first byte is
+``0xFF`` (:data:`.format.SIDE_PREFIX`; ZODB's oids count up from 1 and never reach it). The bus
+keeps its queues and clocks there (:mod:`aaabus.core.journal`). ``write_side(txn, records,
+forget)`` adds them to an open transaction, so they are written in the same block as ZODB's
+records of that transaction, or alone in a transaction that the caller began itself; the keys in
+``forget`` leave the index at ``tpc_finish`` and nothing is written for them (their last record
+is dead from then on, reclaimed with its segment; until then a reopen indexes it again, which is
+why the journal judges what it reads at boot). Side keys never count towards the next oid, are
+never collected as garbage (nothing in ZODB refers to them) and are not listed by
+``record_iternext``; ``side_records()`` reads them all (a boot), ``forget_side(keys)`` drops keys
+outside a transaction.
+
 Reads and history
 =================
 The index keeps, per object, only the current record's position, length and tid. ``load`` and

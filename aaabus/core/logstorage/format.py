@@ -44,6 +44,18 @@ ABORT_SIZE = BLOCK_OVERHEAD
 
 Z64 = b"\0" * 8
 
+#: First byte of a side record's key (:meth:`LogStorage.write_side`): records that are not ZODB
+#: objects (the bus's queue entries and clock pages, :mod:`aaabus.core.journal`). ZODB's oids
+#: are allocated upwards from 1 and never come near it; recovery leaves such keys out of the
+#: next oid, and garbage collection never drops them (nothing in ZODB refers to them).
+SIDE_PREFIX = 0xFF
+
+
+def is_side(oid: bytes) -> bool:
+    """Whether ``oid`` is a side record's key rather than a ZODB object's."""
+    return oid[0] == SIDE_PREFIX
+
+
 #: Positions pack a segment's seq and a byte offset in it into one int: seq << 32 | offset.
 OFFSET_BITS = 32
 OFFSET_MASK = (1 << OFFSET_BITS) - 1

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from ZODB.utils import oid_repr
 
-from aaabus.core.logstorage.format import Z64
+from aaabus.core.logstorage.format import Z64, is_side
 from aaabus.core.logstorage.log import Log
 from aaabus.errors import PassStopped, UnreadableRecord
 
@@ -106,7 +106,11 @@ def collect(
         # under the lock then costs the garbage's size, not the store's.
         unmarked: list[bytes] = []
         for start in range(0, len(before), 4096):
-            unmarked.extend(oid for oid in before[start : start + 4096] if oid not in marked)
+            unmarked.extend(
+                oid
+                for oid in before[start : start + 4096]
+                if oid not in marked and not is_side(oid)
+            )
             time.sleep(BREATHE_SECONDS)
         with log.lock:
             dirty = log.marking

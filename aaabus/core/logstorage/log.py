@@ -247,10 +247,12 @@ class Log:
         seq: int,
         placed: list[tuple[bytes, int, int]],
         func: Callable[[bytes], object],
+        forget: Iterable[bytes] = (),
     ) -> None:
-        """Committing thread, in tpc_finish: make the voted records current, then call ``func``
-        (ZODB's invalidation callback) still under the lock, so that no load returns an old
-        revision once ZODB has been told of the new one."""
+        """Committing thread, in tpc_finish: make the voted records current, drop the side
+        records in ``forget`` from the index, then call ``func`` (ZODB's invalidation callback)
+        still under the lock, so that no load returns an old revision once ZODB has been told
+        of the new one."""
         with self.lock:
             index = self.index
             live = self.live
@@ -265,6 +267,11 @@ class Log:
                 index[oid] = (pos, length, tid)
                 added += RH + length
             live[seq] += added
+            for oid in forget:
+                entry = index.pop(oid, None)
+                if entry is not None:
+                    live[entry[0] >> OFFSET_BITS] -= RH + entry[1]
+                    new_oid = True
             self.last_tid = tid
             if new_oid:
                 self.oid_order = None

@@ -21,6 +21,7 @@ from aaabus.core.logstorage.format import (
     Z64,
     FormatError,
     decode_segment_header,
+    is_side,
     iter_records,
     position,
     scan_segment,
@@ -159,7 +160,7 @@ def _apply_blocks(out: Recovered, seq: int, buf: bytes, blocks: list) -> None:
             if kind == KIND_COMMIT and record.tid != block.tid:
                 raise FormatError(record.offset, "a record's tid differs from its transaction's")
             oid_int = int.from_bytes(record.oid, "big")
-            if oid_int >= out.next_oid:
+            if oid_int >= out.next_oid and not is_side(record.oid):
                 out.next_oid = oid_int + 1
             if record.tid > out.last_tid:
                 out.last_tid = record.tid

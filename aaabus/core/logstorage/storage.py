@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ from aaabus.core.logstorage.format import (
     RECORD_HEAD,
     Z64,
     block_parts,
+    is_side,
     position,
 )
 from aaabus.core.logstorage.log import RESERVE, Log
@@ -106,6 +107,8 @@ class LogStorage:
         self._txn: Any = None
         self._tid = Z64
         self._tdata: dict[bytes, bytes] = {}
+        #: Side records the open transaction drops from the index at tpc_finish.
+        self._forget: list[bytes] = []
         self._placed: list[tuple[bytes, int, int]] | None = None
         self.last_vote_ns: tuple[int, int, int] | None = None
         self._voted_head: Segment | None = None
@@ -130,6 +133,7 @@ class LogStorage:
         return self._log.file_bytes()
 
     def __len__(self) -> int:
+        """Current records: ZODB's objects and the side records."""
         return len(self._log.index)
 
     def isReadOnly(self) -> bool:
@@ -288,12 +292,13 @@ class LogStorage:
         self,
         next: bytes | None = None,  # the name ZODB's interface gives it
     ) -> tuple[bytes, bytes, bytes, bytes | None]:
-        """(oid, tid, data, next oid or None) of the current record at or after ``next``."""
+        """(oid, tid, data, next oid or None) of the current record at or after ``next``: ZODB's
+        objects only, not the side records."""
         log = self._log
         with log.lock:
             order = log.oid_order
             if order is None:
-                order = log.oid_order = sorted(log.index)
+                order = log.oid_order = sorted(oid for oid in log.index if not is_side(oid))
             at = bisect.bisect_left(order, next or Z64)
             if at >= len(order):
                 raise POSKeyError(next or Z64)
@@ -335,6 +340,7 @@ class LogStorage:
         self._tid = tid if tid is not None else newTid(self._log.last_tid)
         self._txn = transaction
         self._tdata = {}
+        self._forget = []
         self._placed = None
         self._voted_head = None
 
@@ -352,6 +358,45 @@ class LogStorage:
         if entry is not None and serial != entry[2]:
             raise ConflictError(oid=oid, serials=(entry[2], serial), data=data)
         self._tdata[oid] = data
+
+    def write_side(
+        self, transaction: Any, records: dict[bytes, bytes], forget: Iterable[bytes]
+    ) -> None:
+        """Add side records to the open ``transaction`` (begun with ``tpc_begin``, before its
+        vote): ``records`` (key -> data; keys :func:`~.format.is_side`) are written in its block
+        beside ZODB's, and the keys in ``forget`` leave the index when it finishes.
+
+        Side records are what the bus keeps outside ZODB's objects (:mod:`aaabus.core.journal`):
+        no serial, no conflict check (one writer), never collected as garbage. A forgotten key
+        writes nothing: its last record stays on disk, dead, until its segment is compacted, so a
+        store reopened before that finds it again (:meth:`side_records`); whoever forgets keys
+        must tell such records from live ones by what the live records say."""
+        if transaction is not self._txn:
+            raise StorageTransactionError(self, transaction)
+        if self._placed is not None:
+            raise StorageTransactionError("side records added after the vote")
+        for oid in records:
+            if not is_side(oid):
+                raise ValueError(f"side record key {oid.hex()} lacks the side prefix")
+        self._tdata.update(records)
+        self._forget.extend(forget)
+
+    def side_records(self) -> dict[bytes, bytes]:
+        """Every side record the index holds (key -> data), read once: a boot's load."""
+        log = self._log
+        with log.lock:
+            keys = [oid for oid in log.index if is_side(oid)]
+        found: dict[bytes, bytes] = {}
+        for oid in keys:
+            current = log.read_current(oid)
+            if current is not None:
+                found[oid] = current[0]
+        return found
+
+    def forget_side(self, keys: Iterable[bytes]) -> None:
+        """Drop side records from the index now, outside any transaction (a boot that found them
+        dead): nothing is written; compaction reclaims them."""
+        self._log.delete([oid for oid in keys if is_side(oid)])
 
     def checkCurrentSerialInTransaction(self, oid: bytes, serial: bytes, transaction: Any) -> None:
         # Checked now, not at vote: the commit lock keeps other transactions out until then.
@@ -428,7 +473,7 @@ class LogStorage:
                 self.tpc_vote(transaction)
             head = self._voted_head
             assert head is not None and self._placed is not None
-            self._log.apply_commit(self._tid, head.seq, self._placed, func)
+            self._log.apply_commit(self._tid, head.seq, self._placed, func, self._forget)
             return self._tid
         finally:
             self._end_transaction()
@@ -458,6 +503,7 @@ class LogStorage:
     def _end_transaction(self) -> None:
         self._txn = None
         self._tdata = {}
+        self._forget = []
         self._placed = None
         self._voted_head = None
         self._commit_lock.release()
