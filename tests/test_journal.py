@@ -251,17 +251,17 @@ def test_a_hop_whose_agent_did_not_change_never_enters_zodb(log_stores: Stores) 
 def test_consumed_records_found_at_boot_are_forgotten(log_stores: Stores) -> None:
     store = log_stores()
     clock = with_domain(store)
-    for n in range(3):
+    for n in range(3):  # three transactions: three runs of one frame each
         store.qin.put(message(n))
         clock.prepare_send(1)
         store.links.outgoing(PEER, DOMAIN)[n + 1] = frame(n + 1)
-    store.commit()
+        store.commit()
     store.qin.pop()
     store.links.outgoing(PEER, DOMAIN).pop_through(2)
     store.commit()
     log_stores.close()
     # The storage alone finds the dead records again (no compaction ran since they were
-    # forgotten): the two acknowledged frames beside the one still queued.
+    # forgotten): the two acknowledged runs beside the one still queued.
     storage = LogStorage(log_stores.path / "log", compact=False)
     kinds = sorted(key[1] for key in storage.side_records() if key[1] in (K_OUT,))
     storage.close()
@@ -294,6 +294,26 @@ def test_a_log_store_of_the_zodb_layout_moves_into_the_journal(log_stores: Store
     assert [f for _seq, f in store.links.outgoing(PEER, DOMAIN).items()] == [
         frame(n) for n in (1, 2, 3)
     ]
+
+
+def test_a_run_partly_acknowledged_keeps_only_its_owed_frames(log_stores: Stores) -> None:
+    store = log_stores()
+    clock = with_domain(store)
+    out = store.links.outgoing(PEER, DOMAIN)
+    for seq in range(1, 6):  # one transaction: one run
+        clock.prepare_send(1)
+        out[seq] = frame(seq)
+    store.commit()
+    out.pop_through(3)
+    store.commit()
+    store = log_stores()
+    out = store.links.outgoing(PEER, DOMAIN)
+    assert [f for _seq, f in out.items()] == [frame(4), frame(5)]
+    out.pop_through(5)
+    store.commit()
+    store = log_stores()
+    assert not store.links.outgoing(PEER, DOMAIN)
+    assert not any(is_side(k) and k[1] == K_OUT for k in store._db.storage._log.index)
 
 
 def test_a_damaged_queue_record_is_refused_in_one_line(log_stores: Stores) -> None:

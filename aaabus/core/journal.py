@@ -13,19 +13,20 @@ interface.
 
 What is stored, one record per key (8 bytes: ``0xFF``, a kind, six bytes):
 
-=================  =======================  ================================================
-kind               key's six bytes          data
-=================  =======================  ================================================
-catalog            0                        the domains (number, size, me, stamps, order) and
-                                            the links (peer, domain) -> number, as JSON
-qin entry          the entry's seq          the message as a data frame (:mod:`.linkframes`)
-qin head           0                        the seq of the oldest entry not consumed
-out entry          link, seq mod 2**32      the frame, as it is sent (its seq in its header)
-out acknowledged   link, 0                  the seq of the last frame the peer acknowledged
-wait entry         link, seq mod 2**32      the clock index of the peer (2 bytes), the frame
-clock page         domain, page             the page's uint64 cells (:class:`.clock._Page`);
-                                            page ``0xFFFFFFFF``: a full-stamp clock's matrix
-=================  =======================  ================================================
+=================  =========================  ==============================================
+kind               key's six bytes            data
+=================  =========================  ==============================================
+catalog            0                          the domains (number, size, me, stamps, order)
+                                              and the links (peer, domain) -> number, JSON
+qin entry          the entry's seq            the message as a data frame (:mod:`.linkframes`)
+qin head           0                          the seq of the oldest entry not consumed
+out run            link, first seq mod 2**32  the frames one transaction queued on the link,
+                                              each after its length (4 bytes), as sent
+out acknowledged   link, 0                    the seq of the last frame acknowledged
+wait entry         link, seq mod 2**32        the clock index of the peer (2 bytes), the frame
+clock page         domain, page               the page's uint64 cells (:class:`.clock._Page`);
+                                              page ``0xFFFFFFFF``: a full-stamp clock's matrix
+=================  =========================  ==============================================
 
 Removing an entry writes nothing: its key leaves the log store's index when the commit finishes
 (``forget``), and its record stays on disk, dead, until compaction drops its segment. A store
@@ -35,8 +36,8 @@ live records say, so a crash never brings a consumed entry back:
 * a qin entry below the head is consumed (the head is rewritten by every commit that pops);
 * a wait entry whose seq the clock already counts as delivered from its peer was delivered
   (the clock and the held-back set are written by the same commits);
-* an out entry at or below its link's acknowledged seq was acknowledged (an acknowledgement
-  rewrites that 8-byte record).
+* a frame at or below its link's acknowledged seq was acknowledged (an acknowledgement
+  rewrites that 8-byte record, and forgets the runs whose last frame it covers).
 
 Dead records found at boot are forgotten there, so that compaction reclaims them.
 
@@ -56,6 +57,7 @@ Engine thread only, like the store.
 from __future__ import annotations
 
 import json
+import struct
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -90,6 +92,8 @@ _HEAD_KEY = bytes((_SIDE, K_QIN_HEAD)) + bytes(6)
 #: A link or domain number is two bytes of a key.
 MAX_NUMBER = 0xFFFF
 _ABSENT: Any = object()
+#: The length before each frame of an outgoing run record.
+_RUN_LEN = struct.Struct(">I")
 #: Serial given to the journal's objects, so that DomainClock.dirty_bytes sees them as stored.
 _STORED = b"\0" * 7 + b"\1"
 
@@ -124,6 +128,8 @@ class Journal:
         self._writes: dict[bytes, bytes] = {}
         self._forgets: set[bytes] = set()
         self._dirty: dict[bytes, Persistent] = {}
+        #: Outgoing queues with frames queued by the open transaction (written at its commit).
+        self._flushing: list[JournalOut] = []
         self._undo: list[tuple[Undo, tuple[Any, ...]]] = []
         self._joined = False
         #: Our own storage transaction (a commit no ZODB object took part in), else None.
@@ -191,11 +197,11 @@ class Journal:
             if domain in self._clocks:
                 current[peer, domain] = number
         for (peer, domain), number in current.items():
-            self._outs[peer, domain] = JournalOut(self, number, deque())
+            self._outs[peer, domain] = JournalOut(self, number)
         for domain in self._clocks:
             self._waits.setdefault(domain, JournalWait(self, domain, {}))
         links = self._catalog["links"]
-        outs: dict[int, list[tuple[int, bytes, bytes]]] = {}
+        outs: dict[int, list[tuple[int, bytes, bytes]]] = {}  # link -> (first seq, key, run)
         for key, data in records.items():
             kind = key[1]
             if kind not in (K_OUT, K_WAIT):
@@ -205,7 +211,7 @@ class Journal:
             if current.get((peer, domain)) != number:
                 continue  # a dead record of a domain since dropped
             if kind == K_OUT:
-                outs.setdefault(number, []).append((_frame_seq(data), key, data))
+                outs.setdefault(number, []).append((_frame_seq(data[_RUN_LEN.size :]), key, data))
                 continue
             src = int.from_bytes(data[:2], "big")
             seq, frame_domain, stamp, message = decode_data(data[2:])
@@ -220,10 +226,9 @@ class Journal:
             ack_key = _key(K_ACKED, number, 0)
             raw = records.get(ack_key)
             acked = int.from_bytes(raw, "big") if raw is not None else 0
-            queue = self._outs[peer, domain]._items
-            for seq, key, frame in sorted(found):
-                if seq > acked:
-                    queue.append((seq, frame))
+            queue = self._outs[peer, domain]
+            for _first, key, run in sorted(found):
+                if queue._load(key, run, acked):
                     self._live.add(key)
         for number in current.values():
             ack_key = _key(K_ACKED, number, 0)
@@ -287,7 +292,7 @@ class Journal:
             links = self._catalog["links"]
             if len(links) > MAX_NUMBER:
                 raise StoreError(f"{self._description}: more than {MAX_NUMBER + 1} links")
-            queue = self._outs[peer, domain] = JournalOut(self, len(links), deque())
+            queue = self._outs[peer, domain] = JournalOut(self, len(links))
             self.undo(self._outs.pop, (peer, domain))
             self._set_catalog("links", [*links, [peer, domain]])
         return queue
@@ -393,6 +398,11 @@ class Journal:
         else:
             self._forgets.discard(key)
 
+    def flush_at_commit(self, out: JournalOut) -> None:
+        """Have ``out`` write its open run when the transaction commits."""
+        self._flushing.append(out)
+        self.undo(self._flushing.pop)
+
     def undo(self, fn: Undo, *args: Any) -> None:
         """Record how to take back a change just made in memory (as the effects' undo log)."""
         if not self._joined:
@@ -433,6 +443,8 @@ class Journal:
             self._storage.tpc_begin(own)
 
     def commit(self, txn: Any) -> None:
+        for out in self._flushing:
+            out.flush()
         writes = self._writes
         for key, obj in self._dirty.items():
             writes[key] = _state(obj)
@@ -453,6 +465,7 @@ class Journal:
             committed[key] = writes[key]
             obj._p_changed = False
         self._dirty.clear()
+        self._flushing = []
         self._writes = {}
         self._forgets = set()
         self._undo.clear()
@@ -591,12 +604,21 @@ class JournalQueue:
 
 
 class JournalOut:
-    """One link's outgoing queue: link seq -> frame, in seq order."""
+    """One link's outgoing queue: link seq -> frame, in seq order.
 
-    def __init__(self, journal: Journal, number: int, items: deque[tuple[int, bytes]]) -> None:
+    The frames one transaction queues on a link are ONE record (a *run*, keyed by its first
+    seq): a burst of 200 sends is one record, not 200, and an acknowledgement forgets the runs
+    it covers whole. A run partly acknowledged stays on disk until its last frame is; the
+    acknowledged seq tells a boot which of its frames are still owed."""
+
+    def __init__(self, journal: Journal, number: int) -> None:
         self._journal = journal
         self._number = number
-        self._items = items
+        self._items: deque[tuple[int, bytes]] = deque()
+        #: Committed runs, oldest first: (seq of its last frame, its key).
+        self._runs: deque[tuple[int, bytes]] = deque()
+        #: Frames queued by the open transaction: its run, written at the commit.
+        self._fresh: list[tuple[int, bytes]] = []
 
     def __len__(self) -> int:
         return len(self._items)
@@ -608,24 +630,76 @@ class JournalOut:
         items = self._items
         if items and seq <= items[-1][0]:
             raise ValueError(f"link seq {seq} after {items[-1][0]}: out of order")
-        items.append((seq, frame))
+        entry = (seq, frame)
+        items.append(entry)
+        fresh = self._fresh
+        if not fresh:
+            self._journal.flush_at_commit(self)
+        fresh.append(entry)
+        self._journal.undo(self._unput)
+
+    def _unput(self) -> None:
+        self._items.pop()
+        self._fresh.pop()
+
+    def flush(self) -> None:
+        """Commit (journal): write the open transaction's frames as one run."""
+        fresh = self._fresh
+        if not fresh:
+            return
         journal = self._journal
-        journal.undo(items.pop)
-        journal.write(_key(K_OUT, self._number, seq), frame)
+        key = _key(K_OUT, self._number, fresh[0][0])
+        journal.write(key, b"".join(_RUN_LEN.pack(len(frame)) + frame for _seq, frame in fresh))
+        self._runs.append((fresh[-1][0], key))
+        self._fresh = []
+        journal.undo(self._unflush, fresh)
+
+    def _unflush(self, fresh: list[tuple[int, bytes]]) -> None:
+        self._runs.pop()
+        self._fresh = fresh
 
     def pop_through(self, seq: int) -> int:
         """Forget every frame whose seq is ``<= seq``; return how many."""
         items = self._items
         removed: list[tuple[int, bytes]] = []
-        journal = self._journal
         while items and items[0][0] <= seq:
-            entry = items.popleft()
-            removed.append(entry)
-            journal.forget(_key(K_OUT, self._number, entry[0]))
-        if removed:
-            journal.undo(items.extendleft, removed[::-1])
-            journal.write(_key(K_ACKED, self._number, 0), removed[-1][0].to_bytes(8, "big"))
+            removed.append(items.popleft())
+        if not removed:
+            return 0
+        journal = self._journal
+        journal.undo(items.extendleft, removed[::-1])
+        fresh = self._fresh
+        if fresh and fresh[0][0] <= seq:  # queued and acknowledged in one transaction
+            self._fresh = [entry for entry in fresh if entry[0] > seq]
+            journal.undo(setattr, self, "_fresh", fresh)
+        runs = self._runs
+        done: list[tuple[int, bytes]] = []
+        while runs and runs[0][0] <= seq:
+            done.append(runs.popleft())
+            journal.forget(done[-1][1])
+        if done:
+            journal.undo(runs.extendleft, done[::-1])
+        journal.write(_key(K_ACKED, self._number, 0), removed[-1][0].to_bytes(8, "big"))
         return len(removed)
+
+    def _load(self, key: bytes, data: bytes, acked: int) -> bool:
+        """Boot: take a run record's frames still owed; whether there was any."""
+        frames = []
+        offset = 0
+        while offset < len(data):
+            (length,) = _RUN_LEN.unpack_from(data, offset)
+            offset += _RUN_LEN.size
+            frame = data[offset : offset + length]
+            if len(frame) != length:
+                raise ValueError(f"a queued frame cut short ({len(frame)} of {length} bytes)")
+            offset += length
+            frames.append((_frame_seq(frame), frame))
+        owed = [entry for entry in frames if entry[0] > acked]
+        if not owed:
+            return False
+        self._items.extend(owed)
+        self._runs.append((frames[-1][0], key))
+        return True
 
     def items(self) -> Iterator[tuple[int, bytes]]:
         return iter(list(self._items))
