@@ -39,7 +39,7 @@ from aaabus.config.reader import load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
 from aaabus.node.inprocess import InProcessBus
-from aaabus.tools.launch import Bus, free_port_base
+from aaabus.tools.launch import Bus, ServerProcess, free_port_base
 
 __all__ = [
     "LAYOUTS",
@@ -192,8 +192,11 @@ def check_alive(bus: Bus, down: set[int]) -> None:
             raise AssertionError(f"server {sid} died on its own during the schedule: {tail}")
 
 
-def stop_all(bus: Bus, timeout: float = 20.0) -> dict[int, int | None]:
-    """SIGTERM every server once and wait for each; the exit statuses.
+def stop_all(
+    bus: Bus, timeout: float = 20.0, evidence: dict[int, list[str]] | None = None
+) -> dict[int, int | None]:
+    """SIGTERM every server once and wait for each; the exit statuses. With ``evidence``, the
+    thread stacks and last output of each server that did not stop go there (by server id).
 
     Not :meth:`Bus.stop`: it signals every process a second time from ``ServerProcess.stop``,
     and a second SIGTERM that lands while a server's interpreter is finalising (its handler
@@ -211,8 +214,26 @@ def stop_all(bus: Bus, timeout: float = 20.0) -> dict[int, int | None]:
             codes[sid] = proc.proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             codes[sid] = None  # did not stop: bus.stop() below kills it
+            if evidence is not None:
+                evidence[sid] = _stacks_of(proc)
     bus.stop()
     return codes
+
+
+def _stacks_of(proc: ServerProcess) -> list[str]:
+    """The stack of every thread of a server that does not stop (``aaabus-server`` prints them
+    on SIGUSR1) and its last output lines before them: where it is stuck."""
+    seen = len(proc.lines)
+    assert proc.proc is not None
+    proc.proc.send_signal(signal.SIGUSR1)
+    deadline = time.monotonic() + 5.0
+    # The dump ends with the main thread's stack, the last one faulthandler prints.
+    while time.monotonic() < deadline and not any(
+        "most recent call first" in line for line in list(proc.lines)[seen:]
+    ):
+        pause(0.05)
+    pause(0.5)  # the rest of the dump, relayed line by line
+    return list(proc.lines)[max(0, seen - 40) :]
 
 
 class Traffic(Protocol):
@@ -273,9 +294,22 @@ class Faulted:
 
     killed: list[int] = field(default_factory=list)
     exit_codes: dict[int, int | None] = field(default_factory=dict)
+    #: The thread stacks and last output of each server that did not stop (see stop_all).
+    stuck: dict[int, list[str]] = field(default_factory=dict)
 
     def bad_exits(self) -> dict[int, int | None]:
         return {sid: code for sid, code in self.exit_codes.items() if code != 0}
+
+
+def stuck_note(faulted: Faulted, workdir: Path) -> str:
+    """Write the evidence of each server that did not stop to ``workdir/stuck-s<id>.txt``;
+    the words naming those files (empty when there is none)."""
+    paths = []
+    for sid, lines in sorted(faulted.stuck.items()):
+        path = workdir / f"stuck-s{sid}.txt"
+        path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        paths.append(str(path))
+    return f" (thread stacks: {', '.join(paths)})" if paths else ""
 
 
 def run_under_faults(
@@ -296,7 +330,7 @@ def run_under_faults(
         done.killed = run_faults(bus, faults, time.monotonic(), traffic)
         check_alive(bus, set())
     finally:
-        done.exit_codes = stop_all(bus)
+        done.exit_codes = stop_all(bus, evidence=done.stuck)
     return done
 
 

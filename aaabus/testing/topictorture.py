@@ -59,6 +59,7 @@ from aaabus.testing.crash import (
     pause,
     run_under_faults,
     servers_of,
+    stuck_note,
     write_bus_config,
 )
 from aaabus.testing.topicload import (
@@ -351,7 +352,8 @@ def run_topic_schedule(
     outcome.kills = len(faulted.killed)
     outcome.router_kills = sum(sid in schedule.routers for sid in faulted.killed)
     if faulted.bad_exits():
-        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}")
+        stuck = stuck_note(faulted, workdir)
+        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
     first, peers = drain_in_process(
         config, storage, read_peers, lambda ps: complete(ps, traffic.sent), drain_timeout
     )

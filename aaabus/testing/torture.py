@@ -61,6 +61,7 @@ from aaabus.testing.crash import (
     run_under_faults,
     schedule_seed,
     stop_all,
+    stuck_note,
     write_bus_config,
 )
 from aaabus.testing.workload import Gossiper, merge_and_tick
@@ -362,7 +363,8 @@ def run_schedule(
     outcome.kills = len(faulted.killed)
     outcome.router_kills = sum(sid in schedule.routers for sid in faulted.killed)
     if faulted.bad_exits():
-        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}")
+        stuck = stuck_note(faulted, workdir)
+        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
     accounts, outcome.delivered_at_stop = finish_in_process(
         config, storage, schedule, drain_timeout
     )
