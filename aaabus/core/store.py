@@ -246,12 +246,16 @@ class Store:
         #: The ZODB tree of the channel's structures (clocks, held-back messages, outgoing
         #: queues) in a file or memory store; empty in a log store, whose journal holds them.
         self.queues: OOBTree = root["queues"]
-        storage = db.storage
         self.journal: Journal | None = None
         #: Deliverable notifications for local agents, in delivery order.
-        self.qin: PersistentQueue | JournalQueue
+        self.qin: PersistentQueue | JournalQueue = root["qin"]
         #: The channel's clocks and queues, wherever this kind of store keeps them.
-        self.links: ZodbQueues | Journal
+        self.links: ZodbQueues | Journal = ZodbQueues(self.queues, root["qin"])
+        # The wire check comes first: a store it refuses must keep its queues where the
+        # version that wrote it looks for them.
+        if self.record.wire_version != WIRE_VERSION:
+            self._upgrade_wire()
+        storage = db.storage
         if journal and isinstance(storage, LogStorage):
             try:
                 self.journal = Journal(storage, self.tm, description)
@@ -263,11 +267,6 @@ class Store:
             if self.journal.adopt(root["qin"], self.queues):
                 self.tm.commit()
                 log.info("%s: queues and clocks moved into the journal", description)
-        else:
-            self.qin = root["qin"]
-            self.links = ZodbQueues(self.queues, root["qin"])
-        if self.record.wire_version != WIRE_VERSION:
-            self._upgrade_wire()
 
     def _upgrade_wire(self) -> None:
         """Record this version's wire in a store written by another one, if that is safe.
@@ -283,7 +282,8 @@ class Store:
                 f"{self.description} was written by wire version {old}, newer than this "
                 f"server's {WIRE_VERSION}: run it with the aaabus that wrote it"
             )
-        # Clocks hold no body.
+        # Clocks hold no body. Stores of other wire versions predate the journal: their queues
+        # are ZODB objects.
         pending = self.links.pending_messages()
         if pending:
             self.close()
