@@ -316,15 +316,24 @@ def test_a_run_partly_acknowledged_keeps_only_its_owed_frames(log_stores: Stores
     assert not any(is_side(k) and k[1] == K_OUT for k in store._db.storage._log.index)
 
 
-def test_a_damaged_queue_record_is_refused_in_one_line(log_stores: Stores) -> None:
+@pytest.mark.parametrize("damage", ["garbage in the input queue", "a run cut short"])
+def test_a_damaged_queue_record_is_refused_in_one_line(log_stores: Stores, damage: str) -> None:
     store = log_stores()
     store.qin.put(message(1))
+    clock = with_domain(store)
+    clock.prepare_send(1)
+    store.links.outgoing(PEER, DOMAIN)[1] = frame(1)
     store.commit()
+    run_key = next(k for k in store._db.storage._log.index if is_side(k) and k[1] == K_OUT)
     log_stores.close()
     storage = LogStorage(log_stores.path / "log")
+    if damage == "a run cut short":
+        bad = {run_key: storage.side_records()[run_key][:3]}
+    else:
+        bad = {qin_key(0): b"garbage"}
     meta = object()
     storage.tpc_begin(meta)
-    storage.write_side(meta, {qin_key(0): b"garbage"}, ())
+    storage.write_side(meta, bad, ())
     storage.tpc_vote(meta)
     storage.tpc_finish(meta)
     storage.close()

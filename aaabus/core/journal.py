@@ -144,7 +144,7 @@ class Journal:
             self._catalog = self._read_catalog(records)
             self.qin = self._load_qin(records)
             self._load_links(records)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
             raise StoreError(
                 f"{description} holds damaged queue records ({type(exc).__name__}: {exc}); "
                 "restore the store from a backup"
