@@ -433,7 +433,9 @@ class Journal:
         self._writes.clear()
         self._forgets.clear()
         self._joined = False
-        self._end_own(abort=True)
+        own, self._own = self._own, None
+        if own is not None:  # our own storage transaction had begun: end it too
+            self._storage.tpc_abort(own)
 
     def tpc_begin(self, txn: Any) -> None:
         # The connection sorts before us: if an agent changed, it has begun the storage's
@@ -473,11 +475,6 @@ class Journal:
 
     def tpc_abort(self, txn: Any) -> None:
         self.abort(txn)
-
-    def _end_own(self, abort: bool) -> None:
-        own, self._own = self._own, None
-        if own is not None and abort:
-            self._storage.tpc_abort(own)
 
     def sortKey(self) -> str:
         # After the ZODB connection (its key starts with its storage's name) and before the
@@ -703,9 +700,6 @@ class JournalOut:
 
     def items(self) -> Iterator[tuple[int, bytes]]:
         return iter(list(self._items))
-
-    def keys(self) -> list[int]:
-        return [seq for seq, _frame in self._items]
 
 
 class JournalWait:

@@ -226,13 +226,14 @@ def _stacks_of(proc: ServerProcess) -> list[str]:
     seen = len(proc.lines)
     assert proc.proc is not None
     proc.proc.send_signal(signal.SIGUSR1)
+    # The dump is relayed line by line and has no end marker: it is over once lines have
+    # stopped coming for a while (or at the deadline).
     deadline = time.monotonic() + 5.0
-    # The dump ends with the main thread's stack, the last one faulthandler prints.
-    while time.monotonic() < deadline and not any(
-        "most recent call first" in line for line in list(proc.lines)[seen:]
-    ):
+    count, quiet_since = seen, time.monotonic()
+    while time.monotonic() < deadline and (count == seen or time.monotonic() - quiet_since < 0.3):
         pause(0.05)
-    pause(0.5)  # the rest of the dump, relayed line by line
+        if len(proc.lines) != count:
+            count, quiet_since = len(proc.lines), time.monotonic()
     return list(proc.lines)[max(0, seen - 40) :]
 
 
