@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import statistics
 import time
 from dataclasses import dataclass
@@ -108,8 +109,7 @@ class PingDriver(Agent):
             self.pongs.append(note.agent_id)
             if len(self.pongs) == len(self.servers):
                 self._v_rtts: list[int] = []
-                self._v_wall0 = time.perf_counter_ns()
-                self._v_epoch0 = time.time_ns()
+                self._start_window()
                 self._next_round()
         elif isinstance(note, Ball):
             if note.round != self.round:
@@ -137,14 +137,22 @@ class PingDriver(Agent):
         self.round += 1
         self.pending = len(self.pongs)
         if self.round == self.warmup:
-            self._v_wall0 = time.perf_counter_ns()
-            self._v_epoch0 = time.time_ns()
+            self._start_window()
         ball = Ball(self.round, b"x" * self.payload, time.perf_counter_ns())
         for pong in self.pongs:
             self.send_to(pong, ball)
 
+    def _start_window(self) -> None:
+        """The measured rounds start: their wall-clock window and this process's CPU time."""
+        self._v_wall0 = time.perf_counter_ns()
+        self._v_epoch0 = time.time_ns()
+        self._v_cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+
     def _write_result(self, rtts: list[int], now: int) -> None:
         wall_ms = (now - getattr(self, "_v_wall0", now)) / 1e6
+        cpu0 = getattr(self, "_v_cpu0", None)
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)  # µs-grained, unlike os.times()
+        rounds = max(1, len(rtts))
         result: dict[str, Any] = {
             "test": self.test,
             "rounds": len(rtts),
@@ -154,6 +162,15 @@ class PingDriver(Agent):
             "wall_ms_per_round": wall_ms / max(1, len(rtts)),
             # Wall-clock window of the measured rounds, to pick their hops out of the traces.
             "window_ns": [getattr(self, "_v_epoch0", 0), time.time_ns()],
+            # The driver's server (all its threads) over the measured rounds: user and system
+            # CPU per round. With aaabus.link.notice_spin_us > 0, it includes the I/O thread's
+            # polling while a group waits for a notice; at 0 it is the work alone.
+            "driver_cpu_us_per_round": None
+            if cpu0 is None
+            else {
+                "user": round((cpu1.ru_utime - cpu0.ru_utime) * 1e6 / rounds, 1),
+                "system": round((cpu1.ru_stime - cpu0.ru_stime) * 1e6 / rounds, 1),
+            },
             "rtts_ns": rtts,
         }
         path = Path(self.out)

@@ -739,7 +739,9 @@ def _measure_aaabus(args: argparse.Namespace) -> dict[str, Any]:
     pp = pingpong.run(args.config, "remote", args.rounds, warmup=args.warmup, payload=args.payload)
     st = stream.run(args.config, args.count, payload=args.payload)
     return {
-        "pingpong": {k: pp[k] for k in ("rounds", "rtt_ms", "wall_ms_per_round")},
+        "pingpong": {
+            k: pp[k] for k in ("rounds", "rtt_ms", "wall_ms_per_round", "driver_cpu_us_per_round")
+        },
         "stream": {k: st[k] for k in ("count", "seconds", "msgs_per_s", "out_of_order")},
     }
 
@@ -775,7 +777,14 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         },
         "pingpong_wall_ms_per_round": _median([r["pingpong"]["wall_ms_per_round"] for r in runs]),
         "stream_msgs_per_s": _median([r["stream"]["msgs_per_s"] for r in runs if "stream" in r]),
+        # aaabus only: the CPU its ping-pong driver's server spends per round (user + system).
+        "pingpong_driver_cpu_us": _median([_cpu_us(r["pingpong"]) for r in runs]),
     }
+
+
+def _cpu_us(pingpong: dict[str, Any]) -> float | None:
+    cpu = pingpong.get("driver_cpu_us_per_round")
+    return None if cpu is None else cpu["user"] + cpu["system"]
 
 
 def _ratio(num: float | None, den: float | None) -> float | None:
@@ -799,6 +808,12 @@ def ratios(systems: dict[str, dict[str, Any] | None]) -> dict[str, float | None]
         )
     floor_p50 = ((systems.get("floor") or {}).get("pingpong_ms") or {}).get("p50")
     out["pingpong_vs_floor"] = _ratio((ours.get("pingpong_ms") or {}).get("p50"), floor_p50)
+    # What the driver's server alone spends in CPU per round, against the floor's whole round
+    # trip: a round trip is no shorter than the CPU work of one of its servers (one I/O thread
+    # runs it, under one GIL), whatever overlaps with the syncs. It includes the I/O thread's
+    # polling for a notice (aaabus.link.notice_spin_us), at most the breakdown's notice_wait.
+    cpu_us = ours.get("pingpong_driver_cpu_us")
+    out["driver_cpu_vs_floor"] = _ratio(cpu_us, floor_p50 * 1000 if floor_p50 else None)
     rabbit_p50 = ((systems.get("rabbitmq") or {}).get("pingpong_ms") or {}).get("p50")
     out["floor_vs_rabbitmq"] = _ratio(floor_p50, rabbit_p50)
     return out

@@ -65,6 +65,13 @@ def test_unreachable_brokers_are_skipped_and_aaabus_is_measured(tmp_path: Path) 
     )
     for key in ("pingpong_vs_rabbitmq", "stream_vs_rabbitmq", "pingpong_vs_mosquitto_qos2"):
         assert out["ratios"][key] is None
+    # The driver's server measured its own CPU over the measured rounds; set against the floor.
+    cpu = out["runs"]["aaabus"][0]["pingpong"]["driver_cpu_us_per_round"]
+    assert cpu["user"] > 0 and cpu["system"] >= 0
+    assert ours["pingpong_driver_cpu_us"] == pytest.approx(cpu["user"] + cpu["system"])
+    assert out["ratios"]["driver_cpu_vs_floor"] == pytest.approx(
+        ours["pingpong_driver_cpu_us"] / (out["systems"]["floor"]["pingpong_ms"]["p50"] * 1000)
+    )
 
 
 def test_ratios_divide_times_and_rates_the_documented_way() -> None:
@@ -76,9 +83,12 @@ def test_ratios_divide_times_and_rates_the_documented_way() -> None:
     }
     got = ratios(systems)
     assert got["pingpong_vs_floor"] is None and got["floor_vs_rabbitmq"] is None
+    assert got["driver_cpu_vs_floor"] is None
     systems["floor"] = {"pingpong_ms": {"p50": 1.0}, "stream_msgs_per_s": None}
+    systems["aaabus"]["pingpong_driver_cpu_us"] = 1500.0
     got = ratios(systems)
     assert got["pingpong_vs_floor"] == 4.0 and got["floor_vs_rabbitmq"] == 0.5
+    assert got["driver_cpu_vs_floor"] == 1.5  # µs of CPU against the floor's ms
     assert got["pingpong_vs_rabbitmq"] == 2.0 and got["stream_vs_rabbitmq"] == 3.0
     assert got["pingpong_vs_mosquitto_qos2"] is None and got["stream_vs_mosquitto_qos2"] is None
     assert got["pingpong_vs_mosquitto_qos0"] == 0.5 and got["stream_vs_mosquitto_qos0"] == 0.5
