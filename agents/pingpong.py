@@ -164,7 +164,7 @@ class PingDriver(Agent):
             "window_ns": [getattr(self, "_v_epoch0", 0), time.time_ns()],
             # The driver's server (all its threads) over the measured rounds: user and system
             # CPU per round. With aaabus.link.notice_spin_us > 0, it includes the I/O thread's
-            # polling while a group waits for a notice; at 0 it is the work alone.
+            # polling while a group waits for a notice; at 0 none (each wake-up costs more).
             "driver_cpu_us_per_round": None
             if cpu0 is None
             else {
