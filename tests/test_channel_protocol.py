@@ -23,6 +23,7 @@ from aaabus.wire.linkframes import (
     data_frame_size,
     decode_ack,
     decode_data,
+    decode_state,
     encode_ack,
     encode_data,
 )
@@ -343,3 +344,41 @@ def test_gathered_messages_lost_with_memory_come_again_with_the_senders_resend()
     assert resent == frames
     got = [delivered(list(rebooted.receive(0, frame))) for frame in resent]
     assert got == [[], [], ["p", "q", "r"]]
+
+
+def _states_agree(a: LinkProtocol, b: LinkProtocol) -> list[str]:
+    """What ``b`` says of ``a``'s announced states of their links (decode_state each)."""
+    facts = []
+    for frame in a.link_states(b.me):
+        state = decode_state(frame)
+        assert state is not None
+        facts += b.check_state(a.me, *state)
+    return facts
+
+
+def test_a_peer_restarted_on_an_older_store_is_named_by_both_sides() -> None:
+    """Both stores only move forward: a peer that says it delivered less than it acknowledged,
+    or sent less than was delivered from it, restarted on a store older than it committed."""
+    sender, receiver = protocol(0), protocol(1)
+    frames = [sender.stamp(1, D, message(0, 1, f"m{i}")) for i in range(1, 5)]
+    for frame in frames[:2]:
+        events = list(receiver.receive(0, frame))
+    sender.acknowledged(1, D, acked(events))  # 1 and 2 are forgotten; 3 and 4 still queued
+    list(sender.receive(1, receiver.stamp(0, D, message(1, 0, "back"))))
+    # Stores that agree (one message still in flight each way is no disagreement).
+    assert _states_agree(sender, receiver) == []
+    assert _states_agree(receiver, sender) == []
+    assert decode_state(encode_ack(D, 3)) is None  # an acknowledgement is not a state
+    # Server 1 restarts on an empty store: each side sees both facts, from its own view.
+    fresh = protocol(1)
+    seen_by_fresh = _states_agree(sender, fresh)
+    seen_by_sender = _states_agree(fresh, sender)
+    assert len(seen_by_fresh) == len(seen_by_sender) == 2
+    lost, reused = seen_by_fresh
+    assert "server 1's store is older than server 0 remembers" in lost
+    assert "messages 1-2 are lost" in lost
+    assert "server 1's store is older" in reused and "reuse numbers" in reused
+    assert all("server 1's store is older" in fact for fact in seen_by_sender)
+    assert "messages 1-2 are lost" in seen_by_sender[0]
+    # A domain the two do not share is nobody's disagreement.
+    assert sender.check_state(1, "other", 9, 9, 9) == []

@@ -47,8 +47,10 @@ from aaabus.errors import StoreError
 from aaabus.wire.linkframes import (
     DATA,
     DURABLE_FRAME,
+    STATE,
     TENTATIVE_FRAME,
     decode_ack,
+    decode_state,
     encode_ack,
 )
 from aaabus.wire.message import Message
@@ -123,6 +125,10 @@ class Channel:
         self.notice_spin_ns = notice_spin_us * 1000
         #: Connections as their frames are read (I/O thread) and waited on (engine thread).
         self.links = EarlyLinks(self._release)
+        #: Links whose peer's store and ours disagree on what was sent, acknowledged or
+        #: delivered (:meth:`compare_state`): (peer, domain) -> the facts, for status views.
+        #: Engine thread only (written by compare_state, read by depths).
+        self.diverged: dict[tuple[int, str], list[str]] = {}
         # The network's I/O thread (see on_read): there, a group waiting for a notice is set
         # aside for the loop to resume, rather than waiting.
         self._loop_ident: int | None = None
@@ -421,7 +427,7 @@ class Channel:
             transport = self.transport
             handed = time.perf_counter_ns()
             times = (transport.read_ns if transport is not None else handed, handed)
-        inputs = []
+        inputs: list[Callable[[Engine], None]] = []
         acks = []
         links = self.links
         conn = links.connection(peer)
@@ -445,6 +451,12 @@ class Channel:
                 links.durable(conn)
             elif payload == TENTATIVE_FRAME:
                 conn.tentative = True
+            elif kind == STATE:
+                # An ordinary input, in order: compared before the frames that follow it
+                # (a resend) can move this side's counts.
+                state = decode_state(payload)
+                if state is not None:
+                    inputs.append(self._state_input(peer, *state))
             else:
                 ack = decode_ack(payload)
                 if ack is not None:
@@ -464,6 +476,27 @@ class Channel:
     # values when it runs.
     def _ack_input(self, peer: int, domain: str, upto: int) -> Callable[[Engine], None]:
         return lambda _engine: self.acknowledged(peer, domain, upto)
+
+    def _state_input(
+        self, peer: int, domain: str, sent: int, acked: int, received: int
+    ) -> Callable[[Engine], None]:
+        return lambda _engine: self.compare_state(peer, domain, sent, acked, received)
+
+    def compare_state(self, peer: int, domain: str, sent: int, acked: int, received: int) -> None:
+        """``peer`` announced its state of our link in ``domain`` (engine thread): a store on
+        either side older than the other remembers is said in one error line per fact, once
+        per process and link, and kept for the status view (:attr:`diverged`); the link is
+        left as it is (what was lost cannot be made up here, and refusing the link would stop
+        what still flows)."""
+        facts = self.protocol.check_state(peer, domain, sent, acked, received)
+        link = (peer, domain)
+        if not facts:
+            self.diverged.pop(link, None)
+            return
+        if self.diverged.get(link) != facts:
+            for fact in facts:
+                log.error("server %s: %s", self.me, fact)
+        self.diverged[link] = facts
 
     def _release(self, items: list[Item]) -> None:
         """Parked frames whose notice came, or whose connection closed (I/O thread)."""
@@ -551,13 +584,17 @@ class Channel:
         return lambda _engine: self.resend(peer)
 
     def resend(self, peer: int) -> None:
-        """The link to ``peer`` is (back) up: send everything it has not acknowledged, in order.
+        """The link to ``peer`` is (back) up: send the state of each link with it, then
+        everything it has not acknowledged, in order.
 
         Also acknowledges again what this server delivered from ``peer``: acknowledgements are
         cumulative and idempotent, and one lost with a connection would otherwise keep the
         peer's queue full until the next message comes.
         """
         frames, acks = self.protocol.resend(peer)
+        # The state of each link first: the peer compares it with its store before the
+        # resent frames can move its counts (compare_state).
+        frames = self.protocol.link_states(peer) + frames
         # The queues include what this group staged for the peer: send it once, in order.
         old = self._frames.get(peer)
         self._frames[peer] = frames
@@ -574,7 +611,8 @@ class Channel:
     def depths(self) -> dict[str, Any]:
         """Queue depths for status views (engine thread)."""
         outgoing, held_back = self.protocol.depths()
-        return {"outgoing": outgoing, "held_back": held_back}
+        diverged = [fact for facts in self.diverged.values() for fact in facts]
+        return {"outgoing": outgoing, "held_back": held_back, "diverged": diverged}
 
 
 class _FrameInput:

@@ -50,6 +50,7 @@ from aaabus.wire.linkframes import (
     data_frame_size,
     decode_data,
     encode_data,
+    encode_state,
 )
 from aaabus.wire.message import Message
 
@@ -451,6 +452,77 @@ class LinkProtocol:
             if delivered:
                 acks.append(SendAck(peer, domain, delivered))
         return frames, acks
+
+    def link_states(self, peer: int) -> list[bytes]:
+        """What this store holds of each link with ``peer``: the frames a connection to it
+        opens with, so that each side can tell whether the other's store forgot what it
+        acknowledged or sent (:meth:`check_state`)."""
+        states = []
+        for domain in self._links_of.get(peer, ()):
+            states.append(encode_state(domain, *self._link_counts(peer, domain)))
+        return states
+
+    def _link_counts(self, peer: int, domain: str) -> tuple[int, int, int]:
+        """``(sent, acked, received)`` of the link with ``peer`` in ``domain``: messages
+        stamped for it, how many of those it acknowledged (all before the oldest still queued),
+        messages delivered from it."""
+        clock = self.clocks[domain]
+        src = self._index[domain][peer]
+        sent = clock.sent_to(src)
+        acked = sent
+        for seq, _frame in self._qout[peer, domain].items():
+            acked = seq - 1
+            break
+        return sent, acked, clock.received_from(src)
+
+    def check_state(
+        self, peer: int, domain: str, sent: int, acked: int, received: int
+    ) -> list[str]:
+        """Compare ``peer``'s announced link state (:meth:`link_states`) with this store's;
+        each fact that shows one of the two stores older than the other, as a sentence.
+
+        Both stores only ever move forward, and a server acknowledges only what it committed:
+        so ``peer`` can never have seen more acknowledged by this server than this server
+        delivered, nor have delivered more from it than this server stamped (and the same the
+        other way round). When that fails, one of the two restarted on a store older than what
+        it had committed (lost, replaced, restored from a backup): messages were acknowledged
+        and dropped by their sender but never delivered, or sequence numbers are being used a
+        second time, and the link can never deliver in causal order again by itself. An empty
+        list when the two agree (or the domain is not one this server shares with ``peer``).
+        """
+        if peer not in self._index.get(domain, {}) or (peer, domain) not in self._qout:
+            return []
+        my_sent, my_acked, my_received = self._link_counts(peer, domain)
+        facts = []
+        if acked > my_received:
+            facts.append(
+                f"server {self.me}'s store is older than server {peer} remembers in domain "
+                f"{domain}: server {self.me} acknowledged {acked} message(s) from it but its "
+                f"store has delivered {my_received}; messages {my_received + 1}-{acked} are "
+                f"lost and everything server {peer} sends after them is held back"
+            )
+        if my_acked > received:
+            facts.append(
+                f"server {peer}'s store is older than server {self.me} remembers in domain "
+                f"{domain}: it acknowledged {my_acked} message(s) from server {self.me} but "
+                f"now says it delivered {received}; messages {received + 1}-{my_acked} are "
+                "lost and what follows them is held back there"
+            )
+        if my_received > sent:
+            facts.append(
+                f"server {peer}'s store is older than server {self.me} remembers in domain "
+                f"{domain}: server {self.me} delivered {my_received} message(s) from it but it "
+                f"says it sent {sent}; its next messages reuse numbers already delivered and "
+                "would be dropped as duplicates"
+            )
+        if received > my_sent:
+            facts.append(
+                f"server {self.me}'s store is older than server {peer} remembers in domain "
+                f"{domain}: server {peer} delivered {received} message(s) from server "
+                f"{self.me} but its store says it sent {my_sent}; its next messages reuse "
+                "numbers already delivered and would be dropped as duplicates"
+            )
+        return facts
 
     def depths(self) -> tuple[dict[int, int], int]:
         """Messages queued per peer (not yet acknowledged) and messages held back."""

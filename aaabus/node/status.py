@@ -107,6 +107,9 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
             # Inputs consumed unread: their body did not decode (aaabus.core.engine.EngineStats).
             "dead_letters": {"count": stats.dead_letters, "last": stats.last_dead_letter},
             "boots": store.record.boots,
+            # Links whose peer's store and this one disagree (Channel.compare_state): a store
+            # restarted older than what it had committed, on one side or the other.
+            "diverged": depths["diverged"],
             "clocks": clocks,
             "clock_cells": sum(k * k for k in clocks.values()),
             "topics": _topic_figures(store.agents.get((me, TOPICS_STAMP))),

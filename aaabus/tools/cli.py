@@ -306,8 +306,13 @@ def _cmd_status(args: argparse.Namespace) -> int:
     busy = [st for st in servers if st.get("busy")]
     for st in busy:
         print(st["busy"], file=sys.stderr)
-    # A busy server is running but not answering: a monitoring script must not read "fine".
-    return 1 if busy or (args.wait and not all(st["up"] for st in servers)) else 0
+    # Both ends of a link see the same disagreement: each said once.
+    diverged = list(dict.fromkeys(fact for st in servers for fact in st.get("diverged", ())))
+    for fact in diverged:
+        print(fact, file=sys.stderr)
+    # A busy server is running but not answering, a store older than its peers remember holds
+    # messages back for ever: a monitoring script must not read "fine".
+    return 1 if busy or diverged or (args.wait and not all(st["up"] for st in servers)) else 0
 
 
 def _status_table(servers: list[dict[str, Any]]) -> str:

@@ -1,7 +1,8 @@
-"""The frames of a channel link, sans-IO: data frames, cumulative acknowledgements, and the
-one-byte markers of early frames (:mod:`aaabus.core.early`).
+"""The frames of a channel link, sans-IO: data frames, cumulative acknowledgements, the link
+state a server announces when a connection comes up, and the one-byte markers of early frames
+(:mod:`aaabus.core.early`).
 
-Neither kind is pickled: a frame is checked and taken apart with fixed-size fields in time linear
+No kind is pickled: a frame is checked and taken apart with fixed-size fields in time linear
 in its length, whatever its bytes, and only the notification body inside a data frame is ever
 unpickled (after :func:`aaabus.wire.message.vet_body`). Pure functions, any thread.
 """
@@ -17,23 +18,30 @@ __all__ = [
     "ACK",
     "DATA",
     "DURABLE_FRAME",
+    "STATE",
     "TENTATIVE_FRAME",
     "data_frame_size",
     "decode_ack",
     "decode_data",
+    "decode_state",
     "encode_ack",
     "encode_data",
+    "encode_state",
 ]
 
 # First byte of every frame.
 DATA = b"D"
 ACK = b"A"
+#: What the sender's store holds of one link, sent first on every new connection.
+STATE = b"S"
 #: "The data frames that follow on this connection are not durable yet" (aaabus.core.early).
 TENTATIVE_FRAME = b"T"
 #: "Every data frame sent before this one on this connection is durable".
 DURABLE_FRAME = b"N"
 # An acknowledgement: kind, upto; followed by the domain name, UTF-8.
 _ACK = struct.Struct(">cQ")
+# A link state: kind, sent, acknowledged, received; followed by the domain name, UTF-8.
+_STATE = struct.Struct(">cQQQ")
 # A data frame: kind, link sequence number, sender id, target id (from, server, stamp each),
 # lengths of the domain name and of the stamp; followed by the domain name (UTF-8), the stamp
 # and the notification body, which runs to the end of the frame.
@@ -56,6 +64,21 @@ def decode_ack(payload: bytes) -> tuple[str, int] | None:
         return None
     upto = _ACK.unpack_from(payload)[1]
     return payload[_ACK.size :].decode("utf-8", "replace"), upto
+
+
+def encode_state(domain: str, sent: int, acked: int, received: int) -> bytes:
+    """ "My store says: I stamped ``sent`` messages for you in ``domain``, you acknowledged
+    ``acked`` of them, and I delivered ``received`` of yours" (see
+    :meth:`aaabus.core.protocol.LinkProtocol.check_state`)."""
+    return _STATE.pack(STATE, sent, acked, received) + domain.encode()
+
+
+def decode_state(payload: bytes) -> tuple[str, int, int, int] | None:
+    """``(domain, sent, acked, received)`` of a link state frame; None when it is not one."""
+    if payload[:1] != STATE or len(payload) <= _STATE.size:
+        return None
+    _kind, sent, acked, received = _STATE.unpack_from(payload)
+    return payload[_STATE.size :].decode("utf-8", "replace"), sent, acked, received
 
 
 def encode_data(seq: int, domain: str, stamp: bytes, message: Message) -> bytes:
