@@ -26,6 +26,7 @@ import argparse
 import importlib
 import importlib.util
 import os
+import pkgutil
 import re
 import signal
 import subprocess
@@ -338,6 +339,92 @@ def test_every_module_and_file_of_the_architecture_exists() -> None:
             missing.append(path)
     assert len(short) > 50, "the table of modules was not read"
     assert not missing, f"docs/architecture.md names what does not exist: {missing}"
+
+
+def layer_picture(block: str) -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    """The modules each layer's column of the architecture picture names, and its arrows
+    ``(layer, importer, imported)``. A line naming ``aaabus.<layer>`` (several: columns, at the
+    names' positions) starts that layer's column; the lines after it are cut at the same
+    positions. Parenthesised remarks are not names."""
+    names: dict[str, set[str]] = {}
+    arrows: list[tuple[str, str, str]] = []
+    columns: list[tuple[int, str]] = []
+    for raw in block.splitlines():
+        line = re.sub(r"\([^)]*\)", lambda m: " " * len(m.group()), raw)
+        heads = list(re.finditer(r"aaabus\.(\w+)", line))
+        if heads:
+            columns = [(m.start(), m.group(1)) for m in heads]
+            line = re.sub(r"aaabus\.\w+", lambda m: " " * len(m.group()), line)
+        for i, (start, layer) in enumerate(columns):
+            end = columns[i + 1][0] if i + 1 < len(columns) else len(line)
+            tokens = re.findall(r"─►|·|\w+", line[start:end])
+            names.setdefault(layer, set()).update(t for t in tokens if t not in ("─►", "·"))
+            arrows += [
+                (layer, tokens[j - 1], tokens[j + 1])
+                for j, token in enumerate(tokens)
+                if token == "─►" and 0 < j < len(tokens) - 1
+            ]
+    return names, arrows
+
+
+def picture_errors(block: str) -> list[str]:
+    """What the picture says that the import graph of ``aaabus`` does not: an arrow that is no
+    import, a name that is no module of its layer, a module of a layer left out."""
+    import grimp
+
+    graph = grimp.build_graph("aaabus")
+    names, arrows = layer_picture(block)
+    errors = []
+    for layer, importer, imported in arrows:
+        if not graph.direct_import_exists(
+            importer=f"aaabus.{layer}.{importer}",
+            imported=f"aaabus.{layer}.{imported}",
+            as_packages=True,
+        ):
+            errors.append(f"{layer}: {importer} ─► {imported} is not an import")
+    for layer, named in names.items():
+        package = importlib.import_module(f"aaabus.{layer}")
+        modules = {m.name for m in pkgutil.iter_modules(getattr(package, "__path__", []))}
+        errors += [f"{layer}: {name} is not one of its modules" for name in named - modules]
+        errors += [f"{layer}: module {name} is left out" for name in modules - named]
+    return errors
+
+
+def test_the_architecture_picture_is_the_import_graph() -> None:
+    block = ARCHITECTURE.read_text().split("## Layers", 1)[1].split("```", 2)[1]
+    names, arrows = layer_picture(block)
+    assert {"core", "io", "topics", "node", "wire", "config", "model"} <= names.keys()
+    assert len(arrows) > 30, "the picture's arrows were not read"
+    assert picture_errors(block) == []
+
+
+def test_the_table_of_modules_has_every_module() -> None:
+    text = ARCHITECTURE.read_text()
+    table = text.split("The modules, one job each:", 1)[1].split("\n\n", 2)[1]
+    named = set(re.findall(r"`(\w+\.\w+)`", table))
+    missing = [
+        f"{layer}.{module.name}"
+        for layer in (*LAYERS, "analysis")
+        for module in pkgutil.iter_modules(importlib.import_module(f"aaabus.{layer}").__path__)
+        if f"{layer}.{module.name}" not in named
+    ]
+    assert len(named) > 80, "the table of modules was not read"
+    assert missing == [], f"docs/architecture.md's table of modules leaves out {missing}"
+
+
+def test_the_picture_check_catches_a_wrong_arrow_and_a_missing_module() -> None:
+    """The checker's own test: columns cut at the heads' positions, remarks skipped."""
+    wrong = (
+        "  aaabus.wire                 aaabus.topics\n"
+        "  message ─► linkframes       mailbox ─► messages (a remark ─► x)\n"
+    )
+    named, arrows = layer_picture(wrong)
+    assert arrows == [("wire", "message", "linkframes"), ("topics", "mailbox", "messages")]
+    assert named["topics"] == {"mailbox", "messages"}  # not the remark's words
+    errors = picture_errors(wrong)
+    assert "wire: message ─► linkframes is not an import" in errors
+    assert "topics: module trie is left out" in errors
+    assert not any("mailbox ─► messages" in error for error in errors)
 
 
 def thread_table(started_by: str = "") -> list[str]:
