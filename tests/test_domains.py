@@ -144,10 +144,8 @@ def test_tree_queries(tmp_path: Path) -> None:
     assert topo.routers == (2, 3, 4)
     assert topo.domains_of(3) == ("D2", "D4")
     assert topo.is_router(4) and not topo.is_router(5)
-    assert topo.index_in("D2", 4) == 2
-    assert topo.index_in("D4", 6) == 1
-    with pytest.raises(ValueError):
-        topo.index_in("D1", 5)
+    assert topo.domains["D2"].index(4) == 2  # a server's row in its domain's clock
+    assert topo.domains["D4"].index(6) == 1
     assert topo.neighbours(2) == (0, 1, 3, 4)
     assert topo.neighbours(6) == (3,)
     assert topo.next_hop(0, 1) == Hop(1, "D1")

@@ -80,10 +80,6 @@ class Topology:
                 members[name].append(sid)
         self.domains = {name: tuple(sorted(ids)) for name, ids in members.items()}
         self.routers = tuple(sorted(s for s, ds in self._domains_of.items() if len(ds) >= 2))
-        self._index = {
-            name: {sid: i for i, sid in enumerate(members)}
-            for name, members in self.domains.items()
-        }
         self._routes: dict[int, dict[int, Hop]] = {}
 
     # -- construction and validation ----------------------------------------------------------
@@ -188,13 +184,6 @@ class Topology:
     def is_router(self, server: int) -> bool:
         """Whether ``server`` belongs to two domains or more."""
         return len(self.domains_of(server)) >= 2
-
-    def index_in(self, domain: str, server: int) -> int:
-        """The row/column of ``server`` in the matrix clock of ``domain``."""
-        try:
-            return self._index[domain][server]
-        except KeyError:
-            raise ValueError(f"server {server} is not a member of domain {domain!r}") from None
 
     def neighbours(self, server: int) -> tuple[int, ...]:
         """Servers sharing at least one domain with ``server``, sorted by id."""

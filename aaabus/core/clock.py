@@ -220,10 +220,9 @@ class DomainClock(persistent.Persistent):
     # "delta": every changing cell, in pages (module docstring); node x is in _pages[x >> _bits].
     _pages: tuple[_Page, ...]
     _bits: int
-    # Volatile (never stored, lost when the clock is reloaded): caches and tracing.
+    # Volatile (never stored, lost when the clock is reloaded): caches.
     _v_fast: _Fast
     _v_touched: dict[int, persistent.Persistent]
-    _v_last_stamp_size: int
     _v_parsed: tuple[bytes, int, _Parsed]
 
     def __init__(self, size: int, me: int, *, stamps: str = "delta", order: str = "causal") -> None:
@@ -350,7 +349,6 @@ class DomainClock(persistent.Persistent):
                     body = array("q", m)
                     body.byteswap()
                 stamp = _HEADER.pack(STAMP_VERSION, KIND_FULL, k, me, dest) + body.tobytes()
-        self._v_last_stamp_size = len(stamp)
         return stamp
 
     def prepare_sends(self, dests: list[int]) -> list[tuple[int, bytes]]:
@@ -413,7 +411,6 @@ class DomainClock(persistent.Persistent):
         for dest in dests:
             seqs[dest] += 1
             out.append((seqs[dest], stamps[dest]))
-        self._v_last_stamp_size = len(out[-1][1])
         return out
 
     def _count_delta(
@@ -794,13 +791,6 @@ class DomainClock(persistent.Persistent):
         else:
             self._m[link_key] = link
             self._touch(self)
-
-    # --------------------------------------------------------------------------------- tracing
-
-    def last_stamp_size(self) -> int:
-        """Bytes of the last stamp :meth:`prepare_send` returned (0 if none since loading)."""
-        size: int = getattr(self, "_v_last_stamp_size", 0)
-        return size
 
     def dirty_bytes(self) -> int:
         """Estimate of the bytes the next commit will write for this clock (0 when unchanged).

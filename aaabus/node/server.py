@@ -16,7 +16,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -456,11 +455,6 @@ class AgentServer:
         :meth:`BootContext.send`. Raises what ``fn`` raised (its changes rolled back).
         """
         return self._require_engine().call(fn).result(timeout)
-
-    def call_async(self, fn: Callable[[], T]) -> Future[T]:
-        """:meth:`call` without waiting: the future resolves, on the engine thread, once the
-        group that ran ``fn`` has committed (callbacks must not block)."""
-        return self._require_engine().call(fn)
 
     def deploy(self, agent: Agent, server: int | None = None, timeout: float = 30.0) -> AgentId:
         """Deploy ``agent`` from outside the bus; returns its id once the request is durable."""

@@ -16,7 +16,6 @@ was always lower (98-173 µs against 178-290 µs).
 
 from __future__ import annotations
 
-import errno
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,7 +141,3 @@ def retire(directory: Path, segment: Segment, reuse: bool) -> Path | None:
     free = directory / f"{FREE_PREFIX}{segment.path.name}"
     os.rename(segment.path, free)
     return free
-
-
-def is_space_error(exc: OSError) -> bool:
-    return exc.errno in (errno.ENOSPC, errno.EDQUOT)
