@@ -54,7 +54,7 @@ def test_the_console_shows_a_live_bus_in_a_browser(
     config = make_config(
         layout=LAYOUT,
         extra={s: f'<property name="aaabus.mqtt.port" value="{p}"/>' for s, p in mqtt.items()},
-        properties={"aaabus.mqtt.anonymous": "true"},
+        properties={"aaabus.mqtt.anonymous": "true", "aaabus.mqtt.roaming": "true"},
     )
     with (
         Bus(config, range(5), tmp_path / "store", cwd=REPO_ROOT) as bus,
@@ -72,7 +72,8 @@ def test_the_console_shows_a_live_bus_in_a_browser(
         assert page.locator("#graph line.edge.up").count() == 6  # 4 servers x 1 + router x 2
 
         # A device that connects appears in the client list; a stream makes the counts move.
-        subscriber = Device(mqtt[SUBSCRIBER], "console-watcher")
+        # A persistent session: with roaming on, anchored where it was created.
+        subscriber = Device(mqtt[SUBSCRIBER], "console-watcher", clean=False)
         publisher = Device(mqtt[PUBLISHER], "console-sensor-7")
         assert subscriber.connect()[0] == 0 and publisher.connect()[0] == 0
         subscriber.subscribe("plant/#", 1)
@@ -105,6 +106,10 @@ def test_the_console_shows_a_live_bus_in_a_browser(
                 timeout=10_000,
             )
             page.wait_for_selector("#topics td:text-is('plant/#')", timeout=5_000)
+            page.wait_for_selector(
+                f'#roaming tr[data-client="console-watcher"][data-anchor="{SUBSCRIBER}"]',
+                timeout=5_000,
+            )
             page.screenshot(path=str(DOCS_IMG / "console-bus.png"), full_page=True)
         finally:
             stop.set()

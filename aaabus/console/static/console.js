@@ -157,7 +157,8 @@ function drawTopics(topics, roaming) {
   document.querySelector("#topics tbody").innerHTML = topics.topics.map((t) =>
     `<tr><td>${esc(t.filter)}</td><td>${t.servers.join(", ")}</td></tr>`).join("");
   document.querySelector("#roaming tbody").innerHTML = roaming.sessions.map((r) =>
-    `<tr><td>${esc(r.client)}</td><td>${r.anchor}</td>` +
+    `<tr data-client="${esc(r.client)}" data-anchor="${r.anchor}">` +
+    `<td>${esc(r.client)}</td><td>${r.anchor}</td>` +
     `<td>${r.holder}${r.moving ? " (moving)" : ""}</td></tr>`).join("");
 }
 
