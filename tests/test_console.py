@@ -15,6 +15,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -203,3 +204,37 @@ def test_bad_input_at_start_is_one_line(tmp_path: Path, make_config: Callable[..
     assert "read key only" in _start_fails(str(config), "--key", str(operate))
     assert "loopback" in _start_fails(str(config), "--host", "0.0.0.0")
     assert "not found" in _start_fails(str(config), "--key", str(tmp_path / "nothing.key"))
+
+
+def _post(url: str, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
+    headers = {"Content-Type": "application/json"}
+    if token is not None:
+        headers["X-Console-Token"] = token
+    request = urllib.request.Request(url, json.dumps(body).encode(), headers, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=20) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as refused:
+        return refused.code, json.load(refused)
+
+
+def test_stopping_a_server_needs_an_operate_key_the_token_and_its_name(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config = make_config("flat", 2)
+    with Bus(config, [0, 1], tmp_path / "store", cwd=REPO_ROOT) as bus:
+        with console(config) as reader:  # read only: no token, and stop refused
+            assert _api(reader.url, "api/session") == {"operate": False, "token": None}
+            code, answer = _post(reader.url + "api/servers/1/stop", {"confirm": "s1"}, "x")
+            assert code == 403 and "operate key" in answer["error"]
+        with console(config, "--operate-key", str(tmp_path / "bus.key")) as operator:
+            token = _api(operator.url, "api/session")["token"]
+            stop = operator.url + "api/servers/1/stop"
+            assert _post(stop, {"confirm": "s1"}, None)[0] == 403
+            assert _post(stop, {"confirm": "s1"}, "not-the-token")[0] == 403
+            code, answer = _post(stop, {"confirm": "s0"}, token)  # another server's name
+            assert code == 400 and "'s1'" in answer["error"]
+            assert bus[1].running()
+            assert _post(stop, {"confirm": "s1"}, token) == (200, {"ok": True, "stopped": 1})
+            assert bus[1].proc is not None and bus[1].proc.wait(30) == 0
+            assert bus[0].running()
