@@ -11,6 +11,7 @@ ones docs/operations.md shows.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import threading
@@ -131,6 +132,17 @@ def test_the_console_shows_a_live_bus_in_a_browser(
         assert page.locator(f'#graph g.srv.down[data-server="{KILLED}"]').count() == 1
         page.wait_for_selector("#graph line.edge.down", state="attached", timeout=5_000)
         page.screenshot(path=str(DOCS_IMG / "console-server-down.png"), full_page=True)
+        # A server that hangs (SIGSTOP): no longer up within 5 s, whatever its socket says.
+        hung = bus[0]
+        assert hung.proc is not None
+        hung.proc.send_signal(signal.SIGSTOP)
+        try:
+            page.wait_for_selector(
+                '#servers tr[data-server="0"]:not([data-state="up"])', timeout=5_000
+            )
+        finally:
+            hung.proc.send_signal(signal.SIGCONT)
+        page.wait_for_selector('#servers tr[data-server="0"][data-state="up"]', timeout=10_000)
         bus[KILLED].start().wait_ready(60)
         page.wait_for_selector(
             f'#servers tr[data-server="{KILLED}"][data-state="up"]', timeout=10_000

@@ -116,7 +116,10 @@ class Poller:
                 "down", f"server {sid} stopped answering ({exc or type(exc).__name__})"
             )
         if not answer.get("ok"):
-            return self._failed("refused", f"server {sid}: {answer.get('error', 'refused')}")
+            error = str(answer.get("error", "refused"))
+            # Every admin session taken: running, and turning this one away.
+            state = "busy" if error.startswith("busy") else "refused"
+            return self._failed(state, f"server {sid}: {error}")
         return Reading(sid, time.monotonic(), "up", status=answer.get("status"))
 
     def _failed(self, state: str, error: str) -> Reading:

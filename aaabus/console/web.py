@@ -106,6 +106,7 @@ class Console:
         self._token = secrets.token_urlsafe(24)
         self._allowed_hosts: set[str] = set()
         self._streams = 0
+        self._closing = False  # set once on the way out: the open streams end
         self._latest = b""
         self._tick = asyncio.Event()
         self._pollers: list[Poller] = []
@@ -146,7 +147,8 @@ class Console:
             for poller in self._pollers:
                 poller.stop()
             broadcaster.cancel()
-            self._tick.set()  # the open streams see the end
+            self._closing = True
+            self._tick.set()  # wakes the open streams, which end: cleanup need not wait
             await runner.cleanup()
 
     def _start_pollers(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -240,11 +242,11 @@ class Console:
                 except TimeoutError:
                     await response.write(b": still here\n\n")
                     continue
-                if request.transport is None or request.transport.is_closing():
+                if self._closing or request.transport is None or request.transport.is_closing():
                     break
                 await response.write(b"data: " + self._latest + b"\n\n")
-        except (ConnectionResetError, asyncio.CancelledError):
-            pass  # the page went away, or the console stops
+        except ConnectionResetError:
+            pass  # the page went away
         finally:
             self._streams -= 1
         return response

@@ -38,22 +38,26 @@ function el(tag, attrs, parent) {
 // -- the domain graph --------------------------------------------------------------------------
 
 function computeLayout(graph, servers) {
-  const W = 1000, H = 360, cx = W / 2, cy = H / 2;
+  // Domains on an ellipse (from the left, clockwise), each domain's servers on a small ring
+  // around it, a router at the middle of its domains: readable from 2 domains to ~20.
+  const W = 1000, H = 420, cx = W / 2, cy = H / 2;
   const domains = graph.domains;
   const hubs = {};
-  const R = domains.length > 1 ? Math.min(W, H * 2.6) / 2 - 110 : 0;
+  const many = domains.length > 1;
+  const rx = many ? W / 2 - 130 : 0, ry = many && domains.length > 2 ? H / 2 - 95 : 0;
   domains.forEach((d, i) => {
     const a = (2 * Math.PI * i) / domains.length + Math.PI;
-    hubs[d.name] = { x: cx + R * Math.cos(a), y: cy + (R * Math.sin(a)) / 2.6 };
+    hubs[d.name] = { x: cx + rx * Math.cos(a), y: cy + ry * Math.sin(a) };
   });
   const pos = {};
   const byId = Object.fromEntries(servers.map((s) => [s.id, s]));
   for (const d of domains) {
     const members = d.servers.filter((id) => byId[id] && !byId[id].router);
-    const r = Math.max(60, Math.min(110, 8 * members.length));
+    const r = Math.max(55, Math.min(110, 8 * members.length));
     members.forEach((id, i) => {
-      const a = (2 * Math.PI * i) / Math.max(1, members.length);
-      pos[id] = { x: hubs[d.name].x + r * Math.cos(a), y: hubs[d.name].y + (r * Math.sin(a)) * 0.7 };
+      // From the top, so that two members sit above and below their domain, off its lines.
+      const a = (2 * Math.PI * i) / Math.max(1, members.length) - Math.PI / 2;
+      pos[id] = { x: hubs[d.name].x + r * Math.cos(a), y: hubs[d.name].y + r * 0.6 * Math.sin(a) };
     });
   }
   for (const s of servers) {
@@ -61,7 +65,7 @@ function computeLayout(graph, servers) {
     const hs = s.domains.map((d) => hubs[d]);
     pos[s.id] = {
       x: hs.reduce((t, h) => t + h.x, 0) / hs.length,
-      y: hs.reduce((t, h) => t + h.y, 0) / hs.length + (domains.length > 2 ? 0 : 40),
+      y: hs.reduce((t, h) => t + h.y, 0) / hs.length,
     };
   }
   return { W, H, hubs, pos };
