@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -189,7 +190,7 @@ def test_a_key_of_another_bus_is_a_message_on_the_page(
 
 def _start_fails(*args: str) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "aaabus", "console", *args, "--port", "0"],
+        [sys.executable, "-m", "aaabus", "console", "--port", "0", *args],
         capture_output=True,
         text=True,
         timeout=60,
@@ -216,6 +217,11 @@ def test_bad_input_at_start_is_one_line(tmp_path: Path, make_config: Callable[..
     assert "read key only" in _start_fails(str(config), "--key", str(operate))
     assert "loopback" in _start_fails(str(config), "--host", "0.0.0.0")
     assert "not found" in _start_fails(str(config), "--key", str(tmp_path / "nothing.key"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        assert "choose another --port" in _start_fails(str(config), "--port", port)
 
 
 def _post(url: str, body: Any, token: str | None) -> tuple[int, dict[str, Any]]:
