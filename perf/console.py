@@ -61,7 +61,10 @@ def run(args: argparse.Namespace) -> int:
             with sync_playwright() as pw:
                 browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
                 for _ in range(args.runs):
-                    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                    # bypass_csp: the page forbids eval, which the wait below needs.
+                    page = browser.new_page(
+                        viewport={"width": 1400, "height": 1000}, bypass_csp=True
+                    )
                     started = time.perf_counter()
                     page.goto(url)
                     page.wait_for_function(

@@ -103,6 +103,9 @@ def browser_page(width: int = 1400, height: int = 1000) -> Iterator[Page]:
             headless=True,
             args=BROWSER_ARGS,
             viewport={"width": width, "height": height},
+            # The page forbids eval (its Content-Security-Policy); Playwright's waits on a
+            # JavaScript condition evaluate one, so the test's browser lets them through.
+            bypass_csp=True,
         )
         try:
             yield context.pages[0] if context.pages else context.new_page()
