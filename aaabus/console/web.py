@@ -118,6 +118,8 @@ class Console:
         """Start the pollers and the web server, call ``on_ready(url)``, run until SIGINT or
         SIGTERM. LaunchError (one line) when the address cannot be bound."""
         loop = asyncio.get_running_loop()
+        # Made before anything listens: a server's TLS files that cannot be read fail here.
+        self._make_pollers(loop)
         app = web.Application(middlewares=[self._guard])
         self._routes(app)
         runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -133,7 +135,8 @@ class Console:
             ) from None
         port = _bound_port(runner, self._port)
         self._allowed_hosts = _host_names(self._host, port)
-        self._start_pollers(loop)
+        for poller in self._pollers:
+            poller.start()
         broadcaster = loop.create_task(self._broadcast(), name="console-broadcast")
         stop = asyncio.Event()
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -151,17 +154,16 @@ class Console:
             self._tick.set()  # wakes the open streams, which end: cleanup need not wait
             await runner.cleanup()
 
-    def _start_pollers(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _make_pollers(self, loop: asyncio.AbstractEventLoop) -> None:
         def deliver(reading: Reading) -> None:
             # Poller threads: hand over to the loop, which owns the board. A reading that
             # arrives after the loop closed has nobody to tell.
             with contextlib.suppress(RuntimeError):
                 loop.call_soon_threadsafe(self.board.update, reading)
 
-        for sid in self.config.servers:
-            poller = Poller(self.config, sid, self._read, deliver)
-            self._pollers.append(poller)
-            poller.start()
+        self._pollers = [
+            Poller(self.config, sid, self._read, deliver) for sid in self.config.servers
+        ]
 
     async def _broadcast(self) -> None:
         """Loop task: each PUSH_EVERY, if the board moved, serialize it once and wake every
