@@ -26,10 +26,19 @@ mqtt-tools:
 	  $(SUDO) apt-get install -y -qq --no-install-recommends mosquitto-clients mosquitto; } || \
 	  echo "mqtt-tools: mosquitto-clients or mosquitto not installed; the tests that need them are skipped"
 
+# The console's browser test (tests/test_console.py) drives Debian's Chromium through Playwright's
+# Python package (test extra), never a browser Playwright would download: apt, as root or through
+# sudo; the test is skipped, with the reason, where that cannot install it.
+.PHONY: browser
+browser:
+	@test -x /usr/bin/chromium || \
+	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends chromium; } || \
+	  echo "browser: chromium not installed; the console's browser test is skipped"
+
 # The whole suite on two workers, the slowest tests listed at the end so that the suite's time
 # stays watched. Each worker takes its ports from its own range (tests/support/harness.py,
 # AAABUS_PORT_RANGE), so two workers never pick the same free port.
-test: $(STAMP) mqtt-tools
+test: $(STAMP) mqtt-tools browser
 	$(PY) -m pytest -q -n 2 --durations=20
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).

@@ -131,6 +131,7 @@ _MODULE_SUITES = [
     ("match", "perf.match", "topic matching: a publication, a subscription, 10 vs 10,000 filters"),
     ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
     ("roam", "perf.roam", "a device moving between three sites under SIGKILLs: lost, duplicated"),
+    ("console", "perf.console", "the console's page on a bus of 150 servers: load time"),
 ]
 
 

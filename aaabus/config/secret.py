@@ -162,6 +162,13 @@ class Credential:
         self.scope = scope
         self.is_tool = tool
 
+    def claiming(self, scope: Scope) -> Credential:
+        """This bus key, claiming ``scope`` (a tool that needs less than the default, such as
+        the console reading with ``read``). A tool key is one scope's: ValueError."""
+        if self.is_tool:
+            raise ValueError(f"a tool key is a {self.scope.label} key and claims nothing else")
+        return Credential(self._key, scope)
+
     def admin_key(self, server_id: int) -> bytes:
         """The key to prove on the admin port of ``server_id``."""
         scoped = self._key if self.is_tool else tool_key(self._key, self.scope)

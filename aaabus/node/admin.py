@@ -20,7 +20,9 @@ Authentication
 
 Protocol
     After the handshake the client sends requests and the server answers each in order, one
-    session frame each, both as UTF-8 JSON objects: ``{"op": "status"}``, ``{"op": "stop"}``,
+    session frame each, both as UTF-8 JSON objects: ``{"op": "status"}`` (with
+    ``"detail": true``, the lists the console shows: :func:`~aaabus.node.status.server_status`),
+    ``{"op": "stop"}``,
     ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 body>}``,
     ``{"op": "deploy", "id": ..., "agent": <base64 body>, "server": n}``,
     ``{"op": "publish", "id": ..., "topic": ..., "payload": <base64 value>, "retain": b}``,

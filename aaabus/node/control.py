@@ -52,7 +52,7 @@ class NodeControl(Protocol):
         """The mailboxes of outside consumers (client subscriptions and requests)."""
         ...
 
-    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+    def status(self, timeout: float = 10.0, detail: bool = False) -> dict[str, Any]:
         """One consistent snapshot (:func:`aaabus.node.status.server_status`)."""
         ...
 

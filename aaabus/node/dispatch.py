@@ -40,7 +40,7 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
             raise RequestRefused("a request is a JSON object")
         op = request.get("op")
         if op == "status":
-            status = server.status()
+            status = server.status(detail=request.get("detail") is True)
             status["reactions_per_s"] = rates.rate()
             return {"ok": True, "status": status}
         if op == "stop":

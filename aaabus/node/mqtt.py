@@ -643,6 +643,8 @@ class MqttListener:
                         (c.proto.buffered for c in self._connections), default=0
                     ),
                     "refused": self.refusals,
+                    "publications_in": self.published_in,
+                    "publications_out": self.published_out,
                 }
             )
 
@@ -651,6 +653,28 @@ class MqttListener:
         except RuntimeError:
             return {}  # stopped
         return answer.result(timeout)
+
+    def clients(self, timeout: float, most: int) -> list[dict[str, Any]]:
+        """The connected devices, at most ``most`` of them in client id order, each as
+        :meth:`MqttConnection.figures` gives it (any thread; read on the loop, which owns the
+        connections). Empty once the listener has stopped."""
+        answer: Future[list[dict[str, Any]]] = Future()
+
+        def read() -> None:
+            ids = sorted(self._by_client)[:most]
+            answer.set_result([self._by_client[cid].figures() for cid in ids])
+
+        try:
+            self._loop.call_soon_threadsafe(read)
+        except RuntimeError:
+            return []
+        return answer.result(timeout)
+
+    def anchored_now(self, most: int) -> list[dict[str, Any]]:
+        """The roaming sessions anchored on this server and the server holding each, at most
+        ``most`` (engine thread: the anchors' table is in the store). Empty without roaming."""
+        roaming = self.sessions.roaming
+        return [] if roaming is None else roaming.anchored_now(most)
 
     def _sweep(self) -> None:
         """Close the connections past their deadline; expire sessions now and then.

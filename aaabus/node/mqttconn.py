@@ -206,6 +206,20 @@ class MqttConnection(asyncio.Protocol):
         """Whether the device speaks MQTT 5.0 (known once its CONNECT is read)."""
         return self.proto.version == mc.V5
 
+    def figures(self) -> dict[str, Any]:
+        """What the console lists of this device (loop thread): its protocol, keep-alive, the
+        QoS 1/2 deliveries it has not acknowledged, and its backlog (items of its session
+        pushed to this server and not yet acknowledged by the device)."""
+        return {
+            "client": self.client_id,
+            "protocol": "5.0" if self.v5 else "3.1.1",
+            "address": self.address,
+            "keep_alive": self.keep_alive,
+            "clean": self.clean,
+            "inflight": len(self._inflight),
+            "backlog": max(0, self._heard - self._acked),
+        }
+
     # -- asyncio callbacks ---------------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

@@ -170,6 +170,25 @@ class Roaming:
     def _tell(self, value: tuple[Any, ...]) -> None:
         current_context("a roaming session's move").notify(ROAM_KEY, value)
 
+    def anchored_now(self, most: int) -> list[dict[str, Any]]:
+        """The sessions anchored here, at most ``most`` in client id order: each with the
+        server that holds it now and whether it is moving (engine thread; read-only)."""
+        # Not _table(): a status read must not create the table (and write to the store).
+        table = self.sessions._root().get(_ANCHORS)
+        listed: list[dict[str, Any]] = []
+        for cid, entry in () if table is None else table.items():
+            if len(listed) >= most:
+                break
+            listed.append(
+                {
+                    "client": cid,
+                    "anchor": self.server_id,
+                    "holder": entry.holder,
+                    "moving": entry.moving,
+                }
+            )
+        return listed
+
     # -- from MqttSessions (engine thread, in an operation or a reaction) -------------------------
 
     def claim_now(self, cid: str, user: str | None) -> Opened:

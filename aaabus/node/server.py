@@ -465,9 +465,9 @@ class AgentServer:
         engine = self._require_engine()
         self.call(lambda: engine.send(to, note), timeout)
 
-    def status(self, timeout: float = 10.0) -> dict[str, Any]:
+    def status(self, timeout: float = 10.0, detail: bool = False) -> dict[str, Any]:
         """One consistent snapshot of this server's figures (:mod:`aaabus.node.status`)."""
-        return server_status(self, timeout)
+        return server_status(self, timeout, detail)
 
     def reactions(self) -> int:
         """Reactions run since the engine started (0 before); any thread."""

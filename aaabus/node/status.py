@@ -9,6 +9,7 @@ scrape thread and blocks until the engine thread has answered (``timeout``).
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import threading
 import time
@@ -36,6 +37,18 @@ class FigureSource(Protocol):
     def figures(self, timeout: float) -> dict[str, Any]: ...
 
 
+class MqttSource(FigureSource, Protocol):
+    """The MQTT listener: its figures, and the details the console lists."""
+
+    def clients(self, timeout: float, most: int) -> list[dict[str, Any]]: ...
+    def anchored_now(self, most: int) -> list[dict[str, Any]]: ...
+
+
+#: The most items of each list a detailed status carries (clients, filters, roaming sessions):
+#: an answer stays small whatever the number of devices; ``truncated`` says when more exist.
+DETAIL_MOST = 500
+
+
 class StatusSource(Protocol):
     """The parts of a server a status snapshot reads (all set by the server, read-only here)."""
 
@@ -56,17 +69,22 @@ class StatusSource(Protocol):
     @property
     def network(self) -> Network | None: ...
     @property
-    def mqtt(self) -> FigureSource | None: ...
+    def mqtt(self) -> MqttSource | None: ...
     @property
     def bridge(self) -> FigureSource | None: ...
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T: ...
 
 
-def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]:
+def server_status(
+    server: StatusSource, timeout: float = 10.0, detail: bool = False
+) -> dict[str, Any]:
     """One consistent snapshot of a running server's figures (see docs/operations.md).
 
     Queue depths, clocks, counters and the storage size are read together on the engine thread,
-    between two reactions, so that they describe the same instant.
+    between two reactions, so that they describe the same instant. ``detail`` (the console's
+    request) adds lists under ``"detail"``: the topic filters subscribed on this server, the
+    roaming MQTT sessions anchored here and the connected MQTT clients, each at most
+    :data:`DETAIL_MOST` long.
     """
     engine = server.engine
     channel = server.channel
@@ -116,10 +134,29 @@ def server_status(server: StatusSource, timeout: float = 10.0) -> dict[str, Any]
             **_storage_figures(store.disk()),
         }
 
-    snapshot = server.call(read, timeout)
+    def read_detail() -> dict[str, Any]:
+        figures = read()
+        rep = engine.store.agents.get((me, TOPICS_STAMP))
+        local = rep.local.keys() if isinstance(rep, TopicRepresentative) else ()
+        filters = list(itertools.islice(local, DETAIL_MOST + 1))
+        anchored = [] if mqtt is None else mqtt.anchored_now(DETAIL_MOST + 1)
+        figures["detail"] = {
+            "filters": filters[:DETAIL_MOST],
+            "roaming": anchored[:DETAIL_MOST],
+            "truncated": len(filters) > DETAIL_MOST or len(anchored) > DETAIL_MOST,
+        }
+        return figures
+
     mqtt = server.mqtt
+    snapshot = server.call(read_detail if detail else read, timeout)
     if mqtt is not None:
         snapshot["mqtt"] = mqtt.figures(timeout)
+        if detail:
+            clients = mqtt.clients(timeout, DETAIL_MOST + 1)
+            snapshot["detail"]["clients"] = clients[:DETAIL_MOST]
+            snapshot["detail"]["truncated"] |= len(clients) > DETAIL_MOST
+    elif detail:
+        snapshot["detail"]["clients"] = []
     bridge = server.bridge
     if bridge is not None:
         snapshot["bridge"] = bridge.figures(timeout)

@@ -563,6 +563,15 @@ def _main_parser() -> _Parser:
 
     add_topic_commands(sub, KEY_HELP, _tool_credential)
 
+    # Like plan and analyze: its options import nothing of its extra (aiohttp), checked at run.
+    from aaabus.console import command as console
+
+    shown = sub.add_parser(
+        "console", help="serve the bus live in a browser on 127.0.0.1; needs aaabus[console]"
+    )
+    console.add_arguments(shown)
+    shown.set_defaults(func=console.run)
+
     server = sub.add_parser("server", help="run one agent server (same as aaabus-server)")
     for action in _server_parser("aaabus server")._actions:
         if action.option_strings and action.dest != "help":

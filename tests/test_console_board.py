@@ -1,0 +1,102 @@
+"""The console's board (what the page shows, from the pollers' readings) and its extra."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from aaabus.config.domains import Topology
+from aaabus.config.reader import load_config
+from aaabus.console.board import Board
+from aaabus.console.poller import Reading
+from tests.support.harness import REPO_ROOT
+from tests.test_packaging import WITHOUT
+
+
+def _status(sent: int, delivered: int, links: dict[str, bool], **mqtt: Any) -> dict[str, Any]:
+    return {
+        "uptime_s": 5.0,
+        "storage_bytes": 4096,
+        "queues": {"input": 2, "held_back": 1, "outgoing": {"1": 3}},
+        "messages": {"sent": sent, "delivered": delivered},
+        "dead_letters": {"count": 0},
+        "clocks": {"D0": 3},
+        "links": links,
+        "mqtt": mqtt,
+        "detail": {
+            "filters": ["a/#"],
+            "roaming": [{"client": "d1", "anchor": 0, "holder": 2, "moving": False}],
+            "clients": [{"client": "d1", "protocol": "5.0", "keep_alive": 30}],
+            "truncated": False,
+        },
+    }
+
+
+def test_figures_rates_and_a_server_going_down(make_config: Callable[..., Path]) -> None:
+    config = load_config(make_config(layout=[[0, 1, 2], [2, 3]]))
+    board = Board(config, Topology.from_config(config), {})
+    assert [s["state"] for s in board.servers_json()] == ["unknown"] * 4
+    links = {"1": True, "2": True}
+    board.update(Reading(0, 10.0, "up", _status(100, 50, links, connected=1, publications_in=7)))
+    board.update(Reading(0, 12.0, "up", _status(140, 60, links, connected=1, publications_in=9)))
+    zero = board.servers_json()[0]
+    assert zero["up"] and zero["figures"]["msgs_out_per_s"] == 20.0
+    assert zero["figures"]["msgs_in_per_s"] == 5.0
+    assert zero["figures"]["publications_in_per_s"] == 1.0
+    assert zero["figures"]["queued"] == 5 and zero["figures"]["clock_size"] == 3
+    assert zero["history"] == [[5.0, 20.0]]
+    assert board.topics_json()["topics"] == [{"filter": "a/#", "servers": [0]}]
+    assert board.clients_json()["clients"][0]["server"] == 0
+    assert board.roaming_json()["sessions"][0]["holder"] == 2
+    edges = {(e["server"], e["domain"]): e["up"] for e in board.graph_json()["edges"]}
+    assert edges[(0, "D0")] is True and edges[(3, "D1")] is None  # 3 not read yet
+    assert edges[(2, "D0")] is None and (2, "D1") in edges  # the router is in both
+
+    board.update(Reading(0, 13.0, "down", error="server 0 does not answer"))
+    zero = board.servers_json()[0]
+    assert not zero["up"] and zero["figures"] is None and zero["error"].endswith("answer")
+    assert board.clients_json()["clients"] == []  # nothing stale from a server that is down
+    # Back up after a restart: counters start again, no negative rate, none until two readings.
+    board.update(Reading(0, 20.0, "up", _status(3, 1, {"1": False, "2": True})))
+    zero = board.servers_json()[0]
+    assert zero["figures"]["msgs_out_per_s"] == 0.0
+    edges = {(e["server"], e["domain"]): e["up"] for e in board.graph_json()["edges"]}
+    assert edges[(0, "D0")] is False
+
+
+def test_the_console_without_its_extra_says_which_to_install(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT, "aiohttp", "console", str(tmp_path / "a3.xml")],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr == (
+        "aaabus console: error: aaabus console needs aiohttp, not installed here: "
+        "pip install 'aaabus[console]'\n"
+    )
+
+
+def test_the_grafana_dashboard_queries_only_metrics_the_servers_export() -> None:
+    from aaabus.node import metrics
+
+    source = Path(metrics.__file__).read_text()
+    counters = {name for _path, name, _help in metrics._COUNTERS}
+    exported = set(re.findall(r'"(aaabus_[a-z_]+)"', source)) - counters
+    exported |= {f"{name}_total" for name in counters}
+    board = json.loads((REPO_ROOT / "docs" / "grafana" / "aaabus-dashboard.json").read_text())
+    queried = {
+        name
+        for panel in board["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"aaabus_[a-z_]+", target["expr"])
+    }
+    assert queried and queried <= exported, queried - exported
+    assert "aaabus_up" in queried and "aaabus_link_up" in queried
