@@ -5,7 +5,8 @@ admin key of a scope is derived from that scope's tool key, so a session cannot 
 its key gives. Every request names an ``op``; :data:`NEEDS` says which scope it takes, and the
 check runs before anything of the request is decoded, so that a refused request has no effect::
 
-    read      status, subscribe, fetch; and unsubscribe of a subscription this session opened
+    read      status, subscribe, fetch (of the mailboxes a read key opened: the owner check is
+              aaabus.node.mailboxes); and unsubscribe of a subscription this session opened
     operate   send, publish, request, deploy (of an agent by class), unsubscribe, stop, failpoints
     code      a request whose notification, payload or agent is a pickle (:data:`CARRIERS`):
               deploying an agent *by value*, or a body with no data form on a bus that opted in
