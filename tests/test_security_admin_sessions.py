@@ -11,7 +11,8 @@ sessions with it (:class:`~aaabus.io.link.Link`), as a tool of its own making wo
   one address, so ``publish`` and ``aaabus stop`` with the operate key get in. (Before: 32 idle
   read sessions took every slot, and the operator got "busy".)
 * No request pushes a session's end back forever: a session is closed between two requests
-  once it has lasted ``aaabus.admin.lifetime`` seconds, and a Client goes on through it.
+  once it has lasted ``aaabus.admin.lifetime`` seconds, and a Client goes on through it (a read
+  key's unnamed subscription is still closed by its client, from its new session).
 """
 
 from __future__ import annotations
@@ -142,9 +143,12 @@ def test_a_read_key_cannot_empty_a_durable_subscription(tmp_path: Path, make_con
             with reader.subscribe("plant/#", name="watch") as watch:
                 item = watch.get(10)
                 assert item is not None and item.payload == "for both"
-            # The read key's own durable subscription ends with an operate key, as before.
+            # The read key's own durable subscription ends with an operate key, as before, and
+            # the operator's is not the read key's to end.
             with pytest.raises(RequestRefused, match="unsubscribe needs scope operate"):
                 reader.unsubscribe("watch")
+            with pytest.raises(RequestRefused, match="'keep' belongs to scope operate"):
+                reader.unsubscribe("keep")
 
 
 def test_read_sessions_leave_the_operator_a_way_in(tmp_path: Path, make_config: Any) -> None:
@@ -191,11 +195,19 @@ def test_a_session_ends_at_its_lifetime_however_often_it_asks(
             link.close()
         lasted = time.monotonic() - started
         assert 2.0 <= lasted < 10.0, lasted
-        # A Client goes on through the ends of its sessions: a subscription loses nothing.
+        # A Client goes on through the ends of its sessions: a subscription loses nothing, and
+        # a read key's unnamed one is closed by its client in a later session than its own.
         pace = threading.Event()  # never set: the pace of a slow tool, not a synchronisation
-        with Client(cfg, 0, secret=keys["operate"]) as operator, operator.subscribe("p/#") as sub:
+        with (
+            Client(cfg, 0, secret=keys["operate"]) as operator,
+            Client(cfg, 0, secret=keys["read"]) as reader,
+        ):
+            sub = reader.subscribe("p/#")
+            assert operator.status()["topics"]["mailboxes"] == 1
             for i in range(12):  # about 3 lifetimes
                 operator.publish(f"p/{i}", i)
                 item = sub.get(10)
                 assert item is not None and item.payload == i
                 pace.wait(0.5)
+            sub.close()
+            until(lambda: operator.status()["topics"]["mailboxes"] == 0, 10, "not deleted")

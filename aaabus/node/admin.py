@@ -24,7 +24,8 @@ Protocol
     ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 body>}``,
     ``{"op": "deploy", "id": ..., "agent": <base64 body>, "server": n}``,
     ``{"op": "publish", "id": ..., "topic": ..., "payload": <base64 value>, "retain": b}``,
-    ``{"op": "subscribe", "name": ..., "filter": ...}`` (open a client subscription's mailbox),
+    ``{"op": "subscribe", "name": ..., "filter": ..., "durable": b}`` (open a client subscription's
+    mailbox; ``durable``: a named one, default true),
     ``{"op": "fetch", "name": ..., "after": n, "most": k, "wait": s}`` (acknowledge up to ``n``,
     get what follows, waiting up to ``s`` seconds), ``{"op": "unsubscribe", "name": ...}``,
     ``{"op": "request", "id": ..., "to": ..., "note": ...}`` (its reply is fetched from mailbox
@@ -277,7 +278,8 @@ class AdminEndpoint:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                reply = session.serve(request, partial(answer, server, self.rates, proved, request))
+                perform = partial(answer, server, self.rates, session, request)
+                reply = session.serve(request, perform)
                 link.send(reply)
                 if reply.get("close"):
                     return  # a request that did not decode ends its connection, not the server

@@ -33,6 +33,7 @@ from aaabus.config.scopes import Scope
 from aaabus.errors import RequestRefused
 from aaabus.model.ids import TOPICS_STAMP, AgentId
 from aaabus.model.notifications import Notification
+from aaabus.node.rights import refusal
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.messages import CloseMailbox, MailboxGrew, OpenMailbox
 from aaabus.topics.representative import TopicRepresentative
@@ -111,8 +112,11 @@ class MailboxDesk:
         topic_filter: str | None,
         first: tuple[AgentId, Notification] | None,
         scope: Scope,
+        durable: bool = True,
     ) -> bool:
         """Create mailbox ``name``, owned by ``scope``, unless it exists; True if it did exist.
+        ``durable``: a named subscription, which outlives its client (``False``: an unnamed
+        one or a request's reply, which its client deletes when done).
         Refuses a name taken with another filter, or by a scope that ``scope`` does not cover.
         The creation itself happens in the representative's next reaction (a fetch before that
         finds the mailbox empty; two sessions that race to create one name: the first one's
@@ -129,15 +133,29 @@ class MailboxDesk:
                         f"{topic_filter!r}: choose another name, or unsubscribe it first"
                     )
                 return True
-            self._send(rep.id, OpenMailbox(name, topic_filter, first, int(scope)))
+            self._send(rep.id, OpenMailbox(name, topic_filter, first, int(scope), durable))
             return False
 
         result: bool = self._call(do)
         return result
 
-    def delete(self, name: str) -> None:
-        """Delete mailbox ``name`` and its backlog (nothing if there is none)."""
-        self._call(lambda: self._send(AgentId.topics_of(self.server_id), CloseMailbox(name)))
+    def delete(self, name: str, scope: Scope, opened_here: bool) -> None:
+        """Delete mailbox ``name`` and its backlog (nothing if there is none), for a session of
+        ``scope`` that created it (``opened_here``) or not. Below ``operate``, only what the
+        session created, or an unnamed subscription of its own scope (its client reconnected
+        since it opened it); :class:`RequestRefused` (one line) for the rest."""
+
+        def do() -> None:
+            rep = self._representative()
+            entry = rep.mailboxes.get(name)
+            if entry is not None:
+                _check_owner(name, entry, scope)
+            mine = opened_here or scope.covers(Scope.OPERATE)
+            if not mine and (entry is None or _owner(entry) is not scope or _durable(entry)):
+                raise refusal("unsubscribe", Scope.OPERATE, scope)
+            self._send(rep.id, CloseMailbox(name))
+
+        self._call(do)
 
     def fetch(self, name: str, after: int, most: int, wait: float, scope: Scope) -> dict[str, Any]:
         """Acknowledge items up to ``after``; return up to ``most`` items numbered above it,
@@ -192,11 +210,22 @@ class MailboxDesk:
                     left = deadline - time.monotonic()
 
 
+def _owner(entry: tuple[Any, ...]) -> Scope:
+    """The owner of a representative's mailbox ``entry``: (agent, filter, owner, durable), or
+    (agent, filter) from before owners were recorded, which are ``operate``'s (the scope that
+    could always delete them)."""
+    return Scope(entry[2]) if len(entry) > 2 else Scope.OPERATE
+
+
+def _durable(entry: tuple[Any, ...]) -> bool:
+    """Whether a mailbox ``entry`` is a named subscription (those of old stores count as such)."""
+    return bool(entry[3]) if len(entry) > 3 else True
+
+
 def _check_owner(name: str, entry: tuple[Any, ...], scope: Scope) -> None:
-    """Refuse (:class:`RequestRefused`, one line) a session of ``scope`` mailbox ``name``, whose
-    representative's ``entry`` is (agent, filter, owner), or (agent, filter) from before owners
-    were recorded: those are ``operate``'s, the scope that could always delete them."""
-    owner = Scope(entry[2]) if len(entry) > 2 else Scope.OPERATE
+    """Refuse (:class:`RequestRefused`, one line) a session of ``scope`` mailbox ``name`` if its
+    scope does not cover the owner's."""
+    owner = _owner(entry)
     if not scope.covers(owner):
         raise RequestRefused(
             f"subscription {name!r} belongs to scope {owner.label}, this session holds "

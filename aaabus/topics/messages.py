@@ -190,12 +190,14 @@ class OpenMailbox(Notification):
     ``owner``: the scope (:class:`aaabus.config.scopes.Scope`, as its number) of the admin key
     that opened it: only sessions whose scope covers it may resume, read or acknowledge it
     (:mod:`aaabus.node.mailboxes`). A mailbox that the config declares is ``operate``'s (2).
+    ``durable``: a named subscription (``False``: an unnamed one, or a request's reply).
     """
 
     name: str
     topic_filter: str | None
     first: tuple[AgentId, Notification] | None = None
     owner: int = 2
+    durable: bool = True
 
 
 @dataclass
