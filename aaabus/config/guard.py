@@ -40,15 +40,17 @@ def read_guarded(path: str | os.PathLike[str], what: str) -> bytes:
     """
     name = os.fspath(path)
     with open(name, "rb") as file:
-        _check(name, os.fstat(file.fileno()), what, "chmod go-w")
+        _check(name, os.fstat(file.fileno()), what)
         directory = os.path.dirname(name) or "."
         info = os.stat(directory)
         if not info.st_mode & stat.S_ISVTX:
-            _check(directory, info, f"directory of {what} {name}", "chmod go-w")
+            _check(directory, info, f"directory of {what} {name}")
         return file.read()
 
 
-def _check(where: str, info: os.stat_result, what: str, chmod: str) -> None:
+def _check(where: str, info: os.stat_result, what: str) -> None:
+    """Refuse ``where`` (a file or a directory, ``what`` in the line) if someone other than its
+    owner could change it (see the module docstring)."""
     me = os.geteuid()
     if info.st_uid not in (me, 0):
         raise ConfigError(
@@ -65,7 +67,7 @@ def _check(where: str, info: os.stat_result, what: str, chmod: str) -> None:
         return
     raise ConfigError(
         f"{what} is writable by {writers} (mode {mode:o}): whoever writes it decides what this "
-        f"bus trusts; run `{chmod} {where}`",
+        f"bus trusts; run `chmod go-w {where}`",
         where,
     )
 
