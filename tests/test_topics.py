@@ -21,6 +21,7 @@ from aaabus import (
     Publication,
 )
 from aaabus.config.reader import load_config
+from aaabus.config.scopes import Scope
 from aaabus.errors import ConfigError
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.topicload import Do, TopicProbe
@@ -171,29 +172,31 @@ def test_a_mailbox_keeps_the_newest_items_at_its_limit_and_counts_the_dropped(
 ) -> None:
     with inprocess(tmp_path, [[0]], {"aaabus.topics.backlog": "3"}) as bus:
         desk = bus[0].mailboxes
-        assert desk.open("slow", "m/#", None) is False
-        assert desk.open("slow", "m/#", None) is True  # the same name and filter: resumed
+        assert desk.open("slow", "m/#", None, Scope.OPERATE) is False
+        # The same name and filter: resumed.
+        assert desk.open("slow", "m/#", None, Scope.OPERATE) is True
         publisher = bus[0].deploy(TopicProbe("pub"))
         for i in range(5):
             bus[0].send(publisher, Do("publish", "m/x", i))
         answer = wait_until(
             "five went through the mailbox",
-            lambda: (a := desk.fetch("slow", 0, 10, 0.0))["dropped"] == 2 and a,
+            lambda: (a := desk.fetch("slow", 0, 10, 0.0, Scope.OPERATE))["dropped"] == 2 and a,
         )
         assert [seq for seq, _body in answer["items"]] == [3, 4, 5]
         # Acknowledging 4 leaves 5; nothing above 5 yet.
-        assert [seq for seq, _ in desk.fetch("slow", 4, 10, 0.0)["items"]] == [5]
-        assert desk.fetch("slow", 5, 10, 0.0)["items"] == []
+        assert [seq for seq, _ in desk.fetch("slow", 4, 10, 0.0, Scope.OPERATE)["items"]] == [5]
+        assert desk.fetch("slow", 5, 10, 0.0, Scope.OPERATE)["items"] == []
 
 
 def test_a_waiting_fetch_is_woken_by_the_next_publication(tmp_path: Path) -> None:
     with inprocess(tmp_path, [[0]]) as bus:
         desk = bus[0].mailboxes
-        desk.open("waiter", "w", None)
+        desk.open("waiter", "w", None, Scope.OPERATE)
         publisher = bus[0].deploy(TopicProbe("pub"))
         answers: list[dict[str, object]] = []
         waiter = threading.Thread(
-            target=lambda: answers.append(desk.fetch("waiter", 0, 10, 10.0)), name="test-fetch"
+            target=lambda: answers.append(desk.fetch("waiter", 0, 10, 10.0, Scope.OPERATE)),
+            name="test-fetch",
         )
         started = time.monotonic()
         waiter.start()
@@ -225,10 +228,11 @@ def test_subscriptions_survive_restarts_and_reach_a_server_added_later(tmp_path:
 def test_a_stopping_server_releases_the_fetches_waiting_on_its_mailboxes(tmp_path: Path) -> None:
     with inprocess(tmp_path, [[0]]) as bus:
         desk = bus[0].mailboxes
-        desk.open("idle", "nothing/comes", None)
+        desk.open("idle", "nothing/comes", None, Scope.OPERATE)
         answers: list[dict[str, object]] = []
         waiter = threading.Thread(
-            target=lambda: answers.append(desk.fetch("idle", 0, 10, 10.0)), name="test-fetch"
+            target=lambda: answers.append(desk.fetch("idle", 0, 10, 10.0, Scope.OPERATE)),
+            name="test-fetch",
         )
         started = time.monotonic()
         waiter.start()

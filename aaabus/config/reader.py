@@ -34,6 +34,7 @@ from xml.sax.handler import ContentHandler
 from xml.sax.xmlreader import Locator
 
 from aaabus.config import settings
+from aaabus.config.guard import read_guarded
 from aaabus.errors import ConfigError
 
 __all__ = [
@@ -540,11 +541,11 @@ def parse_config(text: str | bytes, path: str = "<string>") -> BusConfig:
 
 
 def load_config(path: str | os.PathLike[str]) -> BusConfig:
-    """Read, parse and check the ``a3.xml`` file at ``path``."""
+    """Read, parse and check the ``a3.xml`` file at ``path``; refused if someone else than its
+    owner could change it (:mod:`aaabus.config.guard`)."""
     name = os.fspath(path)
     try:
-        with open(name, "rb") as fh:
-            data = fh.read()
+        data = read_guarded(name, "configuration file")
     except OSError as exc:
         raise ConfigError(
             f"cannot read configuration file: {exc.strerror or exc}; check the path",

@@ -3,7 +3,8 @@
 A tool key is made for one scope (``aaabus secret --tool --scope S``), and each scope covers the
 ones below it::
 
-    read     status, subscribe, fetch: look at the bus, change nothing in it
+    read     status, subscribe, fetch: look at the bus, change nothing in it but the backlogs
+             of the subscriptions read keys opened (aaabus.node.mailboxes)
     operate  read + send, publish, request, deploy an agent of a class the servers import,
              unsubscribe, stop a server, arm failpoints
     code     operate + whatever may carry code: on a server that loads code (properties

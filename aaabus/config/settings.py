@@ -373,6 +373,14 @@ SETTINGS: tuple[Setting, ...] = (
         shown_default="first `<network>` port + 1000",
     ),
     Setting(
+        "aaabus.admin.lifetime",
+        integer(1, 86_400),
+        600,
+        "Seconds an admin session lasts at most, however often it asks: then the server closes "
+        "it between two requests and the tool reconnects (`Client` does so by itself). Keeps a "
+        "slot from being held forever by cheap requests; see docs/security.md, *Admin sessions*.",
+    ),
+    Setting(
         "aaabus.client.remember",
         integer(1, 100_000_000),
         100_000,

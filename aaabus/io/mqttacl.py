@@ -45,6 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from aaabus.config.guard import read_guarded
 from aaabus.errors import ConfigError, TopicError
 from aaabus.model.topicnames import check_filter, matches
 
@@ -107,9 +108,10 @@ class Acl:
 
     @classmethod
     def load(cls, path: Path) -> Acl:
-        """Read ``path``; :class:`ConfigError` naming ``file:line`` for a bad line."""
+        """Read ``path``; :class:`ConfigError` naming ``file:line`` for a bad line, or the file
+        when someone else than its owner could change it (:mod:`aaabus.config.guard`)."""
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_guarded(path, "MQTT ACL file").decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"MQTT ACL file unreadable ({exc}); check aaabus.mqtt.acl", str(path)

@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from aaabus.config.guard import read_guarded
 from aaabus.errors import ConfigError
 
 __all__ = ["Credentials", "hash_password"]
@@ -44,9 +45,11 @@ class Credentials:
 
     @classmethod
     def load(cls, path: Path) -> Credentials:
-        """Read ``path``; :class:`ConfigError` (one line, with the line number) if malformed."""
+        """Read ``path``; :class:`ConfigError` (one line, with the line number) if malformed, or
+        naming the file when someone else than its owner could change it
+        (:mod:`aaabus.config.guard`)."""
         try:
-            text = path.read_text(encoding="utf-8")
+            text = read_guarded(path, "MQTT credentials file").decode("utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise ConfigError(
                 f"MQTT credentials file unreadable ({exc}); check aaabus.mqtt.credentials",

@@ -26,7 +26,8 @@ Protocol
     ``{"op": "send", "id": ..., "to": "#o.s.n", "note": <base64 body>}``,
     ``{"op": "deploy", "id": ..., "agent": <base64 body>, "server": n}``,
     ``{"op": "publish", "id": ..., "topic": ..., "payload": <base64 value>, "retain": b}``,
-    ``{"op": "subscribe", "name": ..., "filter": ...}`` (open a client subscription's mailbox),
+    ``{"op": "subscribe", "name": ..., "filter": ..., "durable": b}`` (open a client subscription's
+    mailbox; ``durable``: a named one, default true),
     ``{"op": "fetch", "name": ..., "after": n, "most": k, "wait": s}`` (acknowledge up to ``n``,
     get what follows, waiting up to ``s`` seconds), ``{"op": "unsubscribe", "name": ...}``,
     ``{"op": "request", "id": ..., "to": ..., "note": ...}`` (its reply is fetched from mailbox
@@ -46,7 +47,13 @@ Threads
     :data:`MAX_PENDING_PER_ADDRESS` per address, the oldest evicted beyond) and has
     :data:`HANDSHAKE_TIMEOUT` seconds from accept, enforced by the listener thread however slowly
     its bytes trickle in; at most :data:`MAX_CONNECTIONS` authenticated sessions run at once,
-    more are answered "busy". Refusals are logged rate-limited
+    more are answered "busy". Of those, ``read`` sessions take at most :data:`READ_SESSIONS`
+    (:data:`READ_SESSIONS_PER_ADDRESS` from one address), so the slots left are kept for the
+    ``operate`` and ``code`` keys, which can stop the server anyway: a leaked read key cannot
+    lock the operator out. A session is closed after :data:`IDLE_TIMEOUT` seconds without a
+    request, and between two requests once it has lasted ``aaabus.admin.lifetime`` seconds,
+    however often it asks: a cheap request every minute does not hold a slot forever (a
+    :class:`~aaabus.tools.client.Client` reconnects by itself). Refusals are logged rate-limited
     (:class:`~aaabus.io.gate.RefusalLog`), so a flood cannot fill the log. Whatever reads or
     changes the store is handed to the engine thread (:mod:`aaabus.node.dispatch`, through the
     narrow :class:`~aaabus.node.control.NodeControl`), so status figures are one consistent
@@ -62,9 +69,11 @@ import socketserver
 import ssl
 import threading
 import time
+from collections import Counter
 from functools import partial
 from typing import Any
 
+from aaabus.config.scopes import Scope
 from aaabus.errors import AdminError, WireError
 from aaabus.io.gate import PendingTable, RefusalLog
 from aaabus.io.link import Link
@@ -80,13 +89,18 @@ log = logging.getLogger("aaabus.admin")
 
 #: Concurrent authenticated admin sessions per server; more are told the server is busy.
 MAX_CONNECTIONS = 32
+#: Of those, the most ``read`` sessions, in all and from one address: the other slots are kept
+#: for ``operate`` and ``code`` keys, which always get in while a read key floods the port.
+READ_SESSIONS = 24
+READ_SESSIONS_PER_ADDRESS = 8
 #: Connections waiting to authenticate, in all and per address; beyond, the oldest is evicted.
 MAX_PENDING = 32
 MAX_PENDING_PER_ADDRESS = 16
 #: Seconds a connection has to complete the handshake, from accept (an absolute deadline).
 HANDSHAKE_TIMEOUT = 5.0
-#: Seconds an authenticated connection may stay idle between requests.
-IDLE_TIMEOUT = 300.0
+#: Seconds an authenticated connection may stay idle between requests. A live consumer fetches
+#: far more often (a fetch waits at most 10 s on the server); a quiet tool reconnects.
+IDLE_TIMEOUT = 60.0
 
 
 class _TCPServer(socketserver.ThreadingTCPServer):
@@ -127,6 +141,8 @@ class AdminEndpoint:
             MAX_PENDING, MAX_PENDING_PER_ADDRESS
         )
         self._sessions = 0
+        self._reads: Counter[str] = Counter()  # read sessions by address
+        self._lifetime = float(server.config.setting(server.server_id, "aaabus.admin.lifetime"))
         self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
         # Clients prove this server's admin key of their scope (aaabus.config.secret), which
@@ -190,19 +206,39 @@ class AdminEndpoint:
         for sock in late:
             _hang_up(sock)
 
-    def _authenticated(self, sock: socket.socket) -> bool:
-        """Leave the waiting room for a session slot; False when every slot is taken."""
+    def _authenticated(self, sock: socket.socket, scope: Scope, address: str) -> str | None:
+        """Leave the waiting room for a session slot: ``None``, or why none is given (any
+        connection thread)."""
         with self._lock:
             self._pending.remove(sock)
             if self._sessions >= MAX_CONNECTIONS:
-                return False
+                return "busy: every admin session is taken"
+            if scope is Scope.READ:
+                if self._reads.total() >= READ_SESSIONS:
+                    return "busy: every admin session for read keys is taken"
+                if self._reads[address] >= READ_SESSIONS_PER_ADDRESS:
+                    return (
+                        f"busy: {address} already holds {READ_SESSIONS_PER_ADDRESS} read "
+                        "sessions; close one"
+                    )
+                self._reads[address] += 1
             self._sessions += 1
-            return True
+            return None
+
+    def _left(self, scope: Scope, address: str) -> None:
+        """Give back a session slot (its connection thread, at the end)."""
+        with self._lock:
+            self._sessions -= 1
+            if scope is Scope.READ:
+                self._reads[address] -= 1
+                if not self._reads[address]:
+                    del self._reads[address]
 
     def _serve(self, sock: socket.socket, peer: Any) -> None:
         server = self.server
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
-        in_session = False
+        address = peer[0] if isinstance(peer, tuple) else str(peer)
+        scope: Scope | None = None  # set once the session holds a slot
         try:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT
             sock.settimeout(HANDSHAKE_TIMEOUT)
@@ -213,31 +249,39 @@ class AdminEndpoint:
                     self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client, scope = Link.accept(
+                link, client, proved = Link.accept(
                     sock, self._admin_key, server.server_id, server.max_frame, deadline
                 )
             except (WireError, OSError) as exc:
                 self._refusals.refused(where, str(exc) or type(exc).__name__)
                 return
-            in_session = self._authenticated(sock)
-            if not in_session:
-                link.send({"ok": False, "error": "busy: every admin session is taken"})
+            refusal = self._authenticated(sock, proved, address)
+            if refusal is not None:
+                link.send({"ok": False, "error": refusal})
                 return
+            scope = proved
             log.debug(
                 "server %s: admin client %s (scope %s) connected from %s",
                 server.server_id,
                 client,
-                scope.label,
+                proved.label,
                 where,
             )
-            session = Session(scope)
-            sock.settimeout(IDLE_TIMEOUT)
+            session = Session(proved)
+            # Closed between two requests once it has lasted its lifetime: a deadline that no
+            # request pushes back, so a slot is never held forever by cheap requests.
+            ends = time.monotonic() + self._lifetime
             while True:
+                left = ends - time.monotonic()
+                if left <= 0:
+                    return  # the client reconnects if it has more to ask
+                sock.settimeout(min(IDLE_TIMEOUT, left))
                 try:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                reply = session.serve(request, partial(answer, server, self.rates, request))
+                perform = partial(answer, server, self.rates, session, request)
+                reply = session.serve(request, perform)
                 link.send(reply)
                 if reply.get("close"):
                     return  # a request that did not decode ends its connection, not the server
@@ -247,8 +291,8 @@ class AdminEndpoint:
             with self._lock:
                 self._conns.discard(sock)
                 self._pending.remove(sock)
-                if in_session:
-                    self._sessions -= 1
+            if scope is not None:
+                self._left(scope, address)
             if isinstance(sock, ssl.SSLSocket):
                 sock.close()  # socketserver closes only the plain socket it accepted
 

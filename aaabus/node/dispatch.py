@@ -18,6 +18,7 @@ from aaabus.model.pubsub import Publish
 from aaabus.model.topicnames import check_filter, check_topic
 from aaabus.node.control import NodeControl
 from aaabus.node.rates import RateMeter
+from aaabus.node.rights import Session
 from aaabus.wire.codec import is_pickle
 from aaabus.wire.message import vet_body
 
@@ -33,8 +34,10 @@ MAX_FETCH_ITEMS = 1000
 MAX_FETCH_WAIT = 10.0
 
 
-def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any]:
-    """The answer to one request (see :mod:`aaabus.node.admin` for the protocol)."""
+def answer(server: NodeControl, rates: RateMeter, session: Session, request: Any) -> dict[str, Any]:
+    """The answer to one request of ``session`` (see :mod:`aaabus.node.admin` for the protocol;
+    :mod:`aaabus.node.rights` has already checked that its scope may make it, and the mailbox
+    requests check here that it may touch the mailbox it names)."""
     try:
         if not isinstance(request, dict):
             raise RequestRefused("a request is a JSON object")
@@ -64,7 +67,7 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
             agent_id, duplicate = server.accept_once(key, lambda: server.deploy_now(agent, where))
             return {"ok": True, "agent": agent_id, "duplicate": duplicate}
         if op in _TOPIC_OPS:
-            return _TOPIC_OPS[op](server, request)
+            return _TOPIC_OPS[op](server, session, request)
         if op == "failpoints":
             spec = request.get("arm")
             if not isinstance(spec, str):
@@ -82,7 +85,7 @@ def answer(server: NodeControl, rates: RateMeter, request: Any) -> dict[str, Any
         return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
 
 
-def _publish(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+def _publish(server: NodeControl, session: Session, request: dict[str, Any]) -> dict[str, Any]:
     topic = check_topic(request.get("topic"))
     payload = _decode(server, request.get("payload"), "payload")
     note = Publish(topic, payload, bool(request.get("retain", False)))
@@ -91,13 +94,17 @@ def _publish(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, "duplicate": duplicate}
 
 
-def _subscribe(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+def _subscribe(server: NodeControl, session: Session, request: dict[str, Any]) -> dict[str, Any]:
     name = _mailbox_name(request)
-    existed = server.mailboxes.open(name, check_filter(request.get("filter")), None)
+    durable = request.get("durable", True)  # clients of before the field named theirs all
+    if not isinstance(durable, bool):
+        raise RequestRefused("'durable' must be true (a named subscription) or false")
+    topic_filter = check_filter(request.get("filter"))
+    existed = server.mailboxes.open(name, topic_filter, None, session.scope, durable)
     return {"ok": True, "existed": existed}
 
 
-def _fetch(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+def _fetch(server: NodeControl, session: Session, request: dict[str, Any]) -> dict[str, Any]:
     after, most, wait = request.get("after"), request.get("most", 100), request.get("wait", 0)
     if not isinstance(after, int) or after < 0:
         raise RequestRefused("'after' must be the last item number consumed (an integer >= 0)")
@@ -105,19 +112,22 @@ def _fetch(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
         raise RequestRefused(f"'most' must be an integer in 0..{MAX_FETCH_ITEMS}")
     if not isinstance(wait, int | float) or not 0 <= wait <= MAX_FETCH_WAIT:
         raise RequestRefused(f"'wait' must be seconds in 0..{MAX_FETCH_WAIT:g}")
-    return {"ok": True, **server.mailboxes.fetch(_mailbox_name(request), after, most, wait)}
+    found = server.mailboxes.fetch(_mailbox_name(request), after, most, wait, session.scope)
+    return {"ok": True, **found}
 
 
-def _unsubscribe(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
-    server.mailboxes.delete(_mailbox_name(request))
+def _unsubscribe(server: NodeControl, session: Session, request: dict[str, Any]) -> dict[str, Any]:
+    name = _mailbox_name(request)
+    server.mailboxes.delete(name, session.scope, session.opened(name))
     return {"ok": True}
 
 
-def _request(server: NodeControl, request: dict[str, Any]) -> dict[str, Any]:
+def _request(server: NodeControl, session: Session, request: dict[str, Any]) -> dict[str, Any]:
     to = _target(server, request.get("to"))
     note = _decode(server, request.get("note"), "notification")
     # The mailbox is named after the request id: a retried request finds it and sends nothing.
-    existed = server.mailboxes.open(f"request-{_request_id(request)}", None, (to, note))
+    box = f"request-{_request_id(request)}"
+    existed = server.mailboxes.open(box, None, (to, note), session.scope, durable=False)
     return {"ok": True, "duplicate": existed}
 
 

@@ -5,7 +5,9 @@ admin key of a scope is derived from that scope's tool key, so a session cannot 
 its key gives. Every request names an ``op``; :data:`NEEDS` says which scope it takes, and the
 check runs before anything of the request is decoded, so that a refused request has no effect::
 
-    read      status, subscribe, fetch; and unsubscribe of a subscription this session opened
+    read      status, subscribe, fetch (of the mailboxes a read key opened: the owner check is
+              aaabus.node.mailboxes); and unsubscribe of a subscription this session opened,
+              or of an unnamed one a read key opened (checked there too: it knows the owner)
     operate   send, publish, request, deploy (of an agent by class), unsubscribe, stop, failpoints
     code      a request whose notification, payload or agent is a pickle (:data:`CARRIERS`):
               deploying an agent *by value*, or a body with no data form on a bus that opted in
@@ -29,7 +31,7 @@ from aaabus.config.scopes import Scope
 from aaabus.errors import RequestRefused
 from aaabus.wire.codec import is_pickle
 
-__all__ = ["CARRIERS", "NEEDS", "Session"]
+__all__ = ["CARRIERS", "NEEDS", "Session", "refusal"]
 
 NEEDS: dict[str, Scope] = {
     "status": Scope.READ,
@@ -57,6 +59,10 @@ class Session:
         self.scope = scope
         self._opened: set[str] = set()
 
+    def opened(self, name: str) -> bool:
+        """Whether this session created subscription ``name``."""
+        return name in self._opened
+
     def serve(self, request: Any, perform: Callable[[], dict[str, Any]]) -> dict[str, Any]:
         """The answer to ``request``: a refusal if this session may not make it, else what
         ``perform()`` answers (a request that is not a JSON object is left to it to refuse)."""
@@ -75,16 +81,18 @@ class Session:
         needed = NEEDS.get(op) if isinstance(op, str) else None
         if needed is None:
             raise RequestRefused(f"unknown request {op!r}")
-        what = op
+        what = str(op)
         if op in CARRIERS and _carries_pickle(request.get(CARRIERS[op])):
             needed, what = Scope.CODE, f"{op} of a pickle (code, e.g. an agent by value)"
-        elif op == "unsubscribe" and request.get("name") in self._opened:
+        elif op == "unsubscribe" and (
+            request.get("name") in self._opened or self.scope is Scope.READ
+        ):
+            # What this session opened, it closes. A read key's unnamed subscription opened in
+            # an earlier session (the client reconnected) it closes too: only the mailbox desk
+            # knows the owner, and refuses the rest with the same line as here.
             return
         if not self.scope.covers(needed):
-            raise RequestRefused(
-                f"{what} needs scope {needed.label}, this session holds {self.scope.label}; "
-                f"use a tool key made with `aaabus secret --tool --scope {needed.label}`"
-            )
+            raise refusal(what, needed, self.scope)
 
 
 def _carries_pickle(text: Any) -> bool:
@@ -96,6 +104,14 @@ def _carries_pickle(text: Any) -> bool:
         return is_pickle(base64.b64decode(text[:4], validate=True))
     except (binascii.Error, ValueError):
         return False
+
+
+def refusal(what: str, needed: Scope, held: Scope) -> RequestRefused:
+    """The one line refusing ``what`` to a session of scope ``held``."""
+    return RequestRefused(
+        f"{what} needs scope {needed.label}, this session holds {held.label}; "
+        f"use a tool key made with `aaabus secret --tool --scope {needed.label}`"
+    )
 
 
 def _created_subscription(request: Any, reply: dict[str, Any]) -> bool:

@@ -136,7 +136,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
     config = load_config(args.config)
     topology = Topology.from_config(config)
-    _check_mqtt_acls(config)
+    _check_mqtt_files(config)
     if args.json:
         print(json.dumps(topology.to_json(), indent=2))
     else:
@@ -144,18 +144,25 @@ def _cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_mqtt_acls(config: Any) -> None:
-    """Read the MQTT ACL files the servers of ``config`` (a BusConfig) would load at boot: a
-    bad line fails the check as it would fail the server (a ConfigError naming file:line)."""
+def _check_mqtt_files(config: Any) -> None:
+    """Read the MQTT ACL and credentials files the servers of ``config`` (a BusConfig) would
+    load at boot: a bad line, or a file others could change, fails the check as it would fail
+    the server (a ConfigError naming the file)."""
     from pathlib import Path
 
     from aaabus.io.mqttacl import Acl
+    from aaabus.io.mqttauth import Credentials
 
     base = Path(config.path).resolve().parent
     for sid in config.servers:
+        if config.setting(sid, "aaabus.mqtt.port") is None:
+            continue
         acl = config.setting(sid, "aaabus.mqtt.acl")
-        if acl and config.setting(sid, "aaabus.mqtt.port") is not None:
+        if acl:
             Acl.load(base / acl)
+        credentials = config.setting(sid, "aaabus.mqtt.credentials")
+        if credentials:
+            Credentials.load(base / credentials)
 
 
 def _cmd_topology(args: argparse.Namespace) -> int:

@@ -192,7 +192,9 @@ class Client:
         check_filter(topic_filter)
         durable = name is not None
         mailbox = name if name is not None else f"client-{_new_id()}"
-        self._request({"op": "subscribe", "name": mailbox, "filter": topic_filter})
+        self._request(
+            {"op": "subscribe", "name": mailbox, "filter": topic_filter, "durable": durable}
+        )
         return Subscription[Publication](
             self._request,
             mailbox,

@@ -187,11 +187,17 @@ class OpenMailbox(Notification):
     ``topic_filter``: the mailbox subscribes to it (a client subscription); ``None`` for a reply
     mailbox. ``first``: a notification the mailbox sends, as its sender, when it is created (the
     request of :meth:`aaabus.Client.request`, whose reply then lands in the mailbox).
+    ``owner``: the scope (:class:`aaabus.config.scopes.Scope`, as its number) of the admin key
+    that opened it: only sessions whose scope covers it may resume, read or acknowledge it
+    (:mod:`aaabus.node.mailboxes`). A mailbox that the config declares is ``operate``'s (2).
+    ``durable``: a named subscription (``False``: an unnamed one, or a request's reply).
     """
 
     name: str
     topic_filter: str | None
     first: tuple[AgentId, Notification] | None = None
+    owner: int = 2
+    durable: bool = True
 
 
 @dataclass

@@ -6,7 +6,9 @@ What it holds (all in the server's store, so it survives restarts):
 * ``remote``: filter -> the other servers with at least one subscriber to it, learned from
   their :class:`~aaabus.topics.messages.InterestChange` announcements;
 * ``retained``: topic -> its retained publication (every representative keeps a copy);
-* ``mailboxes``: name -> the mailbox agent of a client subscription (:mod:`aaabus.topics.mailbox`);
+* ``mailboxes``: name -> (the mailbox agent of a client subscription or request
+  (:mod:`aaabus.topics.mailbox`), its filter, the scope that opened it, whether it is a named
+  subscription; two items in a store written before mailboxes had owners);
 * ``routes``: next hop towards every other server (the configuration's route table, set by the
   server at boot);
 * ``local_trie``, ``remote_trie``, ``retained_trie``: the same three tables as tries of topic
@@ -374,7 +376,7 @@ class TopicRepresentative(Agent):
             return
         mailbox = Mailbox(note.name, note.topic_filter, self.backlog, note.first)
         mailbox_id = mailbox.deploy()
-        self.mailboxes[note.name] = (mailbox_id, note.topic_filter)
+        self.mailboxes[note.name] = (mailbox_id, note.topic_filter, note.owner, note.durable)
         if note.topic_filter is not None:
             # Subscribed here and now, not by the mailbox once created: every publication this
             # representative handles after the request is the subscription's (its deliveries
