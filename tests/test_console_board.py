@@ -6,15 +6,19 @@ import json
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from aaabus import AgentServer
 from aaabus.config.domains import Topology
 from aaabus.config.reader import load_config
+from aaabus.config.scopes import Scope
+from aaabus.config.secret import Credential, load_secret
 from aaabus.console.board import Board
-from aaabus.console.poller import Reading
-from tests.support.harness import REPO_ROOT
+from aaabus.console.poller import Poller, Reading
+from tests.support.harness import REPO_ROOT, free_ports
 from tests.test_packaging import WITHOUT
 
 
@@ -100,3 +104,34 @@ def test_the_grafana_dashboard_queries_only_metrics_the_servers_export() -> None
     }
     assert queried and queried <= exported, queried - exported
     assert "aaabus_up" in queried and "aaabus_link_up" in queried
+
+
+def test_a_poller_reads_on_across_the_end_of_its_admin_session(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """The server ends an admin session at its lifetime (aaabus.admin.lifetime): the poller's
+    next reading fails at once on the old session, and is taken again on a new one rather than
+    showing a running server down."""
+    (port,) = free_ports(1)
+    props = (
+        f'<property name="aaabus.admin.port" value="{port}"/>'
+        '<property name="aaabus.admin.lifetime" value="1"/>'
+    )
+    config = load_config(make_config(extra={0: props}))
+    server = AgentServer(config, 0, storage=tmp_path / "s0", endpoints=True)
+    server.start()
+    try:
+        read = Credential(load_secret(tmp_path / "bus.key")).claiming(Scope.READ)
+        poller = Poller(config, 0, read, lambda _reading: None)
+        first = poller.read()
+        assert first.state == "up", first.error
+        session = poller._link
+        readings = []
+        # Until the poller had to open a new session (the first one reached its lifetime).
+        deadline = time.monotonic() + 20
+        while poller._link is session and time.monotonic() < deadline:
+            readings.append(poller.read())
+        assert poller._link is not session, "the session was never ended by the server"
+        assert [r.state for r in readings] == ["up"] * len(readings), readings[-1].error
+    finally:
+        server.stop()

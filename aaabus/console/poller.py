@@ -92,7 +92,21 @@ class Poller:
             self._link.close()
 
     def read(self) -> Reading:
-        """One reading (this poller's thread; never raises)."""
+        """One reading (this poller's thread; never raises).
+
+        A session kept open from an earlier reading that fails at once is tried again once on
+        a new connection: the server ends admin sessions at their lifetime and after an idle
+        time (``aaabus.admin.lifetime``), which is no reason to show it down. One that failed
+        by waiting (a server that stopped answering) is not: that would double the time a hung
+        server takes to show."""
+        reused = self._link is not None
+        started = time.monotonic()
+        reading = self._attempt()
+        if reused and reading.state == "down" and time.monotonic() - started < self._timeout / 2:
+            reading = self._attempt()
+        return reading
+
+    def _attempt(self) -> Reading:
         sid = self.server_id
         if self._address is None:
             return Reading(

@@ -38,7 +38,13 @@ BROWSER_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
-DOCS_IMG = REPO_ROOT / "docs" / "img"
+#: Where the browser test's screenshots go: docs/img (the pictures docs/operations.md shows)
+#: only when asked, ``AAABUS_CONSOLE_SHOTS=docs/img``, so that a test run leaves the checkout as
+#: it found it; otherwise a directory of the temporary area.
+SHOTS = Path(
+    os.environ.get("AAABUS_CONSOLE_SHOTS")
+    or Path(tempfile.gettempdir()) / f"aaabus-console-shots-{os.getpid()}"
+)
 
 
 class ConsoleProcess:
