@@ -22,7 +22,8 @@ Limits, each a property (docs/config.md): the waiting room (``max_waiting``, ``p
 ``connect_ms``) holds connections until their CONNECT and evicts the oldest before refusing;
 ``max_connections``, ``connections_per_user`` and ``sessions_per_user`` count accepted
 devices; ``max_keepalive``/``keepalive_0``; ``inflight``, ``queued_bytes``, ``max_filters`` per
-device; ``retained``, ``retained_bytes``, ``retained_total`` per user and server;
+device; ``retained``, ``retained_bytes``, ``retained_total`` per user and server (kept by the
+sessions, :meth:`~aaabus.node.mqttsessions.MqttSessions.publish_now`, for wills too);
 ``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
 writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
 
@@ -62,7 +63,14 @@ from aaabus.model.notifications import Notification
 from aaabus.model.topicnames import matches
 from aaabus.node.mqttconn import MqttConnection
 from aaabus.node.mqttroam import BUSY, ROAM_KEY
-from aaabus.node.mqttsessions import BOX_PREFIX, PUSH_KEY, MqttSessions, delivery_of
+from aaabus.node.mqttsessions import (
+    BOX_PREFIX,
+    PUSH_KEY,
+    MqttSessions,
+    accounted,
+    delivery_of,
+    shown,
+)
 
 __all__ = ["MqttListener"]
 
@@ -124,6 +132,7 @@ class MqttListener:
             return cfg.setting(sid, f"aaabus.mqtt.{name}")
 
         self.max_packet: int = setting("max_packet")
+        self.user_bound = (setting("user_properties"), setting("user_properties_bytes"))
         self.connect_s: float = setting("connect_ms") / 1000.0
         self.inflight: int = setting("inflight")
         self.queued_bytes: int = setting("queued_bytes")
@@ -135,9 +144,6 @@ class MqttListener:
         self.max_keepalive: int = setting("max_keepalive")
         self.keepalive_0: bool = setting("keepalive_0")
         self.topic_aliases: int = setting("topic_aliases")
-        self.retained: int = setting("retained")
-        self.retained_bytes: int = setting("retained_bytes")
-        self.retained_total: int = setting("retained_total")
         #: Persistent sessions follow their device across the bus (aaabus.node.mqttroam).
         self.roaming: bool = setting("roaming")
         base = Path(cfg.path).resolve().parent
@@ -171,7 +177,7 @@ class MqttListener:
         self._awaiting: dict[str, MqttConnection] = {}
         self._of_user: dict[str, int] = {}  # connections per named user
         self._stored: dict[str, str | None] = {}  # client id -> user, sessions in the store
-        self._sessions_of: dict[str, set[str]] = {}  # named user -> their stored sessions
+        self._sessions_of: dict[str, set[str]] = {}  # accounted user -> their stored sessions
         self._refusals = RefusalLog(log, f"server {sid}: MQTT port")
         self._pending: list[tuple[Op, Then]] = []
         self._lazy: list[tuple[Op, Then]] = []
@@ -190,8 +196,8 @@ class MqttListener:
         self._stopping = False
         self._next_expiry = 0.0
         self._expiries: list[float] = []  # when 5.0 sessions' own expiries fall due (a heap)
-        # 5.0 wills waiting for their delay, by client id (see delay_will).
-        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool]]] = {}
+        # 5.0 wills waiting for their delay, by client id, with their user (see delay_will).
+        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool], str]] = {}
         # $SYS (see _sys_tick): connections granted a $SYS filter, with those filters; the
         # publications counted in (ACL passed) and out (sent), and their last rates.
         self._sys_conns: dict[MqttConnection, list[str]] = {}
@@ -410,10 +416,12 @@ class MqttListener:
             if held >= self.per_user:
                 self.refused(conn.address, f"user {user!r} holds {held} connections")
                 return mc.QUOTA_EXCEEDED
-            mine = self._sessions_of.get(user, set())
-            if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
-                self.refused(conn.address, f"user {user!r} has {len(mine)} persistent sessions")
-                return mc.QUOTA_EXCEEDED
+        # The store's bounds count the devices without a user name as one user.
+        mine = self._sessions_of.get(accounted(user), set())
+        if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
+            who = shown(accounted(user))
+            self.refused(conn.address, f"{who} hold {len(mine)} persistent sessions")
+            return mc.QUOTA_EXCEEDED
         if old is not None:
             old.end("session taken over", reason=mc.SESSION_TAKEN_OVER)
         self._waiting.remove(conn)
@@ -557,11 +565,10 @@ class MqttListener:
     def _set_stored(self, client_id: str, user: str | None, present: bool) -> None:
         if present:
             self._stored[client_id] = user
-            if user is not None:
-                self._sessions_of.setdefault(user, set()).add(client_id)
+            self._sessions_of.setdefault(accounted(user), set()).add(client_id)
             return
-        old = self._stored.pop(client_id, None)
-        if old is not None:
+        if client_id in self._stored:
+            old = accounted(self._stored.pop(client_id))
             mine = self._sessions_of.get(old)
             if mine is not None:
                 mine.discard(client_id)
@@ -570,26 +577,34 @@ class MqttListener:
 
     # -- 5.0's delayed wills (loop thread) ---------------------------------------------------------
 
-    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
-        """Publish ``client_id``'s will ``delay`` seconds from now, unless a connection to its
-        session comes first (5.0's Will Delay Interval; the connection caps ``delay`` at the
-        session's expiry, so the will goes when the session ends at the latest). Kept in
+    def delay_will(
+        self, client_id: str, will: tuple[str, bytes, int, bool], delay: float, user: str
+    ) -> None:
+        """Publish ``client_id``'s will ``delay`` seconds from now, for ``user`` (the retained
+        bounds count it as that user's), unless a connection to its session comes first (5.0's
+        Will Delay Interval; the connection caps ``delay`` at the session's expiry, so the will
+        goes when the session ends at the latest). Kept in
         memory: a server that stops meanwhile drops it, as it drops the wills of the
         connections it cuts."""
         handle = self._loop.call_later(delay, self._will_due, client_id)
         old = self._wills.get(client_id)
         if old is not None:
             old[0].cancel()
-        self._wills[client_id] = (handle, will)
+        self._wills[client_id] = (handle, will, user)
 
     def _will_due(self, client_id: str) -> None:
         entry = self._wills.pop(client_id, None)
         if entry is not None:
-            self._publish_will(client_id, entry[1])
+            self._publish_will(client_id, entry[1], entry[2])
 
-    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
+    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool], user: str) -> None:
         sessions = self.sessions
-        self._add_op(lambda: sessions.will_now(client_id, will), lambda _outcome: None)
+
+        def then(outcome: Any) -> None:
+            if isinstance(outcome, str):
+                self.refused(client_id, f"client {client_id!r}: delayed will refused: {outcome}")
+
+        self._add_op(lambda: sessions.will_now(client_id, will, user), then)
 
     def _will_claimed(self, conn: MqttConnection) -> None:
         """``conn`` took its client id: a will waiting for its delay is dropped if ``conn``
@@ -599,7 +614,7 @@ class MqttListener:
         if entry is not None:
             entry[0].cancel()
             if conn.terms.clean_start:
-                self._publish_will(conn.client_id, entry[1])
+                self._publish_will(conn.client_id, entry[1], entry[2])
 
     def deadline_sooner(self, conn: MqttConnection) -> None:
         """``conn.deadline`` moved earlier than the one it is in the heap with (a keep-alive
