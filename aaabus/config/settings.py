@@ -420,6 +420,22 @@ SETTINGS: tuple[Setting, ...] = (
         "CONNECT's username/password are checked against. Never the bus secret.",
     ),
     Setting(
+        "aaabus.mqtt.login_queue",
+        integer(1, 1000000),
+        64,
+        "CONNECTs waiting for their password check (scrypt, on two threads; a password "
+        "verified lately is not checked again); beyond, CONNACK 0x03 (5.0: 0x89 server busy) "
+        "at once. Served round-robin across remote addresses; one whose socket closed is "
+        "dropped unchecked.",
+    ),
+    Setting(
+        "aaabus.mqtt.login_per_address",
+        integer(1, 1000000),
+        8,
+        "CONNECTs of one remote address waiting for their password check; beyond, as over "
+        "`aaabus.mqtt.login_queue`.",
+    ),
+    Setting(
         "aaabus.mqtt.anonymous",
         boolean,
         False,

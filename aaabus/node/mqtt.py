@@ -16,13 +16,16 @@ go into the next one (group commit across connections); each batch's outcomes co
 loop once durable. The session mailboxes push what they receive the same way (an engine
 observer, :data:`~aaabus.node.mqttsessions.PUSH_KEY`): nothing polls, nothing runs for an idle
 device but its keep-alive check (one sweep of the loop a second). With a credentials file, the
-scrypt checks run on a pool of two threads (``mqtt-auth-<id>``), never on the loop.
+scrypt checks run on a pool of two threads (``mqtt-auth-<id>``), never on the loop; the logins
+waiting for them are the loop's, two handed to the pool at a time.
 
 Limits, each a property (docs/config.md): the waiting room (``max_waiting``, ``per_address``,
 ``connect_ms``) holds connections until their CONNECT and evicts the oldest before refusing;
 ``max_connections``, ``connections_per_user`` and ``sessions_per_user`` count accepted
 devices; ``max_keepalive``/``keepalive_0``; ``inflight``, ``queued_bytes``, ``max_filters`` per
-device; ``retained``, ``retained_bytes``, ``retained_total`` per user and server (kept by the
+device; ``login_queue`` and ``login_per_address``, the password checks waiting (a
+:class:`~aaabus.io.loginqueue.LoginQueue`: beyond, CONNACK "server busy"); ``retained``,
+``retained_bytes``, ``retained_total`` per user and server (kept by the
 sessions, :meth:`~aaabus.node.mqttsessions.MqttSessions.publish_now`, for wills too);
 ``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
 writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
@@ -57,6 +60,7 @@ from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 from aaabus.io import mqttcodec as mc
 from aaabus.io.gate import PendingTable, RefusalLog
+from aaabus.io.loginqueue import LoginQueue
 from aaabus.io.mqttacl import Acl
 from aaabus.io.mqttauth import Credentials
 from aaabus.model.notifications import Notification
@@ -88,9 +92,14 @@ ACCEPT_BATCH = 128
 LISTEN_BACKLOG = 4096
 #: Verified passwords remembered (a reconnecting site does not pay scrypt again per device).
 AUTH_CACHE = 4096
+#: Threads checking passwords (scrypt releases the interpreter's lock while it computes).
+AUTH_THREADS = 2
 
 Op = Callable[[], Any]
 Then = Callable[[Any], None]
+#: A login waiting for its password check: user, password, its key in the cache of verified
+#: passwords, and what to call with the outcome.
+_Login = tuple[str, str, tuple[str, bytes], Callable[[bool | None], None]]
 
 
 def _tls_context(base: Path, cert: str, key: str | None) -> ssl.SSLContext:
@@ -210,7 +219,14 @@ class MqttListener:
         self._auth_ok: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._auth_pool: ThreadPoolExecutor | None = None
         if self.credentials is not None:
-            self._auth_pool = ThreadPoolExecutor(2, thread_name_prefix=f"mqtt-auth-{sid}")
+            self._auth_pool = ThreadPoolExecutor(
+                AUTH_THREADS, thread_name_prefix=f"mqtt-auth-{sid}"
+            )
+        # The logins waiting for the pool (loop thread), and the checks it ran.
+        self._logins: LoginQueue[MqttConnection, _Login] = LoginQueue(
+            setting("login_queue"), setting("login_per_address"), AUTH_THREADS
+        )
+        self.logins_checked = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._ready = threading.Event()
@@ -356,10 +372,17 @@ class MqttListener:
         return True
 
     def authenticate(
-        self, user: str | None, password: bytes | None, then: Callable[[bool], None]
+        self,
+        conn: MqttConnection,
+        user: str | None,
+        password: bytes | None,
+        then: Callable[[bool | None], None],
     ) -> None:
         """``then(ok)`` on the loop: at once without a credentials file or for a password
-        verified lately, else after scrypt on the auth pool."""
+        verified lately, else after scrypt on the auth pool, or ``then(None)`` at once when too
+        many logins wait (of ``conn``'s address or in all: "server busy"). A user name the file
+        does not hold costs the same check as one it does (:meth:`Credentials.check`): how long
+        the answer takes does not tell which users exist."""
         credentials = self.credentials
         if credentials is None:
             then(self.anonymous)
@@ -377,22 +400,41 @@ class MqttListener:
             self._auth_ok.move_to_end(key)
             then(True)
             return
+        if not self._logins.add(conn.address, conn, (user, text, key, then)):
+            self.refused(
+                conn.address,
+                f"user {user!r}: {len(self._logins)} logins wait for their password check "
+                "(aaabus.mqtt.login_queue, login_per_address)",
+            )
+            then(None)
+            return
+        self._next_logins()
+
+    def _next_logins(self) -> None:
+        """Hand the pool the logins whose turn it is, while a thread is free (loop thread)."""
         assert self._auth_pool is not None
-        loop = self._loop
+        credentials, loop = self.credentials, self._loop
+        assert credentials is not None
+        while (job := self._logins.take()) is not None:
+            user, text, _key, _then = job
 
-        def check() -> None:
-            ok = credentials.check(user, text)
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(checked, ok)
+            def check(job: _Login = job, user: str = user, text: str = text) -> None:
+                ok = credentials.check(user, text)  # pool thread
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._checked, job, ok)
 
-        def checked(ok: bool) -> None:
-            if ok:
-                self._auth_ok[key] = None
-                while len(self._auth_ok) > AUTH_CACHE:
-                    self._auth_ok.popitem(last=False)
-            then(ok)
+            self._auth_pool.submit(check)
 
-        self._auth_pool.submit(check)
+    def _checked(self, job: _Login, ok: bool) -> None:
+        _user, _text, key, then = job
+        self._logins.release()
+        self.logins_checked += 1
+        if ok:
+            self._auth_ok[key] = None
+            while len(self._auth_ok) > AUTH_CACHE:
+                self._auth_ok.popitem(last=False)
+        then(ok)  # a connection that ended meanwhile ignores it
+        self._next_logins()
 
     def claim(self, conn: MqttConnection) -> int | None:
         """``conn`` authenticated as ``conn.user`` asks for ``conn.client_id``: None and it is
@@ -433,6 +475,7 @@ class MqttListener:
 
     def forget(self, conn: MqttConnection) -> None:
         self._waiting.remove(conn)
+        self._logins.remove(conn)  # a login not checked yet costs nothing more
         self._sys_conns.pop(conn, None)
         self._connections.discard(conn)
         if conn.client_id and self._by_client.get(conn.client_id) is conn:
@@ -658,6 +701,8 @@ class MqttListener:
                         (c.proto.buffered for c in self._connections), default=0
                     ),
                     "refused": self.refusals,
+                    "logins_waiting": len(self._logins),
+                    "logins_checked": self.logins_checked,
                 }
             )
 

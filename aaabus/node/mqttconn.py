@@ -94,7 +94,11 @@ class ConnectionHost(Protocol):
     def stored(self, client_id: str) -> bool: ...
     def stored_changed(self, client_id: str, user: str | None, present: bool) -> None: ...
     def authenticate(
-        self, user: str | None, password: bytes | None, then: Callable[[bool], None]
+        self,
+        conn: MqttConnection,
+        user: str | None,
+        password: bytes | None,
+        then: Callable[[bool | None], None],
     ) -> None: ...
     def claim(self, conn: MqttConnection) -> int | None: ...
     def await_session(self, conn: MqttConnection) -> None: ...
@@ -321,10 +325,15 @@ class MqttConnection(asyncio.Protocol):
             self._will_delay = will.properties.get(mc.WILL_DELAY, 0)
         self.client_id = client_id or assigned or ""
         self.user = packet.username
-        host.authenticate(packet.username, packet.password, self._authenticated)
+        host.authenticate(self, packet.username, packet.password, self._authenticated)
 
-    def _authenticated(self, ok: bool) -> None:
+    def _authenticated(self, ok: bool | None) -> None:
+        """The credentials checked (None: not checked, too many logins wait; refused busy)."""
         if self.ended:
+            return
+        if ok is None:
+            self._write(self.proto.refuse(mc.SERVER_BUSY))  # 3.1.1: "server unavailable"
+            self.end("server busy", answered=True)
             return
         if not ok:
             self.host.refused(self.address, f"bad credentials for user {self.user!r}")
