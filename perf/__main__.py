@@ -131,6 +131,7 @@ _MODULE_SUITES = [
     ("match", "perf.match", "topic matching: a publication, a subscription, 10 vs 10,000 filters"),
     ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
     ("roam", "perf.roam", "a device moving between three sites under SIGKILLs: lost, duplicated"),
+    ("attack", "perf.attack", "what an attacker's bytes cost an MQTT listener: CPU, store, RSS"),
 ]
 
 
