@@ -648,7 +648,7 @@ def _properties(
             room -= after - at + 1  # the identifier byte, the two strings with their lengths
             if most < 0 or room < 0:
                 raise _bad(
-                    f"{what} with user properties over {bound[0]} or {bound[1]} bytes "
+                    f"{what} with user properties over {bound[0]} pairs or {bound[1]} bytes "
                     "(aaabus.mqtt.user_properties, user_properties_bytes)",
                     PACKET_TOO_LARGE,
                 )

@@ -462,7 +462,10 @@ class MqttListener:
         mine = self._sessions_of.get(accounted(user), set())
         if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
             who = shown(accounted(user))
-            self.refused(conn.address, f"{who} hold {len(mine)} persistent sessions")
+            self.refused(
+                conn.address,
+                f"{who}: {len(mine)} persistent sessions already (aaabus.mqtt.sessions_per_user)",
+            )
             return mc.QUOTA_EXCEEDED
         if old is not None:
             old.end("session taken over", reason=mc.SESSION_TAKEN_OVER)
@@ -626,9 +629,8 @@ class MqttListener:
         """Publish ``client_id``'s will ``delay`` seconds from now, for ``user`` (the retained
         bounds count it as that user's), unless a connection to its session comes first (5.0's
         Will Delay Interval; the connection caps ``delay`` at the session's expiry, so the will
-        goes when the session ends at the latest). Kept in
-        memory: a server that stops meanwhile drops it, as it drops the wills of the
-        connections it cuts."""
+        goes when the session ends at the latest). Kept in memory: a server that stops
+        meanwhile drops it, as it drops the wills of the connections it cuts."""
         handle = self._loop.call_later(delay, self._will_due, client_id)
         old = self._wills.get(client_id)
         if old is not None:

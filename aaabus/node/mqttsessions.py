@@ -193,7 +193,7 @@ class RetainedLedger(Persistent):
         used = self.sizes.get(user, 0) - (old or 0)
         if old is None:
             if mine is not None and len(mine) >= per_user:
-                return f"{shown(user)} hold {per_user} retained topics (aaabus.mqtt.retained)"
+                return f"{shown(user)}: {per_user} retained topics already (aaabus.mqtt.retained)"
             if self.count >= total:
                 return f"this server holds {total} retained topics (aaabus.mqtt.retained_total)"
         if used + size > per_user_bytes:
