@@ -27,16 +27,10 @@ def _retained(server: Listener) -> int:
     return count
 
 
-def test_anonymous_devices_share_one_users_retained_and_session_bounds(
+def test_anonymous_devices_share_one_users_retained_topics(
     listener: Callable[..., Listener],
 ) -> None:
-    server = listener(
-        {
-            "aaabus.mqtt.retained": "5",
-            "aaabus.mqtt.retained_total": "20",
-            "aaabus.mqtt.sessions_per_user": "3",
-        }
-    )
+    server = listener({"aaabus.mqtt.retained": "5", "aaabus.mqtt.retained_total": "20"})
     # Three anonymous devices publish 30 retained topics between them: 5 are kept.
     devices = [Device(server.port, f"anon-{i}") for i in range(3)]
     for i, device in enumerate(devices):
@@ -46,8 +40,14 @@ def test_anonymous_devices_share_one_users_retained_and_session_bounds(
     assert _retained(server) == 5
     for device in devices:
         device.close()
-    # Persistent sessions: three anonymous devices keep one each; a fourth is refused, a
-    # clean one is not, and a named user has bounds of its own.
+
+
+def test_anonymous_devices_share_one_users_persistent_sessions(
+    listener: Callable[..., Listener],
+) -> None:
+    server = listener({"aaabus.mqtt.sessions_per_user": "3"})
+    # Three anonymous devices keep a session each; a fourth is refused, a clean one is not,
+    # and a named user has bounds of its own.
     kept = [Device(server.port, f"keep-{i}", clean=False) for i in range(3)]
     for device in kept:
         assert device.connect() == (0, False)
