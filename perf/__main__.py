@@ -132,6 +132,7 @@ _MODULE_SUITES = [
     ("edge", "perf.edge", "three WAN sites: does a subscriber read an answer before its question?"),
     ("roam", "perf.roam", "a device moving between three sites under SIGKILLs: lost, duplicated"),
     ("console", "perf.console", "the console's page on a bus of 150 servers: load time"),
+    ("attack", "perf.attack", "what an attacker's bytes cost an MQTT listener: CPU, store, RSS"),
 ]
 
 

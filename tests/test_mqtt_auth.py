@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from aaabus.errors import ConfigError
+from aaabus.io import mqttauth
 from aaabus.io.mqttauth import Credentials, hash_password, main
 
 
@@ -38,3 +39,25 @@ def test_the_hashing_command_prints_a_line_the_file_accepts(
     path = tmp_path / "f"
     path.write_text(capsys.readouterr().out)
     assert Credentials.load(path).check("meter", "pw")
+
+
+def test_an_unknown_user_is_checked_at_the_cost_of_a_known_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whether a user exists does not show in how long its refusal takes: an unknown name runs
+    scrypt with the parameters of the file's entries, as a wrong password does."""
+    path = tmp_path / "mqtt.passwd"
+    path.write_text(f"sensor:{hash_password('s3cret')}\n")
+    creds = Credentials.load(path)
+    costs: list[tuple[int, int, int]] = []
+    derive = mqttauth._derive
+
+    def counted(password: str, salt: bytes, n: int, r: int, p: int) -> bytes:
+        costs.append((n, r, p))
+        return derive(password, salt, n, r, p)
+
+    monkeypatch.setattr(mqttauth, "_derive", counted)
+    assert not creds.check("sensor", "wrong")
+    assert not creds.check("ghost", "wrong")
+    assert not creds.check("ghost", "s3cret")
+    assert len(costs) == 3 and len(set(costs)) == 1, costs

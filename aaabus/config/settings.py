@@ -428,6 +428,22 @@ SETTINGS: tuple[Setting, ...] = (
         "CONNECT's username/password are checked against. Never the bus secret.",
     ),
     Setting(
+        "aaabus.mqtt.login_queue",
+        integer(1, 1000000),
+        64,
+        "CONNECTs waiting for their password check (scrypt, on two threads; a password "
+        "verified lately is not checked again); beyond, CONNACK 0x03 (5.0: 0x89 server busy) "
+        "at once. Served round-robin across remote addresses; one whose socket closed is "
+        "dropped unchecked.",
+    ),
+    Setting(
+        "aaabus.mqtt.login_per_address",
+        integer(1, 1000000),
+        8,
+        "CONNECTs of one remote address waiting for their password check; beyond, as over "
+        "`aaabus.mqtt.login_queue`.",
+    ),
+    Setting(
         "aaabus.mqtt.anonymous",
         boolean,
         False,
@@ -462,6 +478,21 @@ SETTINGS: tuple[Setting, ...] = (
         1 << 20,
         "Largest MQTT packet accepted, in bytes; a larger one closes the connection (5.0: "
         "told as CONNACK's Maximum Packet Size; DISCONNECT 0x95).",
+    ),
+    Setting(
+        "aaabus.mqtt.user_properties",
+        integer(0, 65535),
+        64,
+        "User Properties one MQTT 5.0 packet may carry (a CONNECT's will counts apart); beyond, "
+        "the connection is closed with reason 0x95 (CONNACK or DISCONNECT), before they are "
+        "decoded.",
+    ),
+    Setting(
+        "aaabus.mqtt.user_properties_bytes",
+        integer(0, 268435455),
+        16384,
+        "Bytes the User Properties of one MQTT 5.0 packet may take (names and values with "
+        "their lengths); beyond, as over `aaabus.mqtt.user_properties`.",
     ),
     Setting(
         "aaabus.mqtt.connect_ms",
@@ -548,8 +579,9 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.sessions_per_user",
         integer(1, 1000000),
         100,
-        "Persistent sessions one named user keeps on this server; beyond, a CONNECT that would "
-        "create one gets CONNACK 0x03 (5.0: 0x97).",
+        "Persistent sessions one user keeps on this server (the devices without a user name "
+        "count as one user); beyond, a CONNECT that would create one gets CONNACK 0x03 (5.0: "
+        "0x97).",
     ),
     Setting(
         "aaabus.mqtt.session_expiry_s",
@@ -562,8 +594,10 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.retained",
         integer(0, 1000000),
         1000,
-        "Retained topics one user may hold through this server; beyond, a new one is refused "
-        "(3.1.1: dropped and logged; 5.0: reason 0x97). Every server keeps a copy of each.",
+        "Retained topics one user may hold through this server, wills included (the devices "
+        "without a user name count as one user, the bridge as another); beyond, a new one is "
+        "refused (3.1.1: dropped and logged; 5.0: reason 0x97). Every server keeps a copy of "
+        "each.",
     ),
     Setting(
         "aaabus.mqtt.retained_bytes",

@@ -5,9 +5,10 @@ password, and a stolen device opens no link between servers.
 The file has one ``user:scrypt$N$r$p$salt$hash`` line per user (hex salt and hash; ``#`` starts a
 comment). ``python -m aaabus.io.mqttauth USER`` reads a password from standard input and prints
 the line to append. scrypt is memory-hard, so a copied file is slow to attack; its cost is paid at
-each CONNECT (about 30 ms with the defaults), on the connection's own reader thread.
+each CONNECT whose password was not verified lately (about 30 ms with the defaults), on a
+thread of the listener's auth pool; a user name the file does not hold costs the same.
 
-Threads: a loaded :class:`Credentials` is read-only and shared by every connection thread.
+Threads: a loaded :class:`Credentials` is read-only and shared by every thread.
 """
 
 from __future__ import annotations
@@ -42,6 +43,12 @@ class Credentials:
 
     def __init__(self, entries: dict[str, tuple[int, int, int, bytes, bytes]]) -> None:
         self._entries = entries
+        # What a user name the file does not hold is checked against: the parameters of the
+        # file's costliest entry (the defaults when empty), a salt of its own, no password.
+        n, r, p = _N, _R, _P
+        if entries:
+            n, r, p, _salt, _digest = max(entries.values(), key=lambda e: e[0] * e[1] * e[2])
+        self._nobody = (n, r, p, os.urandom(16), b"")
 
     @classmethod
     def load(cls, path: Path) -> Credentials:
@@ -76,12 +83,14 @@ class Credentials:
         return cls(entries)
 
     def check(self, user: str | None, password: str | None) -> bool:
-        """Whether ``user`` exists and ``password`` is its password (constant-time compare)."""
-        entry = self._entries.get(user or "")
-        if entry is None or password is None:
+        """Whether ``user`` exists and ``password`` is its password (constant-time compare). A
+        user the file does not hold costs the same scrypt as one it does, then False: how long
+        the answer takes does not tell who exists."""
+        if password is None:
             return False
-        n, r, p, salt, digest = entry
-        return hmac.compare_digest(_derive(password, salt, n, r, p), digest)
+        entry = self._entries.get(user or "")
+        n, r, p, salt, digest = entry if entry is not None else self._nobody
+        return hmac.compare_digest(_derive(password, salt, n, r, p), digest) and entry is not None
 
 
 def main(argv: list[str]) -> int:

@@ -170,6 +170,12 @@ PAIR = "UTF-8 string pair"  # USER_PROPERTY: list[tuple[str, str]], order kept
 #: Largest variable byte integer (four 7-bit groups): remaining lengths, subscription ids.
 MAX_VARINT = 268_435_455
 
+#: The user properties one property section may carry: (how many, bytes they take in the
+#: packet: identifier, names and values with their lengths). Over it, the packet is refused
+#: with 0x95 (Packet too large: what it carries is more than the server takes).
+UserBound = tuple[int, int]
+UNBOUNDED: UserBound = (MAX_VARINT, MAX_VARINT)
+
 
 class PropertyInfo(NamedTuple):
     """Where a property may appear: ``packets`` (packet types), ``will`` (a CONNECT's will)."""
@@ -582,14 +588,19 @@ def _topic_filter(text: str, v5: bool, what: str) -> None:
             raise _bad(f"{what} {text[:60]!r} is not $share/name/filter", TOPIC_FILTER_INVALID)
 
 
-def _properties(b: bytes, at: int, end: int, kind: int, what: str) -> tuple[Properties, int]:
-    """The property section at ``at`` (its length, then properties) for packet ``kind``."""
+def _properties(
+    b: bytes, at: int, end: int, kind: int, what: str, bound: UserBound = UNBOUNDED
+) -> tuple[Properties, int]:
+    """The property section at ``at`` (its length, then properties) for packet ``kind``; its
+    user properties within ``bound`` (see :data:`UserBound`)."""
     length, at = _varint(b, at, end, f"{what} property length")
     stop = at + length
     if stop > end:
         raise _bad(f"{what} properties run past the end of the packet")
     allowed = _ALLOWED[kind]
     props: Properties = {}
+    pairs: list[tuple[str, str]] | None = None
+    most, room = bound
     while at < stop:
         # Identifiers are variable byte integers, but all defined ones are under 0x80: a first
         # byte of 0x80 or more is an unknown identifier whatever follows.
@@ -623,9 +634,35 @@ def _properties(b: bytes, at: int, end: int, kind: int, what: str) -> tuple[Prop
         elif ptype is BINARY:
             value, at = _bin(b, at, stop, f"{what} property {info.name}")
         elif ptype is PAIR:
-            key, at = _str(b, at, stop, f"{what} user property name")
-            val, at = _str(b, at, stop, f"{what} user property value")
-            props.setdefault(USER_PROPERTY, []).append((key, val))
+            # Checked against the bound before anything is built for it: a packet of many small
+            # pairs costs the loop at most ``bound`` of them, then the connection.
+            if at + 2 > stop:
+                raise _bad(f"{what} user property runs past the end of the packet")
+            mid = at + 2 + (b[at] << 8 | b[at + 1])
+            if mid + 2 > stop:
+                raise _bad(f"{what} user property runs past the end of the packet")
+            after = mid + 2 + (b[mid] << 8 | b[mid + 1])
+            if after > stop:
+                raise _bad(f"{what} user property runs past the end of the packet")
+            most -= 1
+            room -= after - at + 1  # the identifier byte, the two strings with their lengths
+            if most < 0 or room < 0:
+                raise _bad(
+                    f"{what} with user properties over {bound[0]} pairs or {bound[1]} bytes "
+                    "(aaabus.mqtt.user_properties, user_properties_bytes)",
+                    PACKET_TOO_LARGE,
+                )
+            try:
+                key = b[at + 2 : mid].decode()
+                val = b[mid + 2 : after].decode()
+            except UnicodeDecodeError:
+                raise _bad(f"{what} user property is not valid UTF-8") from None
+            if "\0" in key or "\0" in val:
+                raise _bad(f"{what} user property contains U+0000")
+            if pairs is None:
+                pairs = props[USER_PROPERTY] = []
+            pairs.append((key, val))
+            at = after
             continue
         else:  # VARINT: the subscription identifier
             value, at = _varint(b, at, stop, f"{what} subscription identifier")
@@ -669,7 +706,7 @@ def _end(at: int, end: int, what: str) -> None:
 # -- decoding, per packet type --------------------------------------------------------------------
 
 
-def _decode_connect(flags: int, b: bytes) -> Connect:
+def _decode_connect(flags: int, b: bytes, bound: UserBound) -> Connect:
     end = len(b)
     # The protocol name and level come first, and decide the version of every refusal's code.
     if end < 2 or end < 3 + (b[0] << 8 | b[1]):
@@ -692,7 +729,7 @@ def _decode_connect(flags: int, b: bytes) -> Connect:
     try:
         if flags:
             raise _bad(f"CONNECT with reserved flags {flags:#x}")
-        return _decode_connect_rest(b, at + 1, level)
+        return _decode_connect_rest(b, at + 1, level, bound)
     except MqttProtocolError as exc:
         if level == V311:
             # 3.1.1 has a CONNACK code only for a client id it refuses; for anything else it
@@ -701,7 +738,7 @@ def _decode_connect(flags: int, b: bytes) -> Connect:
         raise
 
 
-def _decode_connect_rest(b: bytes, at: int, level: int) -> Connect:
+def _decode_connect_rest(b: bytes, at: int, level: int, bound: UserBound) -> Connect:
     end = len(b)
     v5 = level == V5
     if at + 3 > end:
@@ -724,13 +761,13 @@ def _decode_connect_rest(b: bytes, at: int, level: int) -> Connect:
         raise _bad("3.1.1 CONNECT with a password but no user name")
     props: Properties = {}
     if v5:
-        props, at = _properties(b, at, end, CONNECT, "CONNECT")
+        props, at = _properties(b, at, end, CONNECT, "CONNECT", bound)
     client_id, at = _str(b, at, end, "CONNECT client id")
     will = None
     if has_will:
         will_props: Properties = {}
         if v5:
-            will_props, at = _properties(b, at, end, _WILL, "CONNECT will")
+            will_props, at = _properties(b, at, end, _WILL, "CONNECT will", bound)
         topic, at = _str(b, at, end, "CONNECT will topic")
         payload, at = _bin(b, at, end, "CONNECT will payload")
         will = Will(topic, payload, will_qos, bool(will_retain), will_props)
@@ -776,7 +813,7 @@ def _decode_connack(b: bytes, v5: bool) -> ConnAck:
     return ConnAck(bool(ack), code, props)
 
 
-def _decode_publish(flags: int, b: bytes, v5: bool, from_client: bool) -> Publish:
+def _decode_publish(flags: int, b: bytes, v5: bool, from_client: bool, bound: UserBound) -> Publish:
     # The per-message path: inline reads, no helper calls when nothing is wrong.
     qos = (flags >> 1) & 3
     if qos == 3:
@@ -808,7 +845,7 @@ def _decode_publish(flags: int, b: bytes, v5: bool, from_client: bool) -> Publis
         props = {}
         at += 1
     else:
-        props, at = _properties(b, at, end, PUBLISH, "PUBLISH")
+        props, at = _properties(b, at, end, PUBLISH, "PUBLISH", bound)
         if from_client and SUBSCRIPTION_ID in props:
             # 5.0 §3.3.4: only a server attaches subscription identifiers.
             raise _bad("PUBLISH from a client with a subscription identifier", PROTOCOL_ERROR)
@@ -823,7 +860,7 @@ def _decode_publish(flags: int, b: bytes, v5: bool, from_client: bool) -> Publis
     return Publish(topic, b[at:], qos, bool(flags & 1), bool(flags & 8), packet_id, props)
 
 
-def _decode_ack(kind: int, b: bytes, v5: bool) -> Ack:
+def _decode_ack(kind: int, b: bytes, v5: bool, bound: UserBound) -> Ack:
     end = len(b)
     if end < 2:
         raise _bad(f"{_NAMES[kind]} shorter than 2 bytes")
@@ -841,18 +878,18 @@ def _decode_ack(kind: int, b: bytes, v5: bool) -> Ack:
         raise _bad(f"{_NAMES[kind]} with reason code {code:#04x}", PROTOCOL_ERROR)
     props: Properties = {}
     if end > 3:
-        props, at = _properties(b, 3, end, kind, _NAMES[kind])
+        props, at = _properties(b, 3, end, kind, _NAMES[kind], bound)
         _end(at, end, _NAMES[kind])
     return Ack(kind, packet_id, code, props)
 
 
-def _decode_subscribe(b: bytes, v5: bool) -> Subscribe:
+def _decode_subscribe(b: bytes, v5: bool, bound: UserBound) -> Subscribe:
     end = len(b)
     packet_id = _packet_id(b, SUBSCRIBE)
     at = 2
     props: Properties = {}
     if v5:
-        props, at = _properties(b, at, end, SUBSCRIBE, "SUBSCRIBE")
+        props, at = _properties(b, at, end, SUBSCRIBE, "SUBSCRIBE", bound)
     topics: list[tuple[str, int]] = []
     while at < end:
         topic_filter, at = _str(b, at, end, "SUBSCRIBE topic filter")
@@ -897,13 +934,13 @@ def _decode_suback(b: bytes, v5: bool) -> SubAck:
     return SubAck(packet_id, codes, props)
 
 
-def _decode_unsubscribe(b: bytes, v5: bool) -> Unsubscribe:
+def _decode_unsubscribe(b: bytes, v5: bool, bound: UserBound) -> Unsubscribe:
     end = len(b)
     packet_id = _packet_id(b, UNSUBSCRIBE)
     at = 2
     props: Properties = {}
     if v5:
-        props, at = _properties(b, at, end, UNSUBSCRIBE, "UNSUBSCRIBE")
+        props, at = _properties(b, at, end, UNSUBSCRIBE, "UNSUBSCRIBE", bound)
     filters: list[str] = []
     while at < end:
         topic_filter, at = _str(b, at, end, "UNSUBSCRIBE topic filter")
@@ -931,7 +968,9 @@ def _decode_unsuback(b: bytes, v5: bool) -> UnsubAck:
     return UnsubAck(packet_id, codes, props)
 
 
-def _decode_coded(kind: int, b: bytes, v5: bool, from_client: bool) -> Disconnect | Auth:
+def _decode_coded(
+    kind: int, b: bytes, v5: bool, from_client: bool, bound: UserBound
+) -> Disconnect | Auth:
     """DISCONNECT or AUTH: a reason code and properties, both of which may be left out."""
     name = _NAMES[kind]
     end = len(b)
@@ -943,7 +982,7 @@ def _decode_coded(kind: int, b: bytes, v5: bool, from_client: bool) -> Disconnec
         raise _bad(f"{name} with reason code {code:#04x}", PROTOCOL_ERROR)
     props: Properties = {}
     if end > 1:
-        props, at = _properties(b, 1, end, kind, name)
+        props, at = _properties(b, 1, end, kind, name, bound)
         _end(at, end, name)
     elif end == 1 and kind == AUTH:
         # 5.0 §3.15.2.2: AUTH leaves out both the code and the property length, or neither
@@ -965,12 +1004,18 @@ _PINGRESP = PingResp()
 
 
 def decode(
-    first: int, body: bytes | bytearray | memoryview, version: int, *, from_client: bool = True
+    first: int,
+    body: bytes | bytearray | memoryview,
+    version: int,
+    *,
+    from_client: bool = True,
+    bound: UserBound = UNBOUNDED,
 ) -> Packet:
     """The packet whose first byte is ``first`` and whose bytes after the fixed header are
     ``body`` (see :func:`split`), received on a connection of protocol level ``version`` (V311
     or V5; ignored for CONNECT, which carries its own) from a client (``from_client``) or a
-    server. Anything the specifications refuse raises :class:`MqttProtocolError`, nothing else."""
+    server. Anything the specifications refuse raises :class:`MqttProtocolError`, nothing else;
+    so do user properties over ``bound`` (0x95, see :data:`UserBound`)."""
     kind = first >> 4
     if version != V5 and version != V311 and kind != CONNECT:
         raise ValueError(f"MQTT protocol level {version}: only {V311} and {V5}")
@@ -978,7 +1023,7 @@ def decode(
     flags = first & 0x0F
     v5 = version == V5
     if kind == PUBLISH:
-        return _decode_publish(flags, b, v5, from_client)
+        return _decode_publish(flags, b, v5, from_client, bound)
     if kind == 0 or (kind == AUTH and not v5):
         raise _bad(f"reserved packet type {kind}")
     name = _NAMES[kind]
@@ -987,15 +1032,15 @@ def decode(
     if not from_client and kind in _CLIENT_ONLY:
         raise _bad(f"{name} from a server: only clients send it", PROTOCOL_ERROR)
     if kind == CONNECT:  # checks its flags once it knows the version to answer in
-        return _decode_connect(flags, b)
+        return _decode_connect(flags, b, bound)
     if flags != _FLAGS[kind]:
         raise _bad(f"{name} with reserved flags {flags:#x}")
     if PUBACK <= kind <= PUBCOMP:
-        return _decode_ack(kind, b, v5)
+        return _decode_ack(kind, b, v5, bound)
     if kind == SUBSCRIBE:
-        return _decode_subscribe(b, v5)
+        return _decode_subscribe(b, v5, bound)
     if kind == UNSUBSCRIBE:
-        return _decode_unsubscribe(b, v5)
+        return _decode_unsubscribe(b, v5, bound)
     if kind == CONNACK:
         return _decode_connack(b, v5)
     if kind == SUBACK:
@@ -1005,7 +1050,7 @@ def decode(
     if kind in (PINGREQ, PINGRESP):
         _end(0, len(b), name)
         return _PINGREQ if kind == PINGREQ else _PINGRESP
-    return _decode_coded(kind, b, v5, from_client)
+    return _decode_coded(kind, b, v5, from_client, bound)
 
 
 # -- encoding -------------------------------------------------------------------------------------

@@ -97,13 +97,15 @@ def connack_code(reason: int, version: int) -> int:
 class MqttProtocol:
     """The protocol state of one connection (see the module docstring).
 
-    ``max_packet``: largest packet accepted from the client, in bytes.
+    ``max_packet``: largest packet accepted from the client, in bytes; ``bound``: the user
+    properties one of its property sections may carry (:data:`mc.UserBound`).
     """
 
-    __slots__ = ("_broken", "_buffer", "_pos", "max_packet", "state", "version")
+    __slots__ = ("_broken", "_buffer", "_pos", "bound", "max_packet", "state", "version")
 
-    def __init__(self, max_packet: int) -> None:
+    def __init__(self, max_packet: int, bound: mc.UserBound = mc.UNBOUNDED) -> None:
         self.max_packet = max_packet
+        self.bound = bound
         self.state = State.AWAIT_CONNECT
         #: The protocol level of the CONNECT (:data:`mc.V311` or :data:`mc.V5`); 3.1.1 until then.
         self.version = mc.V311
@@ -155,7 +157,7 @@ class MqttProtocol:
             if kind == mc.CONNECT and len(body) > 6 and body[6] == mc.V5:
                 # The protocol level, read ahead: a refused 5.0 CONNECT is answered in 5.0.
                 self.version = mc.V5
-            packet = mc.decode(first, body, self.version)
+            packet = mc.decode(first, body, self.version, bound=self.bound)
         except MqttProtocolError:
             # The owner answers (refuse() for a CONNECT, disconnect()) or closes; nothing more
             # is handed out.

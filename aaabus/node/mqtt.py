@@ -16,13 +16,17 @@ go into the next one (group commit across connections); each batch's outcomes co
 loop once durable. The session mailboxes push what they receive the same way (an engine
 observer, :data:`~aaabus.node.mqttsessions.PUSH_KEY`): nothing polls, nothing runs for an idle
 device but its keep-alive check (one sweep of the loop a second). With a credentials file, the
-scrypt checks run on a pool of two threads (``mqtt-auth-<id>``), never on the loop.
+scrypt checks run on a pool of two threads (``mqtt-auth-<id>``), never on the loop; the logins
+waiting for them are the loop's, two handed to the pool at a time.
 
 Limits, each a property (docs/config.md): the waiting room (``max_waiting``, ``per_address``,
 ``connect_ms``) holds connections until their CONNECT and evicts the oldest before refusing;
 ``max_connections``, ``connections_per_user`` and ``sessions_per_user`` count accepted
 devices; ``max_keepalive``/``keepalive_0``; ``inflight``, ``queued_bytes``, ``max_filters`` per
-device; ``retained``, ``retained_bytes``, ``retained_total`` per user and server;
+device; ``login_queue`` and ``login_per_address``, the password checks waiting (a
+:class:`~aaabus.io.loginqueue.LoginQueue`: beyond, CONNACK "server busy"); ``retained``,
+``retained_bytes``, ``retained_total`` per user and server (kept by the
+sessions, :meth:`~aaabus.node.mqttsessions.MqttSessions.publish_now`, for wills too);
 ``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
 writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
 
@@ -56,13 +60,21 @@ from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 from aaabus.io import mqttcodec as mc
 from aaabus.io.gate import PendingTable, RefusalLog
+from aaabus.io.loginqueue import LoginQueue
 from aaabus.io.mqttacl import Acl
 from aaabus.io.mqttauth import Credentials
 from aaabus.model.notifications import Notification
 from aaabus.model.topicnames import matches
 from aaabus.node.mqttconn import MqttConnection
 from aaabus.node.mqttroam import BUSY, ROAM_KEY
-from aaabus.node.mqttsessions import BOX_PREFIX, PUSH_KEY, MqttSessions, delivery_of
+from aaabus.node.mqttsessions import (
+    BOX_PREFIX,
+    PUSH_KEY,
+    MqttSessions,
+    accounted,
+    delivery_of,
+    shown,
+)
 
 __all__ = ["MqttListener"]
 
@@ -80,9 +92,14 @@ ACCEPT_BATCH = 128
 LISTEN_BACKLOG = 4096
 #: Verified passwords remembered (a reconnecting site does not pay scrypt again per device).
 AUTH_CACHE = 4096
+#: Threads checking passwords (scrypt releases the interpreter's lock while it computes).
+AUTH_THREADS = 2
 
 Op = Callable[[], Any]
 Then = Callable[[Any], None]
+#: A login waiting for its password check: user, password, its key in the cache of verified
+#: passwords, and what to call with the outcome.
+_Login = tuple[str, str, tuple[str, bytes], Callable[[bool | None], None]]
 
 
 def _tls_context(base: Path, cert: str, key: str | None) -> ssl.SSLContext:
@@ -124,6 +141,7 @@ class MqttListener:
             return cfg.setting(sid, f"aaabus.mqtt.{name}")
 
         self.max_packet: int = setting("max_packet")
+        self.user_bound = (setting("user_properties"), setting("user_properties_bytes"))
         self.connect_s: float = setting("connect_ms") / 1000.0
         self.inflight: int = setting("inflight")
         self.queued_bytes: int = setting("queued_bytes")
@@ -135,9 +153,6 @@ class MqttListener:
         self.max_keepalive: int = setting("max_keepalive")
         self.keepalive_0: bool = setting("keepalive_0")
         self.topic_aliases: int = setting("topic_aliases")
-        self.retained: int = setting("retained")
-        self.retained_bytes: int = setting("retained_bytes")
-        self.retained_total: int = setting("retained_total")
         #: Persistent sessions follow their device across the bus (aaabus.node.mqttroam).
         self.roaming: bool = setting("roaming")
         base = Path(cfg.path).resolve().parent
@@ -171,7 +186,7 @@ class MqttListener:
         self._awaiting: dict[str, MqttConnection] = {}
         self._of_user: dict[str, int] = {}  # connections per named user
         self._stored: dict[str, str | None] = {}  # client id -> user, sessions in the store
-        self._sessions_of: dict[str, set[str]] = {}  # named user -> their stored sessions
+        self._sessions_of: dict[str, set[str]] = {}  # accounted user -> their stored sessions
         self._refusals = RefusalLog(log, f"server {sid}: MQTT port")
         self._pending: list[tuple[Op, Then]] = []
         self._lazy: list[tuple[Op, Then]] = []
@@ -190,8 +205,8 @@ class MqttListener:
         self._stopping = False
         self._next_expiry = 0.0
         self._expiries: list[float] = []  # when 5.0 sessions' own expiries fall due (a heap)
-        # 5.0 wills waiting for their delay, by client id (see delay_will).
-        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool]]] = {}
+        # 5.0 wills waiting for their delay, by client id, with their user (see delay_will).
+        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool], str]] = {}
         # $SYS (see _sys_tick): connections granted a $SYS filter, with those filters; the
         # publications counted in (ACL passed) and out (sent), and their last rates.
         self._sys_conns: dict[MqttConnection, list[str]] = {}
@@ -204,7 +219,14 @@ class MqttListener:
         self._auth_ok: OrderedDict[tuple[str, bytes], None] = OrderedDict()
         self._auth_pool: ThreadPoolExecutor | None = None
         if self.credentials is not None:
-            self._auth_pool = ThreadPoolExecutor(2, thread_name_prefix=f"mqtt-auth-{sid}")
+            self._auth_pool = ThreadPoolExecutor(
+                AUTH_THREADS, thread_name_prefix=f"mqtt-auth-{sid}"
+            )
+        # The logins waiting for the pool (loop thread), and the checks it ran.
+        self._logins: LoginQueue[MqttConnection, _Login] = LoginQueue(
+            setting("login_queue"), setting("login_per_address"), AUTH_THREADS
+        )
+        self.logins_checked = 0
         self._loop = asyncio.new_event_loop()
         self._server: asyncio.Server | None = None
         self._ready = threading.Event()
@@ -350,10 +372,17 @@ class MqttListener:
         return True
 
     def authenticate(
-        self, user: str | None, password: bytes | None, then: Callable[[bool], None]
+        self,
+        conn: MqttConnection,
+        user: str | None,
+        password: bytes | None,
+        then: Callable[[bool | None], None],
     ) -> None:
         """``then(ok)`` on the loop: at once without a credentials file or for a password
-        verified lately, else after scrypt on the auth pool."""
+        verified lately, else after scrypt on the auth pool, or ``then(None)`` at once when too
+        many logins wait (of ``conn``'s address or in all: "server busy"). A user name the file
+        does not hold costs the same check as one it does (:meth:`Credentials.check`): how long
+        the answer takes does not tell which users exist."""
         credentials = self.credentials
         if credentials is None:
             then(self.anonymous)
@@ -371,22 +400,41 @@ class MqttListener:
             self._auth_ok.move_to_end(key)
             then(True)
             return
+        if not self._logins.add(conn.address, conn, (user, text, key, then)):
+            self.refused(
+                conn.address,
+                f"user {user!r}: {len(self._logins)} logins wait for their password check "
+                "(aaabus.mqtt.login_queue, login_per_address)",
+            )
+            then(None)
+            return
+        self._next_logins()
+
+    def _next_logins(self) -> None:
+        """Hand the pool the logins whose turn it is, while a thread is free (loop thread)."""
         assert self._auth_pool is not None
-        loop = self._loop
+        credentials, loop = self.credentials, self._loop
+        assert credentials is not None
+        while (job := self._logins.take()) is not None:
+            user, text, _key, _then = job
 
-        def check() -> None:
-            ok = credentials.check(user, text)
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(checked, ok)
+            def check(job: _Login = job, user: str = user, text: str = text) -> None:
+                ok = credentials.check(user, text)  # pool thread
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                    loop.call_soon_threadsafe(self._checked, job, ok)
 
-        def checked(ok: bool) -> None:
-            if ok:
-                self._auth_ok[key] = None
-                while len(self._auth_ok) > AUTH_CACHE:
-                    self._auth_ok.popitem(last=False)
-            then(ok)
+            self._auth_pool.submit(check)
 
-        self._auth_pool.submit(check)
+    def _checked(self, job: _Login, ok: bool) -> None:
+        _user, _text, key, then = job
+        self._logins.release()
+        self.logins_checked += 1
+        if ok:
+            self._auth_ok[key] = None
+            while len(self._auth_ok) > AUTH_CACHE:
+                self._auth_ok.popitem(last=False)
+        then(ok)  # a connection that ended meanwhile ignores it
+        self._next_logins()
 
     def claim(self, conn: MqttConnection) -> int | None:
         """``conn`` authenticated as ``conn.user`` asks for ``conn.client_id``: None and it is
@@ -410,10 +458,15 @@ class MqttListener:
             if held >= self.per_user:
                 self.refused(conn.address, f"user {user!r} holds {held} connections")
                 return mc.QUOTA_EXCEEDED
-            mine = self._sessions_of.get(user, set())
-            if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
-                self.refused(conn.address, f"user {user!r} has {len(mine)} persistent sessions")
-                return mc.QUOTA_EXCEEDED
+        # The store's bounds count the devices without a user name as one user.
+        mine = self._sessions_of.get(accounted(user), set())
+        if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
+            who = shown(accounted(user))
+            self.refused(
+                conn.address,
+                f"{who}: {len(mine)} persistent sessions already (aaabus.mqtt.sessions_per_user)",
+            )
+            return mc.QUOTA_EXCEEDED
         if old is not None:
             old.end("session taken over", reason=mc.SESSION_TAKEN_OVER)
         self._waiting.remove(conn)
@@ -425,6 +478,7 @@ class MqttListener:
 
     def forget(self, conn: MqttConnection) -> None:
         self._waiting.remove(conn)
+        self._logins.remove(conn)  # a login not checked yet costs nothing more
         self._sys_conns.pop(conn, None)
         self._connections.discard(conn)
         if conn.client_id and self._by_client.get(conn.client_id) is conn:
@@ -557,11 +611,10 @@ class MqttListener:
     def _set_stored(self, client_id: str, user: str | None, present: bool) -> None:
         if present:
             self._stored[client_id] = user
-            if user is not None:
-                self._sessions_of.setdefault(user, set()).add(client_id)
+            self._sessions_of.setdefault(accounted(user), set()).add(client_id)
             return
-        old = self._stored.pop(client_id, None)
-        if old is not None:
+        if client_id in self._stored:
+            old = accounted(self._stored.pop(client_id))
             mine = self._sessions_of.get(old)
             if mine is not None:
                 mine.discard(client_id)
@@ -570,26 +623,33 @@ class MqttListener:
 
     # -- 5.0's delayed wills (loop thread) ---------------------------------------------------------
 
-    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
-        """Publish ``client_id``'s will ``delay`` seconds from now, unless a connection to its
-        session comes first (5.0's Will Delay Interval; the connection caps ``delay`` at the
-        session's expiry, so the will goes when the session ends at the latest). Kept in
-        memory: a server that stops meanwhile drops it, as it drops the wills of the
-        connections it cuts."""
+    def delay_will(
+        self, client_id: str, will: tuple[str, bytes, int, bool], delay: float, user: str
+    ) -> None:
+        """Publish ``client_id``'s will ``delay`` seconds from now, for ``user`` (the retained
+        bounds count it as that user's), unless a connection to its session comes first (5.0's
+        Will Delay Interval; the connection caps ``delay`` at the session's expiry, so the will
+        goes when the session ends at the latest). Kept in memory: a server that stops
+        meanwhile drops it, as it drops the wills of the connections it cuts."""
         handle = self._loop.call_later(delay, self._will_due, client_id)
         old = self._wills.get(client_id)
         if old is not None:
             old[0].cancel()
-        self._wills[client_id] = (handle, will)
+        self._wills[client_id] = (handle, will, user)
 
     def _will_due(self, client_id: str) -> None:
         entry = self._wills.pop(client_id, None)
         if entry is not None:
-            self._publish_will(client_id, entry[1])
+            self._publish_will(client_id, entry[1], entry[2])
 
-    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
+    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool], user: str) -> None:
         sessions = self.sessions
-        self._add_op(lambda: sessions.will_now(client_id, will), lambda _outcome: None)
+
+        def then(outcome: Any) -> None:
+            if isinstance(outcome, str):
+                self.refused(client_id, f"client {client_id!r}: delayed will refused: {outcome}")
+
+        self._add_op(lambda: sessions.will_now(client_id, will, user), then)
 
     def _will_claimed(self, conn: MqttConnection) -> None:
         """``conn`` took its client id: a will waiting for its delay is dropped if ``conn``
@@ -599,7 +659,7 @@ class MqttListener:
         if entry is not None:
             entry[0].cancel()
             if conn.terms.clean_start:
-                self._publish_will(conn.client_id, entry[1])
+                self._publish_will(conn.client_id, entry[1], entry[2])
 
     def deadline_sooner(self, conn: MqttConnection) -> None:
         """``conn.deadline`` moved earlier than the one it is in the heap with (a keep-alive
@@ -645,6 +705,8 @@ class MqttListener:
                     "refused": self.refusals,
                     "publications_in": self.published_in,
                     "publications_out": self.published_out,
+                    "logins_waiting": len(self._logins),
+                    "logins_checked": self.logins_checked,
                 }
             )
 

@@ -62,7 +62,7 @@ from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Subscribe, Unsubscribe
 from aaabus.model.topicnames import check_filter, check_topic
-from aaabus.node.mqttsessions import MqttSessions, payload_bytes
+from aaabus.node.mqttsessions import BRIDGE, MqttSessions, payload_bytes
 from aaabus.topics.mailbox import Mailbox
 
 if TYPE_CHECKING:
@@ -722,13 +722,24 @@ class MqttBridge:
                 qos: int = qos,
                 props: MessageProps | None = props,
             ) -> object:
-                return sessions.publish_now(mark, topic, payload, retain, qos, props=props)
+                # Bounded as one user's (BRIDGE): the broker's retained topics too.
+                return sessions.publish_now(
+                    mark, topic, payload, retain, qos, props=props, user=BRIDGE
+                )
 
             ops.append(publish)
         self.received += len(ops)
         generation = self._generation
 
-        def done(_outcomes: list[object]) -> None:  # engine thread, once durable
+        def done(outcomes: list[object]) -> None:  # engine thread, once durable
+            refusals = [outcome for outcome in outcomes if isinstance(outcome, str)]
+            if refusals:  # acknowledged all the same: the broker would only send it again
+                log.warning(
+                    "server %s: MQTT bridge drops %d retained message(s): %s",
+                    self.server_id,
+                    len(refusals),
+                    refusals[0],
+                )
             self._post("acks", generation, acks)
 
         # A batch even with nothing to publish: its PUBACKs must not overtake earlier ones.

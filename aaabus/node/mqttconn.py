@@ -45,7 +45,7 @@ from aaabus.io.mqtt5conn import InboundWindow, Terms, TopicAliases, disconnect_e
 from aaabus.io.mqttauth import Credentials
 from aaabus.io.mqttproto import MqttProtocol, State
 from aaabus.node import mqttmessages as mm
-from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, packet_id
+from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, accounted, packet_id
 from aaabus.node.mqttshared import share_of
 
 __all__ = ["ConnectionHost", "MqttConnection"]
@@ -63,6 +63,8 @@ class ConnectionHost(Protocol):
     server_id: int
     sessions: MqttSessions
     max_packet: int
+    #: User properties per property section: (count, bytes); see mqttcodec.UserBound.
+    user_bound: tuple[int, int]
     inflight: int
     queued_bytes: int
     max_filters: int
@@ -71,9 +73,6 @@ class ConnectionHost(Protocol):
     session_expiry_s: float
     topic_aliases: int
     credentials: Credentials | None
-    retained: int
-    retained_bytes: int
-    retained_total: int
     published_out: int
 
     def op(
@@ -95,7 +94,11 @@ class ConnectionHost(Protocol):
     def stored(self, client_id: str) -> bool: ...
     def stored_changed(self, client_id: str, user: str | None, present: bool) -> None: ...
     def authenticate(
-        self, user: str | None, password: bytes | None, then: Callable[[bool], None]
+        self,
+        conn: MqttConnection,
+        user: str | None,
+        password: bytes | None,
+        then: Callable[[bool | None], None],
     ) -> None: ...
     def claim(self, conn: MqttConnection) -> int | None: ...
     def await_session(self, conn: MqttConnection) -> None: ...
@@ -108,8 +111,11 @@ class ConnectionHost(Protocol):
         """A session will be due for expiry in ``seconds`` (5.0's own expiry): sweep then."""
         ...
 
-    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
-        """Publish ``client_id``'s will in ``delay`` seconds unless its session is resumed."""
+    def delay_will(
+        self, client_id: str, will: tuple[str, bytes, int, bool], delay: float, user: str
+    ) -> None:
+        """Publish ``client_id``'s will (for ``user``, an accounted name) in ``delay`` seconds
+        unless its session is resumed."""
         ...
 
     def deadline_sooner(self, conn: MqttConnection) -> None:
@@ -147,7 +153,7 @@ class MqttConnection(asyncio.Protocol):
     def __init__(self, host: ConnectionHost, n: int, connect_s: float) -> None:
         self.host = host
         self.n = n
-        self.proto = MqttProtocol(host.max_packet)
+        self.proto = MqttProtocol(host.max_packet, host.user_bound)
         self.transport: asyncio.Transport | None = None
         self.address = "?"
         self.opened_at = time.monotonic()
@@ -333,10 +339,15 @@ class MqttConnection(asyncio.Protocol):
             self._will_delay = will.properties.get(mc.WILL_DELAY, 0)
         self.client_id = client_id or assigned or ""
         self.user = packet.username
-        host.authenticate(packet.username, packet.password, self._authenticated)
+        host.authenticate(self, packet.username, packet.password, self._authenticated)
 
-    def _authenticated(self, ok: bool) -> None:
+    def _authenticated(self, ok: bool | None) -> None:
+        """The credentials checked (None: not checked, too many logins wait; refused busy)."""
         if self.ended:
+            return
+        if ok is None:
+            self._write(self.proto.refuse(mc.SERVER_BUSY))  # 3.1.1: "server unavailable"
+            self.end("server busy", answered=True)
             return
         if not ok:
             self.host.refused(self.address, f"bad credentials for user {self.user!r}")
@@ -484,7 +495,8 @@ class MqttConnection(asyncio.Protocol):
         if will is None or not self._will_delay or self.clean:
             return will  # no delay, or the session ends now: the will with it
         assert self.terms.expiry is not None  # 5.0 (3.1.1 has no will delay)
-        self.host.delay_will(self.client_id, will, min(self._will_delay, self.terms.expiry))
+        delay = min(self._will_delay, self.terms.expiry)
+        self.host.delay_will(self.client_id, will, delay, accounted(self.user))
         return None
 
     def _expiry_at_close(self) -> None:
@@ -551,22 +563,10 @@ class MqttConnection(asyncio.Protocol):
                 self._inbound2.add(pid or 0)
             else:
                 qos2_id = pid
-        user = self.user
-        if retain and user is not None:
-            size = len(payload)
+        user = accounted(self.user)
 
-            def op() -> Any:
-                refusal = sessions.retain_now(
-                    user, topic, size, host.retained, host.retained_bytes, host.retained_total
-                )
-                if refusal is not None:
-                    return refusal
-                return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id, props)
-
-        else:
-
-            def op() -> Any:
-                return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id, props)
+        def op() -> Any:  # the retained bounds are kept in there (publish_now)
+            return sessions.publish_now(cid, topic, payload, retain, qos, qos2_id, props, user=user)
 
         if qos == 0:
             self._call(op, self._ignore_refusal)
@@ -945,11 +945,15 @@ class MqttConnection(asyncio.Protocol):
             self.host,
         )
 
-        def then(_outcome: Any) -> None:
+        user, address = accounted(self.user), self.address
+
+        def then(outcome: Any) -> None:
             if clean:  # close_now deleted it
                 host.stored_changed(cid, None, False)
+            if isinstance(outcome, str):
+                host.refused(address, f"client {cid!r}: will refused: {outcome}")
 
         self._expiry_at_close()
         # What the device finished: its shared subscriptions' groups take back the rest.
         finished = (self._acked, frozenset(self._done))
-        host.op(self, lambda: sessions.close_now(cid, will, now, finished), then)
+        host.op(self, lambda: sessions.close_now(cid, will, now, finished, user=user), then)

@@ -20,7 +20,10 @@ when it falls behind.
 
 Retained publications cost every server a copy: :class:`RetainedLedger` counts, per user, the
 retained topics and bytes published through this server (the bound of ``aaabus.mqtt.retained``
-and ``aaabus.mqtt.retained_bytes``).
+and ``aaabus.mqtt.retained_bytes``). It is kept by :meth:`MqttSessions.publish_now`, the one
+door of every MQTT publication (a device's PUBLISH, its will, the bridge's messages from its
+broker), so no path retains unaccounted. Devices without a user name count as one user
+(:data:`ANONYMOUS`), the bridge as another (:data:`BRIDGE`).
 
 Threads: every method named ``*_now`` runs on the engine thread inside a batch of the server's
 engine (:meth:`aaabus.core.engine.Engine.run_batch`), so a session has one writer and each change
@@ -48,11 +51,15 @@ from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
 
 __all__ = [
+    "ANONYMOUS",
+    "BRIDGE",
     "PUSH_KEY",
     "Delivery",
     "MqttSessions",
+    "RetainedBounds",
     "RetainedLedger",
     "SessionRecord",
+    "accounted",
     "delivery_of",
     "packet_id",
     "payload_bytes",
@@ -64,6 +71,25 @@ _RETAINED_KEY = "mqtt_retained"
 PUSH_KEY = "mqtt"
 #: The mailbox name of client id ``cid``'s session.
 BOX_PREFIX = "mqtt:"
+#: Who the per-user bounds (retained topics and bytes, persistent sessions) count a device
+#: without a user name as: one user for all of them. And who they count the bridge's messages
+#: from its broker as. U+0000 is in no MQTT user name (the codec refuses it): no device is them.
+ANONYMOUS = "\0anonymous"
+BRIDGE = "\0bridge"
+
+
+def accounted(user: str | None) -> str:
+    """The name the per-user bounds count ``user`` under (None: :data:`ANONYMOUS`)."""
+    return ANONYMOUS if user is None else user
+
+
+def shown(user: str) -> str:
+    """``user`` (an :func:`accounted` name) as a log line says it."""
+    if user == ANONYMOUS:
+        return "the anonymous devices"
+    if user == BRIDGE:
+        return "the bridge"
+    return f"user {user!r}"
 
 
 def packet_id(seq: int) -> int:
@@ -133,6 +159,15 @@ class SessionRecord(Persistent):
 _NOT_STATE = frozenset({"client_id", "box"})
 
 
+@dataclass(frozen=True, slots=True)
+class RetainedBounds:
+    """``aaabus.mqtt.retained``, ``retained_bytes`` and ``retained_total`` (docs/config.md)."""
+
+    per_user: int = 1000
+    per_user_bytes: int = 4194304
+    total: int = 100000
+
+
 class RetainedLedger(Persistent):
     """Retained topics published through this server, per user: ``topics[user][topic]`` is the
     payload size; ``sizes[user]`` the user's total bytes; ``count`` every user's topics."""
@@ -158,12 +193,12 @@ class RetainedLedger(Persistent):
         used = self.sizes.get(user, 0) - (old or 0)
         if old is None:
             if mine is not None and len(mine) >= per_user:
-                return f"user {user!r} has {per_user} retained topics (aaabus.mqtt.retained)"
+                return f"{shown(user)}: {per_user} retained topics already (aaabus.mqtt.retained)"
             if self.count >= total:
                 return f"this server holds {total} retained topics (aaabus.mqtt.retained_total)"
         if used + size > per_user_bytes:
             return (
-                f"user {user!r} would retain {used + size} bytes "
+                f"{shown(user)} would retain {used + size} bytes "
                 f"(aaabus.mqtt.retained_bytes = {per_user_bytes})"
             )
         if mine is None:
@@ -255,9 +290,12 @@ class MqttSessions:
         agents: Callable[[], Any],
         root: Callable[[], Any],
         send: Callable[[AgentId, Notification], None],
+        retained: RetainedBounds | None = None,
     ) -> None:
         self.server_id = server_id
         self.backlog = backlog
+        #: The bounds :meth:`publish_now` keeps retained publications within.
+        self.retained = retained or RetainedBounds()
         self._agents = agents
         self._root = root
         self._send = send
@@ -470,28 +508,35 @@ class MqttSessions:
         qos: int,
         qos2_id: int | None = None,
         props: MessageProps | None = None,
-    ) -> bool:
-        """Publish on the bus at ``qos``, with MQTT 5.0 properties ``props``; False (nothing
-        published) for a QoS 2 retransmission (``qos2_id``: the packet id of an inbound QoS 2
-        PUBLISH of a persistent session)."""
+        *,
+        user: str,
+    ) -> bool | str:
+        """Publish on the bus at ``qos``, with MQTT 5.0 properties ``props``, for ``user`` (an
+        :func:`accounted` name); False (nothing published) for a QoS 2 retransmission
+        (``qos2_id``: the packet id of an inbound QoS 2 PUBLISH of a persistent session); the
+        reason, a line, when a retained publication is over ``user``'s or the server's bounds
+        (:class:`RetainedLedger`; nothing published, the packet id not kept)."""
+        record = None
         if qos2_id is not None:
             record = self.record_now(client_id)
             if record is not None:
                 if qos2_id in record.inbound:
                     return False
-                record.inbound.insert(qos2_id)
             elif self.roaming is not None:
                 raise SessionLeft(client_id)
+        if retain:
+            bounds = self.retained
+            refusal = self._ledger().admit(
+                user, topic, len(payload), bounds.per_user, bounds.per_user_bytes, bounds.total
+            )
+            if refusal is not None:
+                return refusal
+        if record is not None and qos2_id is not None:
+            record.inbound.insert(qos2_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
         self._to_rep(Publish(topic, value, retain, qos, client_id, props))
         return True
-
-    def retain_now(
-        self, user: str, topic: str, size: int, per_user: int, per_user_bytes: int, total: int
-    ) -> str | None:
-        """Account a retained publication of ``user`` (see :class:`RetainedLedger`)."""
-        return self._ledger().admit(user, topic, size, per_user, per_user_bytes, total)
 
     def release_now(self, client_id: str, qos2_id: int) -> None:
         """PUBREL: the inbound QoS 2 flow ``qos2_id`` is over."""
@@ -533,10 +578,12 @@ class MqttSessions:
         released = record.released
         return [delivery_of(seq, note, seq in released) for seq, note in box.take(after, most)]
 
-    def will_now(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
-        """Publish ``client_id``'s will ``(topic, payload, qos, retain)``: when its connection
-        ends (:meth:`close_now`), or later with a 5.0 Will Delay Interval."""
-        self.publish_now(client_id, will[0], will[1], will[3], will[2])
+    def will_now(self, client_id: str, will: tuple[str, bytes, int, bool], user: str) -> bool | str:
+        """Publish ``client_id``'s will ``(topic, payload, qos, retain)`` for ``user`` (an
+        :func:`accounted` name; a retained will is bounded as any retained publication): when
+        its connection ends (:meth:`close_now`), or later with a 5.0 Will Delay Interval. What
+        :meth:`publish_now` answers."""
+        return self.publish_now(client_id, will[0], will[1], will[3], will[2], user=user)
 
     def close_now(
         self,
@@ -544,16 +591,21 @@ class MqttSessions:
         will: tuple[str, bytes, int, bool] | None,
         now: float,
         finished: tuple[int, Collection[int]] | None = None,
-    ) -> None:
-        """A connection ended: publish its will (``(topic, payload, qos, retain)``), delete a
-        clean session, note when a persistent one's device left. ``finished``: what the
-        device finished of its backlog (the acknowledged prefix, the seqs finished beyond it),
-        from which its shared subscriptions' groups take back what it had not."""
+        *,
+        user: str,
+    ) -> str | None:
+        """A connection ended: publish its will (``(topic, payload, qos, retain)``, for
+        ``user``), delete a clean session, note when a persistent one's device left.
+        ``finished``: what the device finished of its backlog (the acknowledged prefix, the
+        seqs finished beyond it), from which its shared subscriptions' groups take back what
+        it had not. The reason the will was refused (:meth:`publish_now`), or None."""
+        refusal = None
         if will is not None:
-            self.will_now(client_id, will)
+            published = self.will_now(client_id, will, user)
+            refusal = published if isinstance(published, str) else None
         record = self.record_now(client_id)
         if record is None:
-            return
+            return refusal
         shares = shares_in(record.filters)
         if shares:  # unknown ``finished``: what the store holds unacknowledged is unfinished
             if finished is not None:
@@ -564,6 +616,7 @@ class MqttSessions:
             self.drop_now(client_id)
         else:
             record.left_at = now
+        return refusal
 
     # -- helpers -----------------------------------------------------------------------------------
 

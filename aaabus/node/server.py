@@ -42,7 +42,7 @@ from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
 from aaabus.node.mailboxes import MailboxDesk
 from aaabus.node.mqttbridge import BridgeSettings, MqttBridge, forget_now
-from aaabus.node.mqttsessions import MqttSessions
+from aaabus.node.mqttsessions import MqttSessions, RetainedBounds
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
 from aaabus.topics.representative import TopicRepresentative
@@ -187,13 +187,18 @@ class AgentServer:
             self._send_from_server,
             self.codec.encode,
         )
+
         #: The sessions of MQTT devices (used by the MQTT listener, if there is one).
+        def mqtt(name: str) -> Any:
+            return config.setting(server_id, f"aaabus.mqtt.{name}")
+
         self.mqtt_sessions = MqttSessions(
             server_id,
             self.backlog,
             lambda: self._require_store().agents,
             lambda: self._require_store().conn.root(),
             self._send_from_server,
+            RetainedBounds(mqtt("retained"), mqtt("retained_bytes"), mqtt("retained_total")),
         )
         self.mqtt: MqttListener | None = None
         self.bridge: MqttBridge | None = None
