@@ -73,9 +73,12 @@ def pair(tmp_path: Path, make_config: Callable[..., Path]) -> Iterator[PairBus]:
 
 def test_a_clean_connect_while_the_session_travels_there_loses_nothing(pair: PairBus) -> None:
     """The device's persistent CONNECT at server 1 claims its session from server 0 (stopped,
-    so the move waits); then the same id connects clean at 1, as a device falling back to a
-    clean session does, and subscribes. The clean CONNECT is refused busy; the session
-    arrives whole, and the id keeps moving afterwards."""
+    so the move waits); then the same id connects clean at 1, another user's and the device's
+    own falling back to a clean session, which stays connected while the session leaves 0.
+    Before, the clean session was accepted, the arriving one collided with it and was lost
+    (300 of 300 messages), and the id was refused everywhere since. Now the clean CONNECTs
+    are refused (busy, or not authorized), the session arrives whole, and the id keeps
+    moving."""
     port, total = pair.port, 300
     device = Roamer("dev-1")
     pub = Device(port[0], "pub-1")
@@ -94,6 +97,12 @@ def test_a_clean_connect_while_the_session_travels_there_loses_nothing(pair: Pai
             # "server unavailable" at connect_ms (3.1.1: 0x03), the claim still pending.
             assert device.connect_at(port[1])[0] == mc.SERVER_UNAVAILABLE
             device.client.loop_stop()
+            # Another user's clean CONNECT of the id: not authorized (3.1.1 0x05, paho: 0x87).
+            stranger = Device(port[1], "dev-1", user="mallory", password="unused")
+            clean_codes.append(stranger.connect()[0])
+            if clean_codes[-1] == 0:
+                stranger.subscribe("other/#", 1)
+            stranger.close()
             # The device falls back to a clean session, in 5.0, then in 3.1.1, and stays.
             fallback5 = Device5(port[1], "dev-1")
             clean_codes.append(fallback5.connect()[0])
@@ -117,7 +126,7 @@ def test_a_clean_connect_while_the_session_travels_there_loses_nothing(pair: Pai
         assert device.move_to(port[0]) == (True, [])  # not a poisoned id: it moves on
         assert device.nothing_before("dev1/marker", via=pub)
         # 5.0 says busy as 0x89, 3.1.1 as 0x03 (which paho reports as 0x88).
-        assert clean_codes == [mc.SERVER_BUSY, mc.SERVER_UNAVAILABLE]
+        assert clean_codes == [mc.NOT_AUTHORIZED, mc.SERVER_BUSY, mc.SERVER_UNAVAILABLE]
     finally:
         device.leave()
         pub.close()

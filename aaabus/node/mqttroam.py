@@ -448,7 +448,8 @@ class Roaming:
             record.leaving,
         )
         del sessions._table()[cid]
-        self._discard_box(record)
+        if record.anchor != self.server_id:  # the anchor's mailbox now holds the arrived one
+            sessions._send(record.box, AgentDeleteRequest())
 
     def _handover(self, _sender: AgentId, note: Handover) -> None:
         if not self._give(note.cid, note.to):
