@@ -86,11 +86,11 @@ def test_a_clean_connect_while_the_session_travels_there_loses_nothing(pair: Pai
     clean_codes: list[int] = []
     try:
         assert device.move_to(port[0]) == (False, [])  # anchored and held at 0
-        device.subscribe("dev1/#", 1)
+        device.subscribe("dev1/#", 2)
         device.leave()
         assert pub.connect()[0] == 0
         for i in range(total):
-            pub.publish("dev1/x", f"q{i}".encode(), 1)
+            pub.publish("dev1/x", f"q{i}".encode(), 2)
         pair.bus[0].proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         try:
             # The claim waits in server 1's queue for the stopped server 0: CONNACK
@@ -170,6 +170,56 @@ def test_moving_a_large_backlog_back_and_forth_is_bounded_by_the_move_budget(
         assert device.connect_at(port[holder]) == (0, True)
         got = device.receive(count)
         assert [payload.split(b":")[0] for payload in got] == numbers("h", 0, count)
+    finally:
+        device.leave()
+        pub.close()
+
+
+def test_a_giver_killed_before_the_receiver_committed_keeps_the_session_whole(
+    pair: PairBus,
+) -> None:
+    """The move in two steps: server 0 gives the session while server 1, the receiver, is
+    stopped; server 0 is SIGKILLed and restarted holding only its copy (not live: a CONNECT
+    there is refused busy); server 1 resumes, restores it and tells server 0, which deletes
+    its copy. Everything arrives once, and the session moves back to 0 afterwards."""
+    port, total = pair.port, 200
+    device = Roamer("dev-2")
+    pub = Device(port[0], "pub-2")
+    try:
+        assert device.move_to(port[0]) == (False, [])
+        device.subscribe("dev2/#", 2)  # exactly once across the moves (QoS 1 may repeat)
+        device.leave()
+        assert pub.connect()[0] == 0
+        for i in range(total):
+            pub.publish("dev2/x", f"k{i}".encode(), 2)
+        pub.close()
+        pair.bus[0].proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:  # server 1's claim waits for server 0
+            assert device.connect_at(port[1])[0] == mc.SERVER_UNAVAILABLE
+            device.client.loop_stop()
+            pair.bus[1].proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        finally:
+            pair.bus[0].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        try:
+            wait_until("server 0 gave the session", lambda: pair.stored(0) == 0)
+            pair.bus[0].kill()
+            pair.bus[0].start().wait_ready(60)
+            assert pair.stored(0) == 0  # its copy is not a session it holds
+            code, _present = device.connect_at(port[0])
+            assert code == mc.SERVER_UNAVAILABLE  # 3.1.1 busy (0x03): the session is moving
+            device.client.loop_stop()
+        finally:
+            pair.bus[1].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        present, _codes = device.move_to(port[1])
+        assert present, "the session did not arrive"
+        assert device.receive(total) == numbers("k", 0, total)
+        wait_until("held by server 1 only", lambda: (pair.stored(0), pair.stored(1)) == (0, 1))
+        device.leave()
+        present, _codes = device.move_to(port[0])
+        assert present, "the session did not come back"
+        pub = Device(port[0], "pub-2")
+        assert pub.connect()[0] == 0
+        assert device.nothing_before("dev2/marker", via=pub)
     finally:
         device.leave()
         pub.close()
