@@ -163,6 +163,10 @@ def test_moving_a_large_backlog_back_and_forth_is_bounded_by_the_move_budget(
                 device.client.loop_stop()
         written_after, cpu_after = pair.written()
         assert (moves, refusals) == (1, [mc.SERVER_UNAVAILABLE] * 7)  # 3.1.1: busy is 0x03
+        wait_until(
+            "the refusals are logged with their reason",
+            lambda: any("moved too often" in line for line in pair.bus[1 - holder].lines),
+        )
         # One move writes the backlog a few times over (queues, mailbox, compaction): measured
         # 11 MB here for 1.5 MiB, and 70 MB for the eight moves that were allowed before.
         assert written_after - written < 16 * count * len(pad)

@@ -87,7 +87,15 @@ from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.messages import Forwarded
 from aaabus.wire.codec import encode_note
 
-__all__ = ["AWAITED", "BUSY", "NOT_AUTHORIZED", "ROAM_KEY", "AnchorRecord", "Roaming"]
+__all__ = [
+    "AWAITED",
+    "BUSY",
+    "MOVED_TOO_OFTEN",
+    "NOT_AUTHORIZED",
+    "ROAM_KEY",
+    "AnchorRecord",
+    "Roaming",
+]
 
 log = logging.getLogger("aaabus.mqtt")
 
@@ -99,6 +107,9 @@ AWAITED = Opened(False, {}, awaited=True)
 #: Reasons of :class:`Refused`.
 BUSY = "busy"
 NOT_AUTHORIZED = "not authorized"
+#: Busy too (CONNACK 0x89), said apart in the listener's refusal log: the session's move budget
+#: is spent (:class:`AnchorRecord`).
+MOVED_TOO_OFTEN = "busy: moved too often (aaabus.mqtt.roam_bytes_s)"
 
 _DIRECTORY = "mqtt_directory"  # cid -> (anchor server, user)
 _ANCHORS = "mqtt_anchors"  # cid -> AnchorRecord
@@ -113,7 +124,7 @@ class AnchorRecord(Persistent):
     #: Bytes the session may still move (None: a full budget), as of :attr:`budget_at`: each
     #: move costs its backlog's bytes plus :data:`~aaabus.node.roamnotes.MOVE_COST`; the
     #: budget refills at ``aaabus.mqtt.roam_bytes_s`` up to ``aaabus.mqtt.roam_burst``, and a
-    #: move is refused (busy) while it is not above 0.
+    #: move is refused (:data:`MOVED_TOO_OFTEN`, busy) while it is not above 0.
     budget: float | None = None
     budget_at = 0.0
 
@@ -302,13 +313,8 @@ class Roaming:
         if entry is None or entry.moving or entry.holder == note.to:
             self._to(note.to, Refused(note.cid, BUSY))
             return
-        if not self._budget_left(entry):
-            log.info(
-                "server %s: session %r moved too often (aaabus.mqtt.roam_bytes_s): refused busy",
-                self.server_id,
-                note.cid,
-            )
-            self._to(note.to, Refused(note.cid, BUSY))
+        if self._refill(entry) <= 0:
+            self._to(note.to, Refused(note.cid, MOVED_TOO_OFTEN))
             return
         if entry.holder == self.server_id:
             if not self._give(note.cid, note.to):
@@ -328,20 +334,18 @@ class Roaming:
         entry = self._table(_ANCHORS).get(note.cid)
         if entry is not None:
             entry.moving = False
-            self._budget_left(entry)  # refilled up to now, then charged
-            assert entry.budget is not None
-            entry.budget -= note.size + MOVE_COST
+            entry.budget = self._refill(entry) - (note.size + MOVE_COST)
 
-    def _budget_left(self, entry: AnchorRecord) -> bool:
-        """Refill ``entry``'s move budget up to now; whether it allows a move (above 0). A
-        move is charged when it has settled (:meth:`_settled`), its size known then: one
+    def _refill(self, entry: AnchorRecord) -> float:
+        """``entry``'s move budget, refilled up to now: a move may start while it is above 0.
+        A move is charged once it has settled (:meth:`_settled`), its size known then: one
         move may overdraw the budget, and the next waits until it is paid back."""
         now = time.time()
         budget = self.move_burst if entry.budget is None else entry.budget
         elapsed = max(0.0, now - entry.budget_at)
         entry.budget = min(self.move_burst, budget + elapsed * self.move_rate)
         entry.budget_at = now
-        return entry.budget > 0
+        return entry.budget
 
     def _anchor_subscribe(self, _sender: AgentId, note: AnchorSubscribe) -> None:
         entry = self._table(_ANCHORS).get(note.cid)

@@ -57,7 +57,8 @@ class Created(Notification):
 @dataclass
 class Refused(Notification):
     """-> the server whose device asked: no session for it (``reason``: ``"busy"``, the
-    session is moving, try again; ``"not authorized"``, another user's client id)."""
+    session is moving, try again; ``"busy: moved too often ..."``, its move budget is spent,
+    try again later; ``"not authorized"``, another user's client id)."""
 
     cid: str
     reason: str
