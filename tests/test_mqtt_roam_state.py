@@ -8,7 +8,7 @@ from BTrees.OOBTree import OOBTree
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication
-from aaabus.node.mqttroam import _parts
+from aaabus.node.mqttroam import _cut
 from aaabus.node.mqttsessions import SessionRecord
 from aaabus.node.roamnotes import MovedItems, SessionMoved
 from aaabus.topics.mailbox import Mailbox
@@ -76,10 +76,11 @@ def test_a_large_backlog_is_cut_into_parts_under_the_budget() -> None:
     items: list[tuple[int, Notification]] = [
         (i, Publication("t", b"x" * 1000, AgentId(0, 0, 0))) for i in range(1, 51)
     ]
-    parts = _parts(items, 8192)
+    parts, size = _cut(items, 8192)
     assert len(parts) > 5
     assert [item for part in parts for item in part] == items
     codec = Codec()
     for part in parts:
         assert len(codec.encode(MovedItems("dev", part))) < 8192 + 1100
-    assert _parts([], 8192) == [[]]
+    assert 50 * 1000 < size < 50 * 1200  # the bytes moved, charged to the move budget
+    assert _cut([], 8192) == ([[]], 0)

@@ -697,6 +697,23 @@ SETTINGS: tuple[Setting, ...] = (
         "lowest id",
     ),
     Setting(
+        "aaabus.mqtt.roam_bytes_s",
+        integer(1, 1 << 40),
+        65536,
+        "With `aaabus.mqtt.roaming`: bytes per second a session's moves may carry on average "
+        "(its backlog, plus 16 KiB per move); a CONNECT that would move it sooner gets CONNACK "
+        "server busy (0x89; 3.1.1: 0x03). Set at the session's anchor.",
+    ),
+    Setting(
+        "aaabus.mqtt.roam_burst",
+        integer(0, 1 << 40),
+        1 << 20,
+        "With `aaabus.mqtt.roaming`: bytes a session's moves may carry at once before "
+        "`aaabus.mqtt.roam_bytes_s` applies (one move may overdraw it; the next waits until "
+        "it is paid back).",
+        "1 MiB",
+    ),
+    Setting(
         "aaabus.test.allow_cycles",
         boolean,
         False,

@@ -66,7 +66,7 @@ from aaabus.io.mqttauth import Credentials
 from aaabus.model.notifications import Notification
 from aaabus.model.topicnames import matches
 from aaabus.node.mqttconn import MqttConnection
-from aaabus.node.mqttroam import BUSY, ROAM_KEY
+from aaabus.node.mqttroam import NOT_AUTHORIZED, ROAM_KEY
 from aaabus.node.mqttsessions import (
     BOX_PREFIX,
     PUSH_KEY,
@@ -938,8 +938,14 @@ class MqttListener:
             if kind == "ready":
                 conn.session_arrived(value[3])
             else:
-                reason = value[2]
-                self.refused(conn.address, f"client {cid!r}: session refused ({reason})")
-                code = mc.SERVER_BUSY if reason == BUSY else mc.NOT_AUTHORIZED
-                conn.roam_refused(code, f"session refused: {reason}")
+                self.roam_refusal(conn, value[2])
         self.flush_writes()
+
+    def roam_refusal(self, conn: MqttConnection, reason: str) -> None:
+        """``conn``'s CONNECT gets no session, for ``reason`` (``"not authorized"``: another
+        user's id, CONNACK 0x87; otherwise busy, 0x89: the session is moving or moved too
+        often, the device retries)."""
+        cid = conn.client_id
+        self.refused(conn.address, f"client {cid!r}: session refused ({reason})")
+        code = mc.NOT_AUTHORIZED if reason == NOT_AUTHORIZED else mc.SERVER_BUSY
+        conn.roam_refused(code, f"session refused: {reason}")

@@ -74,6 +74,7 @@ class ConnectionHost(Protocol):
     topic_aliases: int
     credentials: Credentials | None
     published_out: int
+    roaming: bool
 
     def op(
         self,
@@ -102,6 +103,7 @@ class ConnectionHost(Protocol):
     ) -> None: ...
     def claim(self, conn: MqttConnection) -> int | None: ...
     def await_session(self, conn: MqttConnection) -> None: ...
+    def roam_refusal(self, conn: MqttConnection, reason: str) -> None: ...
     def may_publish(self, conn: MqttConnection, topic: str) -> bool: ...
     def may_subscribe(self, conn: MqttConnection, topic_filter: str) -> bool: ...
     def resumed(self, conn: MqttConnection) -> None: ...
@@ -366,7 +368,9 @@ class MqttConnection(asyncio.Protocol):
         self._answers = _Answers()
         sessions, cid, clean, user = self.host.sessions, self.client_id, self.clean, self.user
         stored = self._has_record = self.host.stored(cid)
-        if clean and not stored:
+        # Roaming: a clean CONNECT asks the store too, where the id's session may be arriving
+        # or leaving (refused busy then: Roaming.refusal_now).
+        if clean and not stored and not self.host.roaming:
             # Nothing to drop, nothing to create: a clean session's CONNECT writes nothing.
             self._opened(Opened(False, {}))
             return
@@ -383,6 +387,9 @@ class MqttConnection(asyncio.Protocol):
             return
         if outcome.awaited:  # roaming: the session is on its way (aaabus.node.mqttroam)
             self.host.await_session(self)
+            return
+        if outcome.refused is not None:  # roaming: its session is moving here or from here
+            self.host.roam_refusal(self, outcome.refused)
             return
         # 5.0: a session resumed by a connection with expiry 0 is in the store until it ends.
         self._has_record = not self.clean or outcome.present

@@ -18,13 +18,15 @@ The exchange is a handful of notifications between the handlers ``#s.s.3`` of th
 (:mod:`aaabus.node.roamnotes`): a persistent CONNECT of an id this server does not hold sends
 :class:`Claim` to the directory; the directory creates the entry (:class:`Created`), refuses
 another user (:class:`Refused`), or asks the anchor to move the session (:class:`Roam`); the
-anchor refuses a session already moving (``busy``) or has the holder give it
-(:class:`Handover`); the giver sends the whole session (:class:`SessionMoved`: record state and
-backlog with its numbers) and closes its device's connection as a takeover; the new holder
-restores it, appends what the anchor forwarded meanwhile, and tells the anchor
-(:class:`Settled`), which accepts the next move only then. A session is never held by two
-servers: giving it and restoring it are each one reaction, and the move in between is one
-message.
+anchor refuses a session already moving or moved too often (``busy``) or has the holder give
+it (:class:`Handover`); the giver sends the whole session (:class:`SessionMoved`: record state and
+backlog with its numbers), closes its device's connection as a takeover and keeps a copy that is
+no longer live (:attr:`SessionRecord.leaving <aaabus.node.mqttsessions.SessionRecord.leaving>`);
+the new holder restores it, appends what the anchor forwarded meanwhile, and tells the giver
+(:class:`Taken`: the copy is deleted only now) and the anchor (:class:`Settled`, which accepts
+the next move only then, charged to the session's move budget). A session is never live on two
+servers: giving it and restoring it are each one reaction, the move in between is one message,
+and the giver's copy is deleted only once the receiver has committed its own.
 
 Threads: :meth:`Roaming.react` runs on the engine thread as the reaction of ``#s.s.3``
 (:meth:`aaabus.core.engine.Engine.handle`), in its transaction: what it changes and sends is
@@ -65,6 +67,7 @@ from aaabus.node.mqttsessions import (
 )
 from aaabus.node.mqttshared import shares_in
 from aaabus.node.roamnotes import (
+    MOVE_COST,
     AnchorSubscribe,
     AnchorUnsubscribe,
     Claim,
@@ -77,13 +80,22 @@ from aaabus.node.roamnotes import (
     Roam,
     SessionMoved,
     Settled,
+    Taken,
     Unregister,
 )
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.messages import Forwarded
 from aaabus.wire.codec import encode_note
 
-__all__ = ["AWAITED", "BUSY", "NOT_AUTHORIZED", "ROAM_KEY", "AnchorRecord", "Roaming"]
+__all__ = [
+    "AWAITED",
+    "BUSY",
+    "MOVED_TOO_OFTEN",
+    "NOT_AUTHORIZED",
+    "ROAM_KEY",
+    "AnchorRecord",
+    "Roaming",
+]
 
 log = logging.getLogger("aaabus.mqtt")
 
@@ -95,6 +107,9 @@ AWAITED = Opened(False, {}, awaited=True)
 #: Reasons of :class:`Refused`.
 BUSY = "busy"
 NOT_AUTHORIZED = "not authorized"
+#: Busy too (CONNACK 0x89), said apart in the listener's refusal log: the session's move budget
+#: is spent (:class:`AnchorRecord`).
+MOVED_TOO_OFTEN = "busy: moved too often (aaabus.mqtt.roam_bytes_s)"
 
 _DIRECTORY = "mqtt_directory"  # cid -> (anchor server, user)
 _ANCHORS = "mqtt_anchors"  # cid -> AnchorRecord
@@ -103,7 +118,15 @@ _PENDING = "mqtt_roam_pending"  # cid -> Pending
 
 class AnchorRecord(Persistent):
     """At the anchor: the session's mailbox (subscribed to ``filters``), the server holding the
-    session and whether a move is under way (from :class:`Roam` to :class:`Settled`)."""
+    session, whether a move is under way (from :class:`Roam` to :class:`Settled`) and the
+    session's move budget."""
+
+    #: Bytes the session may still move (None: a full budget), as of :attr:`budget_at`: each
+    #: move costs its backlog's bytes plus :data:`~aaabus.node.roamnotes.MOVE_COST`; the
+    #: budget refills at ``aaabus.mqtt.roam_bytes_s`` up to ``aaabus.mqtt.roam_burst``, and a
+    #: move is refused (:data:`MOVED_TOO_OFTEN`, busy) while it is not above 0.
+    budget: float | None = None
+    budget_at = 0.0
 
     def __init__(self, box: AgentId, user: str | None, holder: int) -> None:
         self.box = box
@@ -121,6 +144,10 @@ class Pending(Persistent):
     record: SessionRecord | None = None
     #: The parts of its backlog that came ahead of it (MovedItems), in order.
     moved: PersistentList | None = None
+    #: The handler of the server that gave it (told :class:`Taken` once it is restored) and
+    #: the bytes its backlog weighed (the anchor charges them to the session's move budget).
+    giver: AgentId | None = None
+    size = 0
 
     def __init__(self, user: str | None) -> None:
         self.user = user
@@ -131,12 +158,23 @@ class Roaming:
     """The roaming side of ``sessions`` (see the module docstring); ``directory``: the server
     id of the directory."""
 
-    def __init__(self, sessions: MqttSessions, directory: int, max_frame: int = 16 << 20) -> None:
+    def __init__(
+        self,
+        sessions: MqttSessions,
+        directory: int,
+        max_frame: int = 16 << 20,
+        move_rate: float = 65536.0,
+        move_burst: float = float(1 << 20),
+    ) -> None:
         self.sessions = sessions
         self.server_id = sessions.server_id
         self.directory = directory
         #: Bytes of backlog items per moving message: well under ``aaabus.max_frame``.
         self.frame_budget = max(1024, max_frame // 4)
+        #: The move budget of the sessions anchored here (see :class:`AnchorRecord`): bytes per
+        #: second (``aaabus.mqtt.roam_bytes_s``) and at most (``aaabus.mqtt.roam_burst``).
+        self.move_rate = move_rate
+        self.move_burst = move_burst
         sessions.roaming = self
         self._handlers: dict[type, Callable[[AgentId, Any], None]] = {
             Claim: self._claim,
@@ -149,6 +187,7 @@ class Roaming:
             Refused: self._refused,
             Settled: self._settled,
             Restored: self._restored,
+            Taken: self._taken,
             Forwarded: self._forwarded,
             AnchorSubscribe: self._anchor_subscribe,
             AnchorUnsubscribe: self._anchor_unsubscribe,
@@ -199,6 +238,26 @@ class Roaming:
             pending[cid] = Pending(user)
             self._to(self.directory, Claim(cid, user, self.server_id))
         return AWAITED
+
+    def refusal_now(self, cid: str, user: str | None, ends: bool) -> str | None:
+        """Why a CONNECT of ``user`` that finds no live session of ``cid`` here gets none
+        (None: it may go on). The id's session is on its way here (a claim pending) or from
+        here (a copy leaving): another user's CONNECT is not authorized; one whose session
+        ends with its connection (``ends``) is refused busy, for it would make a second,
+        clean session of the id here that the arriving one would collide with, or, if it took
+        the arriving one over, discard it without the anchor's knowledge. The device retries;
+        once the session has arrived, its clean start ends it deliberately, at its holder,
+        the anchor told (:meth:`dropped_now`). A persistent CONNECT waits for the claim
+        under way."""
+        pending = self._table(_PENDING).get(cid)
+        if pending is not None:
+            if pending.user != user:
+                return NOT_AUTHORIZED
+            return BUSY if ends else None
+        leaving = self.sessions._table().get(cid)
+        if isinstance(leaving, SessionRecord) and leaving.leaving is not None:
+            return BUSY if leaving.user == user else NOT_AUTHORIZED
+        return None
 
     def subscriptions_here(self, record: SessionRecord, note: Subscribe | Unsubscribe) -> bool:
         """Whether ``note`` (for ``record``'s mailbox) goes to this server's representative:
@@ -273,6 +332,9 @@ class Roaming:
         if entry is None or entry.moving or entry.holder == note.to:
             self._to(note.to, Refused(note.cid, BUSY))
             return
+        if self._refill(entry) <= 0:
+            self._to(note.to, Refused(note.cid, MOVED_TOO_OFTEN))
+            return
         if entry.holder == self.server_id:
             if not self._give(note.cid, note.to):
                 self._to(note.to, Refused(note.cid, BUSY))
@@ -291,6 +353,18 @@ class Roaming:
         entry = self._table(_ANCHORS).get(note.cid)
         if entry is not None:
             entry.moving = False
+            entry.budget = self._refill(entry) - (note.size + MOVE_COST)
+
+    def _refill(self, entry: AnchorRecord) -> float:
+        """``entry``'s move budget, refilled up to now: a move may start while it is above 0.
+        A move is charged once it has settled (:meth:`_settled`), its size known then: one
+        move may overdraw the budget, and the next waits until it is paid back."""
+        now = time.time()
+        budget = self.move_burst if entry.budget is None else entry.budget
+        elapsed = max(0.0, now - entry.budget_at)
+        entry.budget = min(self.move_burst, budget + elapsed * self.move_rate)
+        entry.budget_at = now
+        return entry.budget
 
     def _anchor_subscribe(self, _sender: AgentId, note: AnchorSubscribe) -> None:
         entry = self._table(_ANCHORS).get(note.cid)
@@ -323,16 +397,19 @@ class Roaming:
     # The holders.
 
     def _give(self, cid: str, to: int) -> bool:
-        """Take the session out of this server and send it to ``to`` (False: not here)."""
+        """Send the session to ``to`` and keep a copy that is no longer live here, deleted
+        when ``to`` says it has committed its own (:meth:`_taken`); False: not here."""
         sessions = self.sessions
         record = sessions.record_now(cid)
         if record is None or record.anchor is None:
             return False
         box = sessions._mailbox(record.box)
-        items = box.take_all() if box is not None else []
+        # A copy: the items stay until the receiver has them. Nothing is appended meanwhile:
+        # the anchor forwards to the receiver from now on (its own mailbox too, see _roam).
+        items = box.take(0, box.count) if box is not None else []
         # A backlog larger than a frame goes ahead in parts (MovedItems), the session last:
         # one reaction's sends to one server arrive in order.
-        parts = _parts(items, self.frame_budget)
+        parts, size = _cut(items, self.frame_budget)
         for part in parts[:-1]:
             self._to(to, MovedItems(cid, part))
         moved = SessionMoved(
@@ -342,31 +419,75 @@ class Roaming:
             parts[-1],
             box.next_seq if box is not None else 1,
             box.dropped if box is not None else 0,
+            size,
         )
         # Its shared subscriptions' groups are this server's: it leaves them (what they handed
         # it moves with its backlog) and joins the groups of its new server once restored.
         for share in shares_in(record.filters):
             sessions.shared.leave_now(cid, share)
-        del sessions._table()[cid]
-        if record.anchor != self.server_id:
-            sessions._send(record.box, AgentDeleteRequest())  # the anchor's mailbox stays
+        record.leaving = to  # a copy from now on: the device's connection here cannot use it
         self._to(to, moved)
         self._tell(("gone", cid))  # its connection here is closed as a takeover
         return True
+
+    def _taken(self, _sender: AgentId, note: Taken) -> None:
+        """The receiver has committed the session this server gave it: delete the copy (its
+        mailbox; at the anchor, whose mailbox stays and forwards, the copied items)."""
+        sessions = self.sessions
+        record = sessions._table().get(note.cid)
+        if not isinstance(record, SessionRecord) or record.leaving is None:
+            return  # cannot happen (one Taken per give, and the copy waits for it)
+        del sessions._table()[note.cid]
+        self._discard_box(record)
+
+    def _discard_box(self, record: SessionRecord) -> None:
+        """Delete the mailbox of ``record``, a session no longer live here: the anchor's own
+        stays (it holds the subscriptions and forwards), emptied of what it kept."""
+        if record.anchor != self.server_id:
+            self.sessions._send(record.box, AgentDeleteRequest())
+            return
+        box = self.sessions._mailbox(record.box)
+        if box is not None and box.forward is not None:
+            box.take_all()  # forwarding since the move began: these are the moved items
+
+    def _make_room(self, cid: str) -> None:
+        """Before a session arriving here joins the table: what holds ``cid`` here goes. A
+        clean session (its connection was taken over by the CONNECT that claimed this one, and
+        clean sessions end with their connection) is dropped as at its end. A copy still
+        leaving, or a live persistent session, cannot be here (one move at a time, and the
+        giver's Taken precedes any later move to it): said, and replaced by the arriving one,
+        never left to collide with it."""
+        sessions = self.sessions
+        record = sessions._table().get(cid)
+        if not isinstance(record, SessionRecord):
+            return
+        if record.leaving is None and (record.clean or record.anchor is None):
+            sessions.drop_now(cid)
+            return
+        log.error(
+            "server %s: session %r arrived where it was already held (leaving to %s): replaced",
+            self.server_id,
+            cid,
+            record.leaving,
+        )
+        del sessions._table()[cid]
+        if record.anchor != self.server_id:  # the anchor's mailbox now holds the arrived one
+            sessions._send(record.box, AgentDeleteRequest())
 
     def _handover(self, _sender: AgentId, note: Handover) -> None:
         if not self._give(note.cid, note.to):
             self._to(note.to, Refused(note.cid, BUSY))  # ended here: its Drop is on its way
 
-    def _moved(self, _sender: AgentId, note: SessionMoved) -> None:
+    def _moved(self, sender: AgentId, note: SessionMoved) -> None:
         sessions, cid = self.sessions, note.cid
         pendings = self._table(_PENDING)
         pending = pendings.get(cid)
         if pending is None:  # cannot happen (the move answers this server's claim): go on
             pending = pendings[cid] = Pending(None)
-        if sessions.record_now(cid) is not None or pending.record is not None:
-            # Cannot happen (one move at a time, and this server asked because it had none).
-            raise RuntimeError(f"session {cid!r} moved to server {self.server_id}, which has it")
+        if pending.record is not None:  # cannot happen (one move at a time): the newer wins
+            log.error("server %s: session %r arrived twice", self.server_id, cid)
+        pending.giver = sender
+        pending.size = note.size
         items = [*pending.moved, *note.items] if pending.moved else list(note.items)
         pending.moved = None
         next_seq = note.next_seq
@@ -374,20 +495,22 @@ class Roaming:
             items.append((next_seq, item))
             next_seq += 1
         pending.held = PersistentList()
+        box_id: AgentId | None = None
         if note.anchor == self.server_id:
             entry = self._table(_ANCHORS).get(cid)
             box = sessions._mailbox(entry.box) if entry is not None else None
-            if entry is None or box is None:
-                raise RuntimeError(f"session {cid!r} came back to its anchor without its mailbox")
-            # Still forwarding to this handler until Restored: what arrives meanwhile is held
-            # and appended after what was held before, in order.
-            box.restore(items, next_seq, note.dropped)
-            box_id = entry.box
-        else:
+            if entry is not None and box is not None:
+                # Still forwarding to this handler until Restored: what arrives meanwhile is
+                # held and appended after what was held before, in order.
+                box.restore(items, next_seq, note.dropped)
+                box_id = entry.box
+            else:  # cannot happen (the anchor's mailbox lives as long as its session)
+                log.error("server %s: session %r is back without its mailbox", self.server_id, cid)
+        if box_id is None:  # with its items: they travel in the creation request
             box = Mailbox(BOX_PREFIX + cid, None, sessions.backlog)
             box.push = PUSH_KEY
             box.restore(items, next_seq, note.dropped)
-            box_id = box.deploy()  # with its items: they travel in the creation request
+            box_id = box.deploy()
         record = SessionRecord(cid, box_id, None, False)
         record.restore(note.state)
         record.anchor = note.anchor
@@ -411,8 +534,9 @@ class Roaming:
         sessions, cid = self.sessions, note.cid
         pending = self._table(_PENDING).pop(cid, None)
         record = pending.record if pending is not None else None
-        if record is None:
-            return  # cannot happen
+        if pending is None or record is None:
+            return  # cannot happen (Restored follows the SessionMoved that made the record)
+        self._make_room(cid)
         sessions._table()[cid] = record
         for share in shares_in(record.filters):
             sessions.shared.join_now(cid, record.box, share)
@@ -426,7 +550,11 @@ class Roaming:
                 box.append(item)
             else:
                 sessions._send(record.box, item)
-        self._to(record.anchor, Settled(cid))
+        # Committed with this reaction: the giver may delete its copy, the anchor take the
+        # next move (charged to the session's budget).
+        if pending.giver is not None:
+            sessions._send(pending.giver, Taken(cid))
+        self._to(record.anchor, Settled(cid, pending.size))
         self._tell(("ready", cid, record.user, True))
 
     def _created(self, _sender: AgentId, note: Created) -> None:
@@ -464,13 +592,13 @@ class Roaming:
         # Else the session ended here and its Drop is on its way to the anchor: nothing owed.
 
 
-def _parts(
+def _cut(
     items: list[tuple[int, Notification]], budget: int
-) -> list[list[tuple[int, Notification]]]:
+) -> tuple[list[list[tuple[int, Notification]]], int]:
     """``items`` cut into runs of about ``budget`` bytes each once encoded (at least one run,
-    maybe empty)."""
+    maybe empty), and the bytes of them all."""
     parts: list[list[tuple[int, Notification]]] = [[]]
-    size = 0
+    size = total = 0
     for item in items:
         note = item[1]
         try:
@@ -482,7 +610,8 @@ def _parts(
             size = 0
         parts[-1].append(item)
         size += weight
-    return parts
+        total += weight
+    return parts, total
 
 
 def _owed(record: SessionRecord, item: Notification) -> bool:

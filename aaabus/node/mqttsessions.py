@@ -126,6 +126,10 @@ class SessionRecord(Persistent):
     #: The server whose mailbox holds the subscriptions of a roaming session
     #: (:mod:`aaabus.node.mqttroam`); None: a session that never roams (roaming off).
     anchor: int | None = None
+    #: The server this record is being given to (a roaming move, :mod:`aaabus.node.mqttroam`):
+    #: a copy kept until that server has committed its own, no longer the live session here
+    #: (:meth:`MqttSessions.record_now` does not see it). None: the live session.
+    leaving: int | None = None
 
     def __init__(self, client_id: str, box: AgentId, user: str | None, clean: bool) -> None:
         self.client_id = client_id
@@ -155,8 +159,9 @@ class SessionRecord(Persistent):
                 setattr(self, name, value)
 
 
-#: What a record's state leaves out: the mailbox is the server's own, the id is the key.
-_NOT_STATE = frozenset({"client_id", "box"})
+#: What a record's state leaves out: the mailbox is the server's own, the id is the key, and
+#: a move in progress is the giver's.
+_NOT_STATE = frozenset({"client_id", "box", "leaving"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,6 +264,9 @@ class Opened:
     options: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Roaming: the session is on its way from another server; CONNACK waits for it.
     awaited: bool = False
+    #: Roaming: no session for this CONNECT (:data:`~aaabus.node.mqttroam.BUSY`: the id's
+    #: session is moving to or from this server; ``NOT_AUTHORIZED``: another user's).
+    refused: str | None = None
 
 
 def _expired(record: SessionRecord, now: float, expiry_s: float | None = None) -> bool:
@@ -274,6 +282,7 @@ class RoamingHooks(Protocol):
     """What the sessions call of :class:`aaabus.node.mqttroam.Roaming` (engine thread)."""
 
     def claim_now(self, cid: str, user: str | None) -> Opened: ...
+    def refusal_now(self, cid: str, user: str | None, ends: bool) -> str | None: ...
     def subscriptions_here(self, record: SessionRecord, note: Subscribe | Unsubscribe) -> bool: ...
     def dropped_now(self, record: SessionRecord) -> None: ...
     def anchored_now(self, most: int) -> list[dict[str, Any]]: ...
@@ -343,8 +352,9 @@ class MqttSessions:
     # -- engine thread -----------------------------------------------------------------------------
 
     def record_now(self, client_id: str) -> SessionRecord | None:
+        """The live session of ``client_id`` here (not a copy on its way to another server)."""
         record = self._table().get(client_id)
-        return record if isinstance(record, SessionRecord) else None
+        return record if isinstance(record, SessionRecord) and record.leaving is None else None
 
     def index_now(self, now: float, expiry_s: float) -> dict[str, str | None]:
         """Every stored session's user, by client id, after dropping the sessions whose device
@@ -353,8 +363,8 @@ class MqttSessions:
         out: dict[str, str | None] = {}
         self.shared.boot_now(self._released_of)  # their connections are gone
         for client_id, record in list(self._table().items()):
-            if not isinstance(record, SessionRecord):
-                continue
+            if not isinstance(record, SessionRecord) or record.leaving is not None:
+                continue  # a copy being given: its receiver's word deletes it
             if record.clean or _expired(record, now, expiry_s):
                 self.drop_now(client_id)
             else:
@@ -370,6 +380,7 @@ class MqttSessions:
         for client_id, record in list(self._table().items()):
             if (
                 isinstance(record, SessionRecord)
+                and record.leaving is None
                 and client_id not in connected
                 and _expired(record, now, expiry_s)
             ):
@@ -399,6 +410,12 @@ class MqttSessions:
             self.drop_now(client_id)
             record = None
         ends = clean if expiry is None else expiry == 0
+        if record is None and self.roaming is not None:
+            # Roaming: a session of the id on its way here or from here is not this
+            # CONNECT's to end or create (docs/mqtt.md, "Sessions that follow a device").
+            refusal = self.roaming.refusal_now(client_id, user, ends)
+            if refusal is not None:
+                return Opened(False, {}, refused=refusal)
         if record is None and ends:
             return Opened(False, {})
         if record is not None:
@@ -472,8 +489,12 @@ class MqttSessions:
         the subscription is new, 2: never)."""
         record = self.record_now(client_id)
         if record is None:
-            if self.roaming is not None and not clean:
-                raise SessionLeft(client_id)  # from its connection here, once it has moved
+            if self.roaming is not None and (
+                not clean or self.roaming.refusal_now(client_id, user, True) is not None
+            ):
+                # From its connection here, once its session has moved; or a clean one that
+                # its session, arriving or leaving, has taken over.
+                raise SessionLeft(client_id)
             record = self._create(client_id, user, clean)
         for topic_filter, qos in filters:
             new = topic_filter not in record.filters

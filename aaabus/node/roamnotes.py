@@ -14,6 +14,7 @@ from typing import Any
 from aaabus.model.notifications import Notification
 
 __all__ = [
+    "MOVE_COST",
     "AnchorSubscribe",
     "AnchorUnsubscribe",
     "Claim",
@@ -26,8 +27,13 @@ __all__ = [
     "Roam",
     "SessionMoved",
     "Settled",
+    "Taken",
     "Unregister",
 ]
+
+#: What one move of a session costs its move budget on top of its backlog's bytes: the record,
+#: the notifications and the commits of the servers on its way, whatever it carries.
+MOVE_COST = 16384
 
 
 @dataclass
@@ -51,7 +57,8 @@ class Created(Notification):
 @dataclass
 class Refused(Notification):
     """-> the server whose device asked: no session for it (``reason``: ``"busy"``, the
-    session is moving, try again; ``"not authorized"``, another user's client id)."""
+    session is moving, try again; ``"busy: moved too often ..."``, its move budget is spent,
+    try again later; ``"not authorized"``, another user's client id)."""
 
     cid: str
     reason: str
@@ -79,7 +86,8 @@ class SessionMoved(Notification):
     :class:`~aaabus.node.mqttsessions.SessionRecord` as data (its :meth:`state`); ``items``: the
     backlog not acknowledged by the device, each with its number; ``next_seq`` and
     ``dropped``: the mailbox's numbering and its count of items dropped at the limit;
-    ``anchor``: the server whose mailbox holds the subscriptions."""
+    ``anchor``: the server whose mailbox holds the subscriptions; ``size``: the bytes of the
+    whole backlog (with the parts sent ahead), charged to the session's move budget."""
 
     cid: str
     anchor: int
@@ -87,6 +95,7 @@ class SessionMoved(Notification):
     items: list[tuple[int, Notification]] = field(default_factory=list)
     next_seq: int = 1
     dropped: int = 0
+    size: int = 0
 
 
 @dataclass
@@ -109,7 +118,17 @@ class Restored(Notification):
 
 @dataclass
 class Settled(Notification):
-    """The new holder -> the anchor: the session arrived; the next move may start."""
+    """The new holder -> the anchor: the session arrived (committed there); the next move may
+    start once the session's move budget allows. ``size``: the bytes of the backlog moved."""
+
+    cid: str
+    size: int = 0
+
+
+@dataclass
+class Taken(Notification):
+    """The new holder -> the server that gave it the session: committed here; the giver's copy
+    (kept since it sent :class:`SessionMoved`) may go."""
 
     cid: str
 

@@ -442,7 +442,13 @@ class AgentServer:
                 f"aaabus.mqtt.directory = {directory} is not a server of this bus; name one of "
                 f"{', '.join(str(s) for s in sorted(self.config.servers))}"
             )
-        roaming = Roaming(self.mqtt_sessions, directory, self.max_frame)
+        roaming = Roaming(
+            self.mqtt_sessions,
+            directory,
+            self.max_frame,
+            self.config.setting(self.server_id, "aaabus.mqtt.roam_bytes_s"),
+            self.config.setting(self.server_id, "aaabus.mqtt.roam_burst"),
+        )
         engine.handle(SESSIONS_STAMP, roaming.react)
 
     def _require_store(self) -> Store:
