@@ -45,8 +45,11 @@ def test_3_1_1_keep_alive_out_of_bounds_is_refused_5_0_gets_the_server_keep_aliv
     assert refused.value.code == mc.CLIENT_ID_NOT_VALID  # said as 3.1.1's 0x02
     terms = negotiate(connect(keep_alive=keep_alive), Limits(), None)
     assert terms.keep_alive == 60 and terms.connack[mc.SERVER_KEEP_ALIVE] == 60
-    allowed = negotiate(connect(keep_alive=0), Limits(keepalive_0=True), None)
-    assert allowed.keep_alive == 0 and mc.SERVER_KEEP_ALIVE not in allowed.connack
+    # keepalive_0 lets 3.1.1 in; 5.0 is told the server's keep-alive either way.
+    allowed = negotiate(connect(mc.V311, keep_alive=0), Limits(keepalive_0=True), None)
+    assert allowed.keep_alive == 0
+    told = negotiate(connect(keep_alive=0), Limits(keepalive_0=True), None)
+    assert told.keep_alive == 60 and told.connack[mc.SERVER_KEEP_ALIVE] == 60
 
 
 def test_5_0_expiry_is_capped_and_said_only_when_capped() -> None:

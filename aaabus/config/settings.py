@@ -518,9 +518,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "aaabus.mqtt.keepalive_0",
         boolean,
-        False,
-        "Accept keep-alive 0 (a connection the server never times out); otherwise CONNACK 0x02 "
-        "(5.0: max_keepalive imposed).",
+        True,
+        "Accept a 3.1.1 CONNECT with keep-alive 0 (the device need not ping; `max_idle_s` still "
+        "closes it when silent that long); `false`: CONNACK 0x02. A 5.0 device asking for 0 is "
+        "always accepted and told `max_keepalive` as its Server Keep Alive.",
+    ),
+    Setting(
+        "aaabus.mqtt.max_idle_s",
+        integer(1, 1 << 31),
+        5400,
+        "A connected device that sends nothing for this long (seconds) is closed, whatever its "
+        "keep-alive (5.0: DISCONNECT 0x8D): the deadline of a device with keep-alive 0. The "
+        "default, 1.5 × the default `max_keepalive`, never cuts a device that keeps its "
+        "keep-alive.",
     ),
     Setting(
         "aaabus.mqtt.topic_aliases",

@@ -76,9 +76,9 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
     a CONNECT without one (5.0 tells the client, Assigned Client Identifier). Raises
     :class:`MqttProtocolError` with the CONNACK reason for a CONNECT refused."""
     keep_alive = packet.keep_alive
-    too_long = keep_alive > limits.max_keepalive or (keep_alive == 0 and not limits.keepalive_0)
+    too_long = keep_alive > limits.max_keepalive
     if packet.version != mc.V5:
-        if too_long:
+        if too_long or (keep_alive == 0 and not limits.keepalive_0):
             # 3.1.1 cannot impose another keep-alive: it refuses (0x02, identifier rejected, is
             # the closest of its five codes).
             what = "0 (aaabus.mqtt.keepalive_0 is off)" if keep_alive == 0 else f"{keep_alive} s"
@@ -100,8 +100,10 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
     expiry = _expiry(requested, limits.session_expiry_s)
     if expiry != requested:
         connack[mc.SESSION_EXPIRY] = expiry
-    if too_long:
-        # 5.0 §3.2.2.3.14: the server may impose its own keep-alive instead of refusing.
+    if too_long or keep_alive == 0:
+        # 5.0 §3.2.2.3.14: the server may impose its own keep-alive instead of refusing. For 0
+        # too: a device that can be told to ping is told (a 3.1.1 one cannot: the listener's
+        # max_idle_s is then its only deadline).
         keep_alive = limits.max_keepalive
         connack[mc.SERVER_KEEP_ALIVE] = keep_alive
     connack[mc.RECEIVE_MAXIMUM] = limits.inflight

@@ -21,10 +21,11 @@ scrypt checks run on a pool of two threads (``mqtt-auth-<id>``), never on the lo
 Limits, each a property (docs/config.md): the waiting room (``max_waiting``, ``per_address``,
 ``connect_ms``) holds connections until their CONNECT and evicts the oldest before refusing;
 ``max_connections``, ``connections_per_user`` and ``sessions_per_user`` count accepted
-devices; ``max_keepalive``/``keepalive_0``; ``inflight``, ``queued_bytes``, ``max_filters`` per
-device; ``retained``, ``retained_bytes``, ``retained_total`` per user and server;
-``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
-writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
+devices; ``max_keepalive``/``keepalive_0``/``max_idle_s`` (a device's silence); ``inflight``,
+``queued_bytes``, ``max_filters`` per device; ``retained``, ``retained_bytes``,
+``retained_total`` per user and server; ``session_expiry_s``. Every refusal answers with the
+protocol's code where it has one and writes one rate-limited log line
+(:class:`~aaabus.io.gate.RefusalLog`).
 
 Access control (``aaabus.mqtt.acl``, :mod:`aaabus.io.mqttacl`, loaded at construction): the
 connections ask :meth:`MqttListener.may_publish` and :meth:`MqttListener.may_subscribe`, and
@@ -134,6 +135,7 @@ class MqttListener:
         self.max_filters: int = setting("max_filters")
         self.max_keepalive: int = setting("max_keepalive")
         self.keepalive_0: bool = setting("keepalive_0")
+        self.max_idle_s: float = setting("max_idle_s")
         self.topic_aliases: int = setting("topic_aliases")
         self.retained: int = setting("retained")
         self.retained_bytes: int = setting("retained_bytes")
@@ -340,8 +342,7 @@ class MqttListener:
         now = time.monotonic()
         evicted = self._waiting.add(conn, conn.address, now, GRACE_S)
         self._connections.add(conn)
-        if conn.deadline is not None:
-            heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+        heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
         if conn.transport is not None:
             conn.transport.set_write_buffer_limits(high=self.queued_bytes)
         for old in evicted:
@@ -606,8 +607,7 @@ class MqttListener:
         shorter than ``connect_ms``): an entry for the new one. The old one stays, a second
         entry for the connection (each is pushed again when it falls due): such connections
         are looked at twice per keep-alive, the others once."""
-        if conn.deadline is not None:
-            heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+        heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
 
     def expires_in(self, seconds: float) -> None:
         """A session may expire in ``seconds`` (a 5.0 device's own expiry): the sweep after
@@ -665,7 +665,7 @@ class MqttListener:
         heap, due = self._deadlines, []
         while heap and heap[0][0] <= now:
             _at, n, conn = heapq.heappop(heap)
-            if conn.ended or conn.deadline is None:
+            if conn.ended:
                 continue
             if conn.deadline > now:
                 heapq.heappush(heap, (conn.deadline, n, conn))
@@ -673,7 +673,11 @@ class MqttListener:
                 due.append(conn)
         for conn in due:
             if conn.client_id and self._by_client.get(conn.client_id) is conn:
-                self.refused(conn.address, f"client {conn.client_id!r}: keep-alive expired")
+                self.refused(
+                    conn.address,
+                    f"client {conn.client_id!r}: silent for {conn.silence:g} s (keep-alive "
+                    f"{conn.keep_alive} s, aaabus.mqtt.max_idle_s {self.max_idle_s:g} s)",
+                )
                 conn.end("keep-alive expired", reason=mc.KEEP_ALIVE_TIMEOUT)
             else:
                 self.refused(conn.address, "no CONNECT before the deadline")

@@ -68,6 +68,7 @@ class ConnectionHost(Protocol):
     max_filters: int
     max_keepalive: int
     keepalive_0: bool
+    max_idle_s: float
     session_expiry_s: float
     topic_aliases: int
     credentials: Credentials | None
@@ -152,9 +153,12 @@ class MqttConnection(asyncio.Protocol):
         self.address = "?"
         self.opened_at = time.monotonic()
         #: When the connection ends unless the device speaks (CONNECT deadline, then
-        #: 1.5 keep-alives after the last packet; None: no keep-alive).
-        self.deadline: float | None = self.opened_at + connect_s
+        #: :attr:`silence` after the last bytes received).
+        self.deadline = self.opened_at + connect_s
         self.last_in = self.opened_at
+        #: Seconds a connected device may stay silent: 1.5 keep-alives, at most max_idle_s
+        #: (which alone bounds keep-alive 0); 0 until the CONNECT is read.
+        self.silence = 0.0
         self.client_id = ""
         self.user: str | None = None
         self.clean = True
@@ -224,8 +228,8 @@ class MqttConnection(asyncio.Protocol):
         if self.ended:
             return
         self.last_in = time.monotonic()
-        if self.keep_alive:
-            self.deadline = self.last_in + self.keep_alive * 1.5
+        if self.silence:
+            self.deadline = self.last_in + self.silence
         self.proto.receive(data)
         self._drain()
         self.host.flush_writes()
@@ -335,8 +339,8 @@ class MqttConnection(asyncio.Protocol):
             self.end("refused", answered=True)
             return
         before = self.deadline
-        self.deadline = time.monotonic() + self.keep_alive * 1.5 if self.keep_alive else None
-        if self.deadline is not None and before is not None and self.deadline < before:
+        self.deadline = time.monotonic() + self.silence
+        if self.deadline < before:
             self.host.deadline_sooner(self)  # a keep-alive shorter than the CONNECT deadline
         self._answers = _Answers()
         sessions, cid, clean, user = self.host.sessions, self.client_id, self.clean, self.user
@@ -400,6 +404,8 @@ class MqttConnection(asyncio.Protocol):
         self.terms = terms
         self.clean = terms.ends  # the session ends with the connection
         self.keep_alive = terms.keep_alive
+        idle = self.host.max_idle_s
+        self.silence = min(self.keep_alive * 1.5, idle) if self.keep_alive else idle
         self._window = terms.window
         self._max_out = terms.max_out
         if self.v5:

@@ -1,0 +1,101 @@
+"""MQTT that interoperates by default (issue 44): keep-alive 0 accepted and bounded by a
+server-side idle deadline, and what a standard 5.0 client expects of a broker. Against real
+server processes with default settings (anonymous devices allowed), driven by the Debian
+mosquitto tools, paho-mqtt and bare sockets (packets from aaabus.io.mqttcodec)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from aaabus.io import mqttcodec as mc
+from aaabus.tools.launch import Bus
+from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.mqtt import Device, Device5, RawDevice, RawDevice5
+
+# Real server processes and client processes: not in the fast lane.
+pytestmark = pytest.mark.slow
+
+
+class Server:
+    """One server process with an MQTT listener: its port and its output."""
+
+    def __init__(self, port: int, bus: Bus) -> None:
+        self.port, self.bus = port, bus
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.bus[0].lines)
+
+
+@pytest.fixture
+def server(tmp_path: Path, make_config: Callable[..., Path]) -> Iterator[Callable[..., Server]]:
+    """``start(properties) -> Server``: one server whose listener has the default settings but
+    ``aaabus.mqtt.anonymous`` (without credentials nobody gets in) and ``properties``."""
+    buses: list[Bus] = []
+
+    def start(properties: dict[str, str] | None = None) -> Server:
+        (port,) = free_ports(1)
+        props = {"aaabus.mqtt.port": str(port), "aaabus.mqtt.anonymous": "true"}
+        n = len(buses)
+        config = make_config(name=f"a3-{n}.xml", properties={**props, **(properties or {})})
+        bus = Bus(config, [0], tmp_path / f"store{n}", cwd=REPO_ROOT).start()
+        buses.append(bus)
+        return Server(port, bus)
+
+    try:
+        yield start
+    finally:
+        for bus in buses:
+            bus.stop()
+
+
+# -- keep-alive 0 ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("version", [3, 5])
+def test_paho_with_keep_alive_0_publishes_and_receives_against_a_default_server(
+    server: Callable[..., Server], version: int
+) -> None:
+    port = server().port
+    kind = Device5 if version == 5 else Device
+    sub, pub = kind(port, f"k0-sub-{version}"), kind(port, f"k0-pub-{version}")
+    for each in (sub, pub):
+        assert each.connect(keepalive=0)[0] == 0
+    sub.subscribe("k0/#", 1)
+    pub.publish("k0/a", b"hello", 1)
+    assert sub.receive(1) == [("k0/a", b"hello", 1, False)]
+    sub.close()
+    pub.close()
+
+
+def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_alive(
+    server: Callable[..., Server],
+) -> None:
+    # Defaults: 3.1.1 gets in; 5.0 gets in and is told max_keepalive (3,600 s) to ping by.
+    srv = server()
+    old = RawDevice(srv.port)
+    assert old.connect("k0-311", keep_alive=0) == 0
+    old.close()
+    new = RawDevice5(srv.port)
+    ack = new.connect("k0-5", keep_alive=0)
+    assert (ack.code, ack.properties[mc.SERVER_KEEP_ALIVE]) == (0, 3600)
+    new.close()
+    # A device that says nothing for max_idle_s is closed, whatever its keep-alive (5.0: 0x8D).
+    idle = server({"aaabus.mqtt.max_idle_s": "1"})
+    silent = RawDevice(idle.port)
+    assert silent.connect("silent", keep_alive=0) == 0
+    silent.sock.settimeout(10)
+    assert silent.sock.recv(1) == b""  # closed by the server, within the test's deadline
+    silent.close()
+    assert idle.logged("silent for 1 s")
+    told = RawDevice5(idle.port)
+    assert told.connect("told", keep_alive=0).code == 0
+    assert told.until(mc.Disconnect, timeout=10).code == mc.KEEP_ALIVE_TIMEOUT
+    told.close()
+    # The operator may still refuse 3.1.1's keep-alive 0 (an old a3.xml's keepalive_0=false).
+    strict = server({"aaabus.mqtt.keepalive_0": "false"})
+    refused = RawDevice(strict.port)
+    assert refused.connect("strict", keep_alive=0) == 0x02
+    refused.close()
