@@ -5,8 +5,12 @@ mosquitto tools, paho-mqtt and bare sockets (packets from aaabus.io.mqttcodec)."
 
 from __future__ import annotations
 
+import queue
+import socket
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +103,86 @@ def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_ali
     refused = RawDevice(strict.port)
     assert refused.connect("strict", keep_alive=0) == 0x02
     refused.close()
+
+
+# -- the server's DISCONNECT is read before the socket closes ------------------------------------
+
+
+def test_a_device_over_our_receive_maximum_that_keeps_sending_reads_disconnect_0x93(
+    server: Callable[..., Server],
+) -> None:
+    srv = server({"aaabus.mqtt.inflight": "4"})
+    raw = RawDevice5(srv.port)
+    raw.connect("greedy")
+    # Five QoS 2 flows never finished (no PUBREL), then more the device pipelines behind them:
+    # the server stops at the fifth, with bytes it never handles still arriving. Closing on
+    # them would reset the connection (the device's sending fails before it reads why); the
+    # server shuts its side down after DISCONNECT and drains instead.
+    flood = b"".join(
+        mc.encode(mc.Publish("rm/t", bytes(4096), 2, False, False, pid % 65535 + 1), mc.V5)
+        for pid in range(4096)
+    )
+    failed: list[OSError] = []
+    sender = threading.Thread(target=_send, args=(raw.sock, flood, failed), daemon=True)
+    sender.start()
+    sender.join(10)
+    assert not sender.is_alive() and failed == []
+    assert raw.until(mc.Disconnect).code == mc.RECEIVE_MAXIMUM_EXCEEDED
+    assert raw.sock.recv(1) == b""  # then the server's end of the stream, not a reset
+    raw.close()
+
+
+def _send(sock: socket.socket, data: bytes, failed: list[OSError]) -> None:
+    try:
+        sock.sendall(data)
+    except OSError as exc:  # a reset: what the test shows does not happen
+        failed.append(exc)
+
+
+# -- 5.0 what a standard client expects -----------------------------------------------------------
+
+
+class Watcher(Device5):
+    """A paho 5.0 device that keeps every message it receives, properties included."""
+
+    def __init__(self, port: int, client_id: str) -> None:
+        super().__init__(port, client_id)
+        self.messages: queue.Queue[Any] = queue.Queue()
+        self.client.on_message = lambda _c, _u, msg: self.messages.put(msg)
+
+    def next(self, timeout: float = 20.0) -> tuple[str, bytes, dict[str, Any]]:
+        """The next message: its topic, payload and 5.0 properties by paho's names."""
+        msg = self.messages.get(timeout=timeout)
+        props = msg.properties.json() if msg.properties is not None else {}
+        return msg.topic, bytes(msg.payload), props
+
+
+def test_a_will_reaches_subscribers_with_its_message_properties(
+    server: Callable[..., Server],
+) -> None:
+    srv = server()
+    watcher = Watcher(srv.port, "will-watcher")
+    watcher.connect()
+    watcher.subscribe("will/#", 1)
+    properties = {
+        mc.PAYLOAD_FORMAT: 1,
+        mc.CONTENT_TYPE: "text/plain",
+        mc.RESPONSE_TOPIC: "will/answers",
+        mc.CORRELATION_DATA: b"c-7",
+        mc.USER_PROPERTY: [("k", "1"), ("other", "x"), ("k", "2")],
+        mc.MESSAGE_EXPIRY: 600,
+    }
+    dying = RawDevice5(srv.port)
+    will = mc.Will("will/dying", b"gone", 1, False, properties)
+    dying.send(mc.Connect(mc.V5, "dying", True, 30, None, None, will))
+    assert dying.packet().code == 0
+    dying.close()  # no DISCONNECT: the will is published
+    topic, payload, got = watcher.next()
+    assert (topic, payload) == ("will/dying", b"gone")
+    assert got["PayloadFormatIndicator"] == 1
+    assert got["ContentType"] == "text/plain"
+    assert got["ResponseTopic"] == "will/answers"
+    assert bytes.fromhex(got["CorrelationData"]) == b"c-7"
+    assert got["UserProperty"] == [("k", "1"), ("other", "x"), ("k", "2")]
+    assert 598 <= got["MessageExpiryInterval"] <= 600  # counted from the will's publication
+    watcher.close()

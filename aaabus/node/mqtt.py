@@ -63,7 +63,7 @@ from aaabus.model.notifications import Notification
 from aaabus.model.topicnames import matches
 from aaabus.node.mqttconn import MqttConnection
 from aaabus.node.mqttroam import BUSY, ROAM_KEY
-from aaabus.node.mqttsessions import BOX_PREFIX, PUSH_KEY, MqttSessions, delivery_of
+from aaabus.node.mqttsessions import BOX_PREFIX, PUSH_KEY, MqttSessions, Will, delivery_of
 
 __all__ = ["MqttListener"]
 
@@ -193,7 +193,7 @@ class MqttListener:
         self._next_expiry = 0.0
         self._expiries: list[float] = []  # when 5.0 sessions' own expiries fall due (a heap)
         # 5.0 wills waiting for their delay, by client id (see delay_will).
-        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool]]] = {}
+        self._wills: dict[str, tuple[asyncio.TimerHandle, Will]] = {}
         # $SYS (see _sys_tick): connections granted a $SYS filter, with those filters; the
         # publications counted in (ACL passed) and out (sent), and their last rates.
         self._sys_conns: dict[MqttConnection, list[str]] = {}
@@ -571,7 +571,7 @@ class MqttListener:
 
     # -- 5.0's delayed wills (loop thread) ---------------------------------------------------------
 
-    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
+    def delay_will(self, client_id: str, will: Will, delay: float) -> None:
         """Publish ``client_id``'s will ``delay`` seconds from now, unless a connection to its
         session comes first (5.0's Will Delay Interval; the connection caps ``delay`` at the
         session's expiry, so the will goes when the session ends at the latest). Kept in
@@ -588,9 +588,9 @@ class MqttListener:
         if entry is not None:
             self._publish_will(client_id, entry[1])
 
-    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
-        sessions = self.sessions
-        self._add_op(lambda: sessions.will_now(client_id, will), lambda _outcome: None)
+    def _publish_will(self, client_id: str, will: Will) -> None:
+        sessions, now = self.sessions, time.time()
+        self._add_op(lambda: sessions.will_now(client_id, will, now), lambda _outcome: None)
 
     def _will_claimed(self, conn: MqttConnection) -> None:
         """``conn`` took its client id: a will waiting for its delay is dropped if ``conn``

@@ -45,13 +45,17 @@ from aaabus.io.mqtt5conn import InboundWindow, Terms, TopicAliases, disconnect_e
 from aaabus.io.mqttauth import Credentials
 from aaabus.io.mqttproto import MqttProtocol, State
 from aaabus.node import mqttmessages as mm
-from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, packet_id
+from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, Will, packet_id
 from aaabus.node.mqttshared import share_of
 
 __all__ = ["ConnectionHost", "MqttConnection"]
 
 #: Bytes a connection may hold unparsed beyond one whole packet before its socket is not read.
 _SLACK = 65536
+#: Seconds a connection the server ended keeps draining the device's input after its last
+#: packet (see :meth:`MqttConnection._linger`): a deadline, so a device that never closes
+#: costs a socket for this long at most.
+LINGER_S = 2.0
 
 log = logging.getLogger("aaabus.mqtt")
 
@@ -109,7 +113,7 @@ class ConnectionHost(Protocol):
         """A session will be due for expiry in ``seconds`` (5.0's own expiry): sweep then."""
         ...
 
-    def delay_will(self, client_id: str, will: tuple[str, bytes, int, bool], delay: float) -> None:
+    def delay_will(self, client_id: str, will: Will, delay: float) -> None:
         """Publish ``client_id``'s will in ``delay`` seconds unless its session is resumed."""
         ...
 
@@ -163,7 +167,7 @@ class MqttConnection(asyncio.Protocol):
         self.user: str | None = None
         self.clean = True
         self.keep_alive = 0
-        self.will: tuple[str, bytes, int, bool] | None = None
+        self.will: Will | None = None
         self.ended = False
         self._graceful = False
         self._has_record = False  # the store holds a session for this client id
@@ -319,8 +323,9 @@ class MqttConnection(asyncio.Protocol):
                 raise MqttProtocolError(
                     f"invalid will topic {will.topic[:60]!r}", mc.PROTOCOL_ERROR
                 )
-            self.will = (will.topic, will.payload, will.qos, will.retain)
-            self._will_delay = will.properties.get(mc.WILL_DELAY, 0)
+            props = will.properties
+            self._will_delay = props.pop(mc.WILL_DELAY, 0)  # the connection's, not the message's
+            self.will = (will.topic, will.payload, will.qos, will.retain, props or None)
         self.client_id = client_id or assigned or ""
         self.user = packet.username
         host.authenticate(packet.username, packet.password, self._authenticated)
@@ -468,7 +473,7 @@ class MqttConnection(asyncio.Protocol):
             )
         return False
 
-    def _undelayed(self, will: tuple[str, bytes, int, bool] | None) -> Any:
+    def _undelayed(self, will: Will | None) -> Any:
         """``will`` if it goes out as the connection ends; None if there is none, or if a 5.0
         Will Delay Interval hands it to the listener, which publishes it when the delay or the
         session ends, whichever comes first, unless a connection resumes the session before
@@ -909,6 +914,23 @@ class MqttConnection(asyncio.Protocol):
 
     # -- the end -------------------------------------------------------------------------------
 
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after a last packet the device must read (a DISCONNECT, a refusing CONNACK):
+        closing a socket whose input is unread makes the kernel reset the connection, and a
+        device still sending then fails on its write before it reads why. So the write side is
+        shut after the queued bytes (FIN), what still arrives is read and dropped
+        (:meth:`data_received` ignores an ended connection), and the socket closes when the
+        device closes its side (:meth:`eof_received`) or :data:`LINGER_S` after this, whichever
+        comes first. TLS has no half-close: closed at once."""
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
+
     def end(self, why: str, *, reason: int | None = None, answered: bool = False) -> None:
         """End the connection (loop thread, any time, idempotent): tell a 5.0 device
         ``reason``, publish the will unless it said DISCONNECT, delete a clean session."""
@@ -918,10 +940,16 @@ class MqttConnection(asyncio.Protocol):
         log.debug("server %s: MQTT connection %s ends: %s", self.host.server_id, self.n, why)
         transport = self.transport
         if transport is not None and not transport.is_closing():
+            told = answered
             if not answered and reason is not None and self.proto.state is State.CONNECTED:
-                self._write(self.proto.disconnect(reason))
+                data = self.proto.disconnect(reason)
+                self._write(data)
+                told = bool(data)
             self.flush()
-            transport.close()  # sends what is queued first
+            if told:
+                self._linger(transport)
+            else:
+                transport.close()  # sends what is queued first
         connected = self._answers is not None
         self.host.forget(self)
         if not connected:

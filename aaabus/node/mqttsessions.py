@@ -42,7 +42,7 @@ from aaabus.errors import SessionLeft
 from aaabus.model.ids import TOPICS_STAMP, AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Publish, Subscribe, Unsubscribe
-from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept
+from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept, message_props
 from aaabus.node.mqttshared import SHARE_PREFIX, SharedGroups, shares_in
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
@@ -53,6 +53,7 @@ __all__ = [
     "MqttSessions",
     "RetainedLedger",
     "SessionRecord",
+    "Will",
     "delivery_of",
     "packet_id",
     "payload_bytes",
@@ -64,6 +65,9 @@ _RETAINED_KEY = "mqtt_retained"
 PUSH_KEY = "mqtt"
 #: The mailbox name of client id ``cid``'s session.
 BOX_PREFIX = "mqtt:"
+#: A device's will as its CONNECT gave it: (topic, payload, QoS, retain, its 5.0 message
+#: properties as the codec decoded them, or None).
+Will = tuple[str, bytes, int, bool, dict[int, Any] | None]
 
 
 def packet_id(seq: int) -> int:
@@ -532,24 +536,27 @@ class MqttSessions:
         released = record.released
         return [delivery_of(seq, note, seq in released) for seq, note in box.take(after, most)]
 
-    def will_now(self, client_id: str, will: tuple[str, bytes, int, bool]) -> None:
-        """Publish ``client_id``'s will ``(topic, payload, qos, retain)``: when its connection
-        ends (:meth:`close_now`), or later with a 5.0 Will Delay Interval."""
-        self.publish_now(client_id, will[0], will[1], will[3], will[2])
+    def will_now(self, client_id: str, will: Will, now: float) -> None:
+        """Publish ``client_id``'s will: when its connection ends (:meth:`close_now`), or later
+        with a 5.0 Will Delay Interval. Its 5.0 message properties go with it as a PUBLISH's
+        do, its Message Expiry Interval counted from ``now`` (``time.time()``), when it goes."""
+        topic, payload, qos, retain, properties = will
+        props = message_props(properties, now) if properties else None
+        self.publish_now(client_id, topic, payload, retain, qos, None, props)
 
     def close_now(
         self,
         client_id: str,
-        will: tuple[str, bytes, int, bool] | None,
+        will: Will | None,
         now: float,
         finished: tuple[int, Collection[int]] | None = None,
     ) -> None:
-        """A connection ended: publish its will (``(topic, payload, qos, retain)``), delete a
+        """A connection ended: publish its will (:data:`Will`), delete a
         clean session, note when a persistent one's device left. ``finished``: what the
         device finished of its backlog (the acknowledged prefix, the seqs finished beyond it),
         from which its shared subscriptions' groups take back what it had not."""
         if will is not None:
-            self.will_now(client_id, will)
+            self.will_now(client_id, will, now)
         record = self.record_now(client_id)
         if record is None:
             return
