@@ -5,6 +5,7 @@ mosquitto tools, paho-mqtt and bare sockets (packets from aaabus.io.mqttcodec)."
 
 from __future__ import annotations
 
+import asyncio
 import queue
 import socket
 import threading
@@ -17,7 +18,9 @@ import pytest
 from aaabus.io import mqttcodec as mc
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.libmosquitto import LibMosquitto, needs_libmosquitto
 from tests.support.mqtt import Device, Device5, RawDevice, RawDevice5
+from tests.support.topics import wait_until
 
 # Real server processes and client processes: not in the fast lane.
 pytestmark = pytest.mark.slow
@@ -74,6 +77,22 @@ def test_paho_with_keep_alive_0_publishes_and_receives_against_a_default_server(
     pub.close()
 
 
+@needs_libmosquitto
+@pytest.mark.parametrize("version", [3, 5])
+def test_libmosquitto_with_keep_alive_0_publishes_and_receives_against_a_default_server(
+    server: Callable[..., Server], version: int
+) -> None:
+    # The library of the mosquitto tools, which refuse -k 0 before asking it (2.0.11).
+    port = server().port
+    client = LibMosquitto(f"k0-lib-{version}", version)
+    assert client.connect(port, keep_alive=0) == 0
+    assert client.subscribe("k0lib/#", 1) == [1]
+    client.publish("k0lib/a", b"hello", 1)  # to itself, through the bus
+    client.run_until(lambda: client.messages)
+    assert client.messages == [("k0lib/a", b"hello")]
+    client.close()
+
+
 def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_alive(
     server: Callable[..., Server],
 ) -> None:
@@ -93,7 +112,7 @@ def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_ali
     silent.sock.settimeout(10)
     assert silent.sock.recv(1) == b""  # closed by the server, within the test's deadline
     silent.close()
-    assert idle.logged("silent for 1 s")
+    wait_until("the silence is logged", lambda: idle.logged("silent for 1 s"))
     told = RawDevice5(idle.port)
     assert told.connect("told", keep_alive=0).code == 0
     assert told.until(mc.Disconnect, timeout=10).code == mc.KEEP_ALIVE_TIMEOUT
@@ -103,6 +122,32 @@ def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_ali
     refused = RawDevice(strict.port)
     assert refused.connect("strict", keep_alive=0) == 0x02
     refused.close()
+
+
+def test_connected_devices_per_address_are_capped(server: Callable[..., Server]) -> None:
+    srv = server({"aaabus.mqtt.connections_per_address": "2"})
+    first, second = RawDevice(srv.port), RawDevice(srv.port)
+    assert (first.connect("a", keep_alive=0), second.connect("b", keep_alive=0)) == (0, 0)
+    third = RawDevice(srv.port)
+    assert third.connect("c", keep_alive=0) == 0x03  # 5.0: 0x97 quota exceeded
+    wait_until("the refusal is logged", lambda: srv.logged("(connections_per_address)"))
+    # A takeover of an id connected from the address is not one more; a device that leaves
+    # makes room.
+    again = RawDevice(srv.port)
+    assert again.connect("b", keep_alive=0) == 0
+    first.close()
+    wait_until("the address has room again", lambda: _connects(srv.port, "c"))
+    for each in (second, third, again):
+        each.close()
+
+
+def _connects(port: int, client_id: str) -> bool:
+    """Whether a 3.1.1 CONNECT of ``client_id`` is accepted (the device then leaves)."""
+    device = RawDevice(port)
+    try:
+        return device.connect(client_id, keep_alive=0) == 0
+    finally:
+        device.close()
 
 
 # -- the server's DISCONNECT is read before the socket closes ------------------------------------
@@ -186,3 +231,91 @@ def test_a_will_reaches_subscribers_with_its_message_properties(
     assert got["UserProperty"] == [("k", "1"), ("other", "x"), ("k", "2")]
     assert 598 <= got["MessageExpiryInterval"] <= 600  # counted from the will's publication
     watcher.close()
+
+
+def test_puback_and_pubrec_say_0x10_when_no_subscriber_matched(
+    server: Callable[..., Server],
+) -> None:
+    srv = server()
+    watcher = Device5(srv.port, "match-watcher")
+    watcher.connect()
+    watcher.subscribe("matched/#", 1)
+    raw = RawDevice5(srv.port)
+    raw.connect("publisher")
+    for qos, kind in ((1, mc.PUBACK), (2, mc.PUBREC)):
+        raw.send(mc.Publish("unmatched/t", b"x", qos, False, False, qos))
+        ack = raw.until(mc.Ack)
+        assert (ack.kind, ack.code) == (kind, mc.NO_MATCHING_SUBSCRIBERS)
+        raw.send(mc.Publish("matched/t", b"y", qos, False, False, 10 + qos))
+        ack = raw.until(mc.Ack)
+        assert (ack.kind, ack.code) == (kind, mc.SUCCESS)
+    # 0x10 is a success: the QoS 2 flow goes on to PUBCOMP.
+    raw.send(mc.Ack(mc.PUBREL, 2))
+    assert raw.until(mc.Ack).kind == mc.PUBCOMP
+    assert watcher.receive(2) == [("matched/t", b"y", 1, False)] * 2
+    raw.close()
+    watcher.close()
+
+
+def test_topic_aliases_towards_a_device_that_allows_them(server: Callable[..., Server]) -> None:
+    srv = server()
+    publisher = Device(srv.port, "alias-publisher")
+    publisher.connect()
+    raw = RawDevice5(srv.port)
+    raw.connect("alias-raw", properties={mc.TOPIC_ALIAS_MAXIMUM: 2})
+    raw.send(mc.Subscribe(1, [("al/#", 1)], {}))
+    raw.until(mc.SubAck)
+    plain = RawDevice5(srv.port)  # allows none: never sent one
+    plain.connect("alias-plain")
+    plain.send(mc.Subscribe(1, [("al/#", 0)], {}))
+    plain.until(mc.SubAck)
+    sent = ["al/a", "al/a", "al/b", "al/c", "al/a", "al/c"]
+    for n, topic in enumerate(sent):
+        publisher.publish(topic, str(n).encode(), 1)
+    got = [raw.until(mc.Publish) for _ in sent]
+    # The two topics sent most recently hold the aliases; a third takes the older one's.
+    seen = [(p.topic, p.properties.get(mc.TOPIC_ALIAS), p.payload) for p in got]
+    assert seen == [
+        ("al/a", 1, b"0"),
+        ("", 1, b"1"),
+        ("al/b", 2, b"2"),
+        ("al/c", 1, b"3"),  # al/a was sent before al/b: its alias goes
+        ("al/a", 2, b"4"),
+        ("", 1, b"5"),
+    ]
+    for packet in got:
+        raw.send(mc.Ack(mc.PUBACK, packet.packet_id))
+    for n, topic in enumerate(sent):
+        packet = plain.until(mc.Publish)
+        assert (packet.topic, packet.payload, packet.properties) == (topic, str(n).encode(), {})
+    # gmqtt resolves them as a standard 5.0 client does.
+    assert asyncio.run(_gmqtt_receives(srv.port, publisher, sent)) == sent
+    for each in (raw, plain):
+        each.close()
+    publisher.close()
+
+
+async def _gmqtt_receives(port: int, publisher: Device, topics: list[str]) -> list[str]:
+    """The topics a gmqtt device that allows 2 topic aliases receives on al/#, in order."""
+    from gmqtt import Client as GmqttClient
+    from gmqtt.mqtt.constants import MQTTv50
+
+    got: asyncio.Queue[str] = asyncio.Queue()
+    client = GmqttClient("alias-gmqtt", topic_alias_maximum=2)
+
+    def on_message(_c: Any, topic: str, _payload: bytes, _q: int, _p: Any) -> int:
+        got.put_nowait(topic)
+        return 0
+
+    subscribed: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    client.on_message = on_message
+    client.on_subscribe = lambda *_args: subscribed.set_result(None)
+    await client.connect("127.0.0.1", port, version=MQTTv50, keepalive=30)
+    client.subscribe("al/#", qos=1)
+    await asyncio.wait_for(subscribed, 10)
+    loop = asyncio.get_running_loop()
+    for topic in topics:  # paho's blocking publish, off this loop
+        await loop.run_in_executor(None, publisher.publish, topic, b"g", 1)
+    received = [await asyncio.wait_for(got.get(), 10) for _ in topics]
+    await client.disconnect()
+    return received

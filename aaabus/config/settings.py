@@ -547,6 +547,14 @@ SETTINGS: tuple[Setting, ...] = (
         "devices (aaabus.mqtt.anonymous) are bounded by max_connections only.",
     ),
     Setting(
+        "aaabus.mqtt.connections_per_address",
+        integer(1, 1000000),
+        1000,
+        "Connected devices (CONNECT accepted) from one remote address at once; beyond, CONNACK "
+        "0x03 (5.0: 0x97). The per-source bound of anonymous devices; raise it for a site whose "
+        "devices share one address (NAT) beyond it.",
+    ),
+    Setting(
         "aaabus.mqtt.sessions_per_user",
         integer(1, 1000000),
         100,

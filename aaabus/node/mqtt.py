@@ -130,6 +130,7 @@ class MqttListener:
         self.queued_bytes: int = setting("queued_bytes")
         self.max_connections: int = setting("max_connections")
         self.per_user: int = setting("connections_per_user")
+        self.connections_per_address: int = setting("connections_per_address")
         self.sessions_per_user: int = setting("sessions_per_user")
         self.session_expiry_s: float = setting("session_expiry_s")
         self.max_filters: int = setting("max_filters")
@@ -167,11 +168,16 @@ class MqttListener:
             setting("max_waiting"), setting("per_address")
         )
         self._connections: set[MqttConnection] = set()
+        # Ended connections draining the device's input after their last packet (see
+        # MqttConnection._linger), at most as many as the waiting room holds.
+        self._lingering = 0
+        self._max_lingering: int = setting("max_waiting")
         self._deadlines: list[tuple[float, int, MqttConnection]] = []  # see _sweep
         self._by_client: dict[str, MqttConnection] = {}
         # Roaming: connections whose CONNACK waits for their session to arrive, by client id.
         self._awaiting: dict[str, MqttConnection] = {}
         self._of_user: dict[str, int] = {}  # connections per named user
+        self._of_address: dict[str, int] = {}  # connections per remote address
         self._stored: dict[str, str | None] = {}  # client id -> user, sessions in the store
         self._sessions_of: dict[str, set[str]] = {}  # named user -> their stored sessions
         self._refusals = RefusalLog(log, f"server {sid}: MQTT port")
@@ -406,6 +412,11 @@ class MqttListener:
                 conn.address, f"{self.max_connections} devices connected (max_connections)"
             )
             return mc.QUOTA_EXCEEDED
+        address = conn.address
+        here = self._of_address.get(address, 0) - (old is not None and old.address == address)
+        if here >= self.connections_per_address:
+            self.refused(address, f"{here} devices connected from it (connections_per_address)")
+            return mc.QUOTA_EXCEEDED
         if user is not None:
             held = self._of_user.get(user, 0) - (1 if old is not None and old.user == user else 0)
             if held >= self.per_user:
@@ -420,6 +431,7 @@ class MqttListener:
         self._waiting.remove(conn)
         self._by_client[cid] = conn
         self._will_claimed(conn)
+        self._of_address[address] = self._of_address.get(address, 0) + 1
         if user is not None:
             self._of_user[user] = self._of_user.get(user, 0) + 1
         return None
@@ -430,6 +442,11 @@ class MqttListener:
         self._connections.discard(conn)
         if conn.client_id and self._by_client.get(conn.client_id) is conn:
             del self._by_client[conn.client_id]
+            left = self._of_address.get(conn.address, 1) - 1
+            if left:
+                self._of_address[conn.address] = left
+            else:
+                self._of_address.pop(conn.address, None)
             if conn.user is not None:
                 left = self._of_user.get(conn.user, 1) - 1
                 if left:
@@ -608,6 +625,13 @@ class MqttListener:
         entry for the connection (each is pushed again when it falls due): such connections
         are looked at twice per keep-alive, the others once."""
         heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+
+    def lingered(self, change: int) -> bool:
+        """See :meth:`~aaabus.node.mqttconn.ConnectionHost.lingered` (loop thread)."""
+        if change > 0 and self._lingering >= self._max_lingering:
+            return False
+        self._lingering += change
+        return True
 
     def expires_in(self, seconds: float) -> None:
         """A session may expire in ``seconds`` (a 5.0 device's own expiry): the sweep after

@@ -41,7 +41,14 @@ from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import InboundWindow, Terms, TopicAliases, disconnect_expiry, negotiate
+from aaabus.io.mqtt5conn import (
+    InboundWindow,
+    OutboundAliases,
+    Terms,
+    TopicAliases,
+    disconnect_expiry,
+    negotiate,
+)
 from aaabus.io.mqttauth import Credentials
 from aaabus.io.mqttproto import MqttProtocol, State
 from aaabus.node import mqttmessages as mm
@@ -121,6 +128,11 @@ class ConnectionHost(Protocol):
         """``conn.deadline`` moved earlier: check it then, not at the deadline it had."""
         ...
 
+    def lingered(self, change: int) -> bool:
+        """One more (``change`` 1) or one less (-1) connection closing after its last packet;
+        False, and not counted, when one more would be over the listener's bound."""
+        ...
+
 
 class _Answers:
     """The connection's answers in the order of the packets they answer: a slot is reserved
@@ -161,7 +173,8 @@ class MqttConnection(asyncio.Protocol):
         self.deadline = self.opened_at + connect_s
         self.last_in = self.opened_at
         #: Seconds a connected device may stay silent: 1.5 keep-alives, at most max_idle_s
-        #: (which alone bounds keep-alive 0); 0 until the CONNECT is read.
+        #: (which alone bounds keep-alive 0); 0 until its CONNECT is admitted, so that the
+        #: CONNECT deadline stays absolute whatever the device sends meanwhile.
         self.silence = 0.0
         self.client_id = ""
         self.user: str | None = None
@@ -169,6 +182,7 @@ class MqttConnection(asyncio.Protocol):
         self.keep_alive = 0
         self.will: Will | None = None
         self.ended = False
+        self._lingering = False  # closing after its last packet (see _linger)
         self._graceful = False
         self._has_record = False  # the store holds a session for this client id
         self._calls = 0  # engine operations in flight: reading pauses at the inflight bound
@@ -201,8 +215,9 @@ class MqttConnection(asyncio.Protocol):
         self._window = host.inflight  # QoS 1/2 deliveries unacknowledged at once
         self._max_out = 0  # the device's Maximum Packet Size (0: none)
         self._told_too_large = False
-        self._aliases: TopicAliases | None = None  # 5.0 only, as the two below
+        self._aliases: TopicAliases | None = None  # 5.0 only, as the three below
         self._in_window: InboundWindow | None = None
+        self._out_aliases: OutboundAliases | None = None  # only if the device allows them
         self._expiry_changed = False  # by the device's DISCONNECT
         self._will_delay = 0  # 5.0's Will Delay Interval, seconds
         # Inbound QoS 2 state in memory (a session that ends with its connection and was not
@@ -243,6 +258,9 @@ class MqttConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lingering:
+            self._lingering = False
+            self.host.lingered(-1)
         self.end("connection lost" if exc is None else f"connection lost ({exc})")
 
     def pause_writing(self) -> None:
@@ -344,6 +362,8 @@ class MqttConnection(asyncio.Protocol):
             self.end("refused", answered=True)
             return
         before = self.deadline
+        idle = self.host.max_idle_s
+        self.silence = min(self.keep_alive * 1.5, idle) if self.keep_alive else idle
         self.deadline = time.monotonic() + self.silence
         if self.deadline < before:
             self.host.deadline_sooner(self)  # a keep-alive shorter than the CONNECT deadline
@@ -409,13 +429,13 @@ class MqttConnection(asyncio.Protocol):
         self.terms = terms
         self.clean = terms.ends  # the session ends with the connection
         self.keep_alive = terms.keep_alive
-        idle = self.host.max_idle_s
-        self.silence = min(self.keep_alive * 1.5, idle) if self.keep_alive else idle
         self._window = terms.window
         self._max_out = terms.max_out
         if self.v5:
             self._aliases = TopicAliases(self.host.topic_aliases)
             self._in_window = InboundWindow(self.host.inflight)
+            if terms.aliases_out:
+                self._out_aliases = OutboundAliases(terms.aliases_out)
 
     def _credentials_refused(self) -> int:
         """The CONNACK reason of a CONNECT whose credentials are refused: 5.0 tells "bad user
@@ -572,7 +592,8 @@ class MqttConnection(asyncio.Protocol):
         slot = self._reserve()
 
         def answered(outcome: Any) -> None:
-            code = mc.SUCCESS
+            # publish_now's False: no subscriber matched (0x10, a success; 3.1.1 says 0).
+            code = mc.SUCCESS if outcome is not False else mc.NO_MATCHING_SUBSCRIBERS
             if isinstance(outcome, str):
                 host.refused(self.address, f"client {cid!r}: retained message refused: {outcome}")
                 code = mc.QUOTA_EXCEEDED
@@ -832,22 +853,26 @@ class MqttConnection(asyncio.Protocol):
         qos = min(granted, item.qos)
         self.host.published_out += not item.release  # for $SYS (a PUBREL resend is no message)
         pid = packet_id(seq)
-        if qos == 0:
-            data = self.proto.publish(item.topic, item.payload, 0, retain, False, None, props)
-            if self._fits(item, data):
-                self._write(data)
-            self._finished(seq)
-            return
-        if item.release:
+        if item.release and qos:
             self._inflight[pid] = seq
             self._write(self.proto.ack(mc.PUBREL, pid))
             return
-        data = self.proto.publish(item.topic, item.payload, qos, retain, False, pid, props)
+        name, aliases = item.topic, self._out_aliases
+        if aliases is not None:  # a 5.0 device that allows topic aliases: one test for others
+            name, props = aliases.apply(name, props)
+        data = self.proto.publish(
+            name, item.payload, qos, retain, False, pid if qos else None, props
+        )
         if not self._fits(item, data):
+            if aliases is not None:
+                aliases.unsent(item.topic, name)
             self._finished(seq)  # 5.0 §3.1.2.24: as if sent and acknowledged
             return
-        self._inflight[pid] = seq
         self._write(data)
+        if qos:
+            self._inflight[pid] = seq
+        else:
+            self._finished(seq)
 
     # -- engine operations and answers ---------------------------------------------------------
 
@@ -921,10 +946,12 @@ class MqttConnection(asyncio.Protocol):
         shut after the queued bytes (FIN), what still arrives is read and dropped
         (:meth:`data_received` ignores an ended connection), and the socket closes when the
         device closes its side (:meth:`eof_received`) or :data:`LINGER_S` after this, whichever
-        comes first. TLS has no half-close: closed at once."""
-        if not transport.can_write_eof():
+        comes first. TLS has no half-close: closed at once; so is a connection beyond the
+        listener's bound on lingering sockets (:meth:`ConnectionHost.lingered`)."""
+        if not transport.can_write_eof() or not self.host.lingered(1):
             transport.close()
             return
+        self._lingering = True
         transport.write_eof()
         if self._reading_paused:
             self._reading_paused = False

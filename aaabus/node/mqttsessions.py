@@ -286,7 +286,7 @@ class MqttSessions:
             ledger = root[_RETAINED_KEY] = RetainedLedger()
         return ledger
 
-    def _to_rep(self, note: Notification) -> None:
+    def _to_rep(self, note: Notification) -> bool:
         """Hand ``note`` to this server's topic representative, as ``#s.s.0``: by running its
         reaction here and now, inside the operation.
 
@@ -298,12 +298,19 @@ class MqttSessions:
         cannot be causally after them: a device learns of a publication only once the
         representative has handled it. What the representative sends (to mailboxes, relays) is
         queued as usual, from ``#s.s.0``.
+
+        Returns, for a :class:`Publish`, whether a subscriber matched it (what routing found;
+        True when the representative is not there yet to say).
         """
         rep = self._agents().get((self.server_id, TOPICS_STAMP))
+        sender = AgentId.server_of(self.server_id)
         if isinstance(rep, TopicRepresentative):
-            rep.react(AgentId.server_of(self.server_id), note)
+            if isinstance(note, Publish):
+                return rep.publish_from(sender, note)
+            rep.react(sender, note)
         else:  # not created yet (a store from before topics): it will react in its turn
             self._send(AgentId.topics_of(self.server_id), note)
+        return True
 
     # -- engine thread -----------------------------------------------------------------------------
 
@@ -474,21 +481,21 @@ class MqttSessions:
         qos2_id: int | None = None,
         props: MessageProps | None = None,
     ) -> bool:
-        """Publish on the bus at ``qos``, with MQTT 5.0 properties ``props``; False (nothing
-        published) for a QoS 2 retransmission (``qos2_id``: the packet id of an inbound QoS 2
-        PUBLISH of a persistent session)."""
+        """Publish on the bus at ``qos``, with MQTT 5.0 properties ``props``. Returns whether a
+        subscriber matched (as routing found it: a 5.0 PUBACK says 0x10 when none did); True,
+        nothing published, for a QoS 2 retransmission (``qos2_id``: the packet id of an inbound
+        QoS 2 PUBLISH of a persistent session), whose first PUBREC said it."""
         if qos2_id is not None:
             record = self.record_now(client_id)
             if record is not None:
                 if qos2_id in record.inbound:
-                    return False
+                    return True
                 record.inbound.insert(qos2_id)
             elif self.roaming is not None:
                 raise SessionLeft(client_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
-        self._to_rep(Publish(topic, value, retain, qos, client_id, props))
-        return True
+        return self._to_rep(Publish(topic, value, retain, qos, client_id, props))
 
     def retain_now(
         self, user: str, topic: str, size: int, per_user: int, per_user_bytes: int, total: int
