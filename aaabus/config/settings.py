@@ -537,7 +537,8 @@ SETTINGS: tuple[Setting, ...] = (
         integer(0, 65535),
         16,
         "Topic aliases one MQTT 5.0 device may set (its CONNACK's Topic Alias Maximum); `0` "
-        "disables them. An alias out of range is DISCONNECT 0x94.",
+        "disables them. An alias out of range is DISCONNECT 0x94. Also the most the server "
+        "sets towards a device whose CONNECT allows them.",
     ),
     Setting(
         "aaabus.mqtt.connections_per_user",
