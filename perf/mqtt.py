@@ -244,6 +244,8 @@ class AaabusMqtt:
             props["aaabus.mqtt.per_address"] = str(settings.per_address)
         if settings.max_waiting is not None and _known("aaabus.mqtt.max_waiting"):
             props["aaabus.mqtt.max_waiting"] = str(settings.max_waiting)
+        if _known("aaabus.mqtt.connections_per_address"):  # every device is on 127.0.0.1
+            props["aaabus.mqtt.connections_per_address"] = str(settings.connections)
         window = max(settings.window, 1)
         with mqtt_servers(
             work, [[0, 1]], {0: window, 1: window}, properties=props, nofile=NOFILE_HARD

@@ -316,7 +316,7 @@ def test_server_keep_alive_instead_of_a_refusal_then_timeout_0x8d(
 ) -> None:
     srv = server({"aaabus.mqtt.max_keepalive": "1"})
     raw = RawDevice5(srv.port)
-    ack = raw.connect("silent", keep_alive=0)  # 0 while keepalive_0 is off
+    ack = raw.connect("silent", keep_alive=0)  # 0: told the server's keep-alive
     assert (ack.code, ack.properties[mc.SERVER_KEEP_ALIVE]) == (0, 1)
     # Silent for 1.5 × 1 s: told why.
     assert raw.until(mc.Disconnect, timeout=5).code == mc.KEEP_ALIVE_TIMEOUT

@@ -11,7 +11,13 @@ import pytest
 
 from aaabus.errors import MqttProtocolError
 from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import InboundWindow, TopicAliases, disconnect_expiry, negotiate
+from aaabus.io.mqtt5conn import (
+    InboundWindow,
+    OutboundAliases,
+    TopicAliases,
+    disconnect_expiry,
+    negotiate,
+)
 
 
 @dataclass
@@ -45,8 +51,11 @@ def test_3_1_1_keep_alive_out_of_bounds_is_refused_5_0_gets_the_server_keep_aliv
     assert refused.value.code == mc.CLIENT_ID_NOT_VALID  # said as 3.1.1's 0x02
     terms = negotiate(connect(keep_alive=keep_alive), Limits(), None)
     assert terms.keep_alive == 60 and terms.connack[mc.SERVER_KEEP_ALIVE] == 60
-    allowed = negotiate(connect(keep_alive=0), Limits(keepalive_0=True), None)
-    assert allowed.keep_alive == 0 and mc.SERVER_KEEP_ALIVE not in allowed.connack
+    # keepalive_0 lets 3.1.1 in; 5.0 is told the server's keep-alive either way.
+    allowed = negotiate(connect(mc.V311, keep_alive=0), Limits(keepalive_0=True), None)
+    assert allowed.keep_alive == 0
+    told = negotiate(connect(keep_alive=0), Limits(keepalive_0=True), None)
+    assert told.keep_alive == 60 and told.connack[mc.SERVER_KEEP_ALIVE] == 60
 
 
 def test_5_0_expiry_is_capped_and_said_only_when_capped() -> None:
@@ -140,3 +149,31 @@ def test_the_inbound_window_counts_qos_1_and_2_flows_until_they_end() -> None:
     window.received(1, 5)
     with pytest.raises(MqttProtocolError):
         window.received(2, 6)
+
+
+def test_outbound_aliases_only_as_many_as_both_sides_allow() -> None:
+    asked = connect()
+    assert negotiate(asked, Limits(), None).aliases_out == 0  # the device allows none
+    asked.properties[mc.TOPIC_ALIAS_MAXIMUM] = 1000
+    assert negotiate(asked, Limits(), None).aliases_out == 4  # capped by ours
+    asked.properties[mc.TOPIC_ALIAS_MAXIMUM] = 2
+    assert negotiate(asked, Limits(), None).aliases_out == 2
+
+
+def test_outbound_aliases_go_to_the_topics_sent_most_recently() -> None:
+    aliases = OutboundAliases(2)
+    props = {mc.CONTENT_TYPE: "t"}
+    assert aliases.apply("a", props) == ("a", {mc.CONTENT_TYPE: "t", mc.TOPIC_ALIAS: 1})
+    assert aliases.apply("a", None) == ("", {mc.TOPIC_ALIAS: 1})
+    assert aliases.apply("b", None) == ("b", {mc.TOPIC_ALIAS: 2})
+    assert aliases.apply("a", None) == ("", {mc.TOPIC_ALIAS: 1})  # a is now the more recent
+    assert aliases.apply("c", None) == ("c", {mc.TOPIC_ALIAS: 2})  # b's alias, reset
+    # A PUBLISH that is not sent after all (over the device's maximum packet size): the alias
+    # it was to set is forgotten and given out again, never sent empty.
+    assert aliases.apply("d", None) == ("d", {mc.TOPIC_ALIAS: 1})  # a's
+    aliases.unsent("d", "d")
+    assert aliases.apply("d", None) == ("d", {mc.TOPIC_ALIAS: 1})
+    assert aliases.apply("e", None) == ("e", {mc.TOPIC_ALIAS: 2})  # c's
+    # One the device knows, in a PUBLISH not sent: it still knows it.
+    aliases.unsent("e", "")
+    assert aliases.apply("e", None) == ("", {mc.TOPIC_ALIAS: 2})

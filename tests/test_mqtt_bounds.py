@@ -186,7 +186,8 @@ def test_persistent_sessions_and_connections_per_user_are_bounded(
 def test_keep_alive_zero_and_over_the_maximum_are_refused(
     listener: Callable[..., Listener],
 ) -> None:
-    server = listener({"aaabus.mqtt.max_keepalive": "100"})
+    # keepalive_0=false: the operator refuses 3.1.1's keep-alive 0 (allowed by default).
+    server = listener({"aaabus.mqtt.max_keepalive": "100", "aaabus.mqtt.keepalive_0": "false"})
     for keep_alive, code in ((0, 2), (101, 2), (100, 0)):
         device = RawDevice(server.port)
         assert device.connect(f"k{keep_alive}", keep_alive=keep_alive) == code, keep_alive
@@ -198,10 +199,10 @@ def test_keep_alive_zero_and_over_the_maximum_are_refused(
     )
 
 
-def test_keep_alive_zero_is_allowed_where_the_operator_says_so(
+def test_keep_alive_zero_is_allowed_by_default(
     listener: Callable[..., Listener],
 ) -> None:
-    server = listener({"aaabus.mqtt.keepalive_0": "true"})
+    server = listener({})
     device = RawDevice(server.port)
     assert device.connect("forever", keep_alive=0) == 0
     device.close()

@@ -557,16 +557,27 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "aaabus.mqtt.keepalive_0",
         boolean,
-        False,
-        "Accept keep-alive 0 (a connection the server never times out); otherwise CONNACK 0x02 "
-        "(5.0: max_keepalive imposed).",
+        True,
+        "Accept a 3.1.1 CONNECT with keep-alive 0 (the device need not ping; `max_idle_s` still "
+        "closes it when silent that long); `false`: CONNACK 0x02. A 5.0 device asking for 0 is "
+        "always accepted and told `max_keepalive` as its Server Keep Alive.",
+    ),
+    Setting(
+        "aaabus.mqtt.max_idle_s",
+        integer(1, 1 << 31),
+        5400,
+        "A connected device that sends nothing for this long (seconds) is closed, whatever its "
+        "keep-alive (5.0: DISCONNECT 0x8D): the deadline of a device with keep-alive 0. The "
+        "default, 1.5 × the default `max_keepalive`, never cuts a device that keeps its "
+        "keep-alive.",
     ),
     Setting(
         "aaabus.mqtt.topic_aliases",
         integer(0, 65535),
         16,
         "Topic aliases one MQTT 5.0 device may set (its CONNACK's Topic Alias Maximum); `0` "
-        "disables them. An alias out of range is DISCONNECT 0x94.",
+        "disables them. An alias out of range is DISCONNECT 0x94. Also the most the server "
+        "sets towards a device whose CONNECT allows them.",
     ),
     Setting(
         "aaabus.mqtt.connections_per_user",
@@ -574,6 +585,14 @@ SETTINGS: tuple[Setting, ...] = (
         1000,
         "Connections one named user holds at once; beyond, CONNACK 0x03 (5.0: 0x97). Anonymous "
         "devices (aaabus.mqtt.anonymous) are bounded by max_connections only.",
+    ),
+    Setting(
+        "aaabus.mqtt.connections_per_address",
+        integer(1, 1000000),
+        1000,
+        "Connected devices (CONNECT accepted) from one remote address at once; beyond, CONNACK "
+        "0x03 (5.0: 0x97). The per-source bound of anonymous devices; raise it for a site whose "
+        "devices share one address (NAT) beyond it.",
     ),
     Setting(
         "aaabus.mqtt.sessions_per_user",

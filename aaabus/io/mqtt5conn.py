@@ -19,13 +19,22 @@ answer (a CONNACK's while connecting, a DISCONNECT's after).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError
 from aaabus.io import mqttcodec as mc
 
-__all__ = ["InboundWindow", "Limits", "Terms", "TopicAliases", "disconnect_expiry", "negotiate"]
+__all__ = [
+    "InboundWindow",
+    "Limits",
+    "OutboundAliases",
+    "Terms",
+    "TopicAliases",
+    "disconnect_expiry",
+    "negotiate",
+]
 
 #: 5.0 §3.1.2.11.2: this Session Expiry Interval means "never expires" (capped like any other).
 NEVER = 0xFFFFFFFF
@@ -52,7 +61,8 @@ class Terms:
     ``keep_alive``: the interval the server enforces (5.0 may impose its own). ``window``: QoS 1/2
     deliveries the device may have unacknowledged (ours and its Receive Maximum, the lower).
     ``max_out``: largest packet the device accepts (0: no bound but MQTT's). ``connack``: the 5.0
-    CONNACK's properties ({} for 3.1.1)."""
+    CONNACK's properties ({} for 3.1.1). ``aliases_out``: topic aliases the server may set
+    towards the device (its Topic Alias Maximum, capped by ours; 0: none)."""
 
     clean_start: bool
     expiry: int | None
@@ -60,6 +70,7 @@ class Terms:
     window: int
     max_out: int = 0
     connack: dict[int, Any] = field(default_factory=dict)
+    aliases_out: int = 0
 
     @property
     def ends(self) -> bool:
@@ -76,9 +87,9 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
     a CONNECT without one (5.0 tells the client, Assigned Client Identifier). Raises
     :class:`MqttProtocolError` with the CONNACK reason for a CONNECT refused."""
     keep_alive = packet.keep_alive
-    too_long = keep_alive > limits.max_keepalive or (keep_alive == 0 and not limits.keepalive_0)
+    too_long = keep_alive > limits.max_keepalive
     if packet.version != mc.V5:
-        if too_long:
+        if too_long or (keep_alive == 0 and not limits.keepalive_0):
             # 3.1.1 cannot impose another keep-alive: it refuses (0x02, identifier rejected, is
             # the closest of its five codes).
             what = "0 (aaabus.mqtt.keepalive_0 is off)" if keep_alive == 0 else f"{keep_alive} s"
@@ -100,8 +111,10 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
     expiry = _expiry(requested, limits.session_expiry_s)
     if expiry != requested:
         connack[mc.SESSION_EXPIRY] = expiry
-    if too_long:
-        # 5.0 §3.2.2.3.14: the server may impose its own keep-alive instead of refusing.
+    if too_long or keep_alive == 0:
+        # 5.0 §3.2.2.3.14: the server may impose its own keep-alive instead of refusing. For 0
+        # too: a device that can be told to ping is told (a 3.1.1 one cannot: the listener's
+        # max_idle_s is then its only deadline).
         keep_alive = limits.max_keepalive
         connack[mc.SERVER_KEEP_ALIVE] = keep_alive
     connack[mc.RECEIVE_MAXIMUM] = limits.inflight
@@ -123,6 +136,8 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
         window,
         props.get(mc.MAXIMUM_PACKET_SIZE, 0),
         connack,
+        # Ours bounds what the server keeps per connection for them, whatever the device allows.
+        min(props.get(mc.TOPIC_ALIAS_MAXIMUM, 0), limits.topic_aliases),
     )
 
 
@@ -178,6 +193,58 @@ class TopicAliases:
                 mc.TOPIC_ALIAS_INVALID,
             )
         return name
+
+
+class OutboundAliases:
+    """The topic aliases the server sets towards a 5.0 device that allows them (5.0 §3.3.2.3.4:
+    its CONNECT's Topic Alias Maximum, capped by ours). The ``maximum`` topics sent most
+    recently hold an alias each, so a topic sent often keeps its own; the first PUBLISH of a
+    topic carries its name and sets the alias, the next ones an empty name and the alias. A
+    topic beyond the maximum takes the alias of the one sent least recently (the device's map
+    is overwritten by that first PUBLISH). Lives and dies with the connection, as the device's
+    map does.
+
+    Invariant: every alias held here was set by a PUBLISH the device was sent; one that is
+    not sent after all (:meth:`unsent`) is forgotten."""
+
+    __slots__ = ("_by_topic", "_free", "_issued", "maximum")
+
+    def __init__(self, maximum: int) -> None:
+        self.maximum = maximum
+        self._by_topic: OrderedDict[str, int] = OrderedDict()  # least recently sent first
+        self._issued = 0  # aliases 1.._issued have been given out
+        self._free: list[int] = []  # given out, then forgotten
+
+    def apply(self, topic: str, props: dict[int, Any] | None) -> tuple[str, dict[int, Any]]:
+        """The topic name and properties of a PUBLISH on ``topic`` whose other properties are
+        ``props`` (the caller's own dict, which is extended, or None)."""
+        by_topic = self._by_topic
+        alias = by_topic.get(topic)
+        name = ""
+        if alias is not None:
+            by_topic.move_to_end(topic)
+        else:
+            name = topic
+            if self._free:
+                alias = self._free.pop()
+            elif self._issued < self.maximum:
+                self._issued += 1
+                alias = self._issued
+            else:
+                alias = by_topic.popitem(last=False)[1]
+            by_topic[topic] = alias
+        if props is None:
+            return name, {mc.TOPIC_ALIAS: alias}
+        props[mc.TOPIC_ALIAS] = alias
+        return name, props
+
+    def unsent(self, topic: str, name: str) -> None:
+        """The PUBLISH :meth:`apply` named ``name`` for ``topic`` was not sent: an alias it
+        was to set is forgotten (the device never learnt it)."""
+        if name:
+            alias = self._by_topic.pop(topic, None)
+            if alias is not None:
+                self._free.append(alias)
 
 
 class InboundWindow:

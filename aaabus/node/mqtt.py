@@ -22,10 +22,10 @@ waiting for them are the loop's, two handed to the pool at a time.
 Limits, each a property (docs/config.md): the waiting room (``max_waiting``, ``per_address``,
 ``connect_ms``) holds connections until their CONNECT and evicts the oldest before refusing;
 ``max_connections``, ``connections_per_user`` and ``sessions_per_user`` count accepted
-devices; ``max_keepalive``/``keepalive_0``; ``inflight``, ``queued_bytes``, ``max_filters`` per
-device; ``login_queue`` and ``login_per_address``, the password checks waiting (a
-:class:`~aaabus.io.loginqueue.LoginQueue`: beyond, CONNACK "server busy"); ``retained``,
-``retained_bytes``, ``retained_total`` per user and server (kept by the
+devices; ``max_keepalive``/``keepalive_0``/``max_idle_s`` (a device's silence); ``inflight``,
+``queued_bytes``, ``max_filters`` per device; ``login_queue`` and ``login_per_address``, the
+password checks waiting (a :class:`~aaabus.io.loginqueue.LoginQueue`: beyond, CONNACK "server
+busy"); ``retained``, ``retained_bytes``, ``retained_total`` per user and server (kept by the
 sessions, :meth:`~aaabus.node.mqttsessions.MqttSessions.publish_now`, for wills too);
 ``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
 writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
@@ -71,6 +71,7 @@ from aaabus.node.mqttsessions import (
     BOX_PREFIX,
     PUSH_KEY,
     MqttSessions,
+    Will,
     accounted,
     delivery_of,
     shown,
@@ -147,11 +148,13 @@ class MqttListener:
         self.queued_bytes: int = setting("queued_bytes")
         self.max_connections: int = setting("max_connections")
         self.per_user: int = setting("connections_per_user")
+        self.connections_per_address: int = setting("connections_per_address")
         self.sessions_per_user: int = setting("sessions_per_user")
         self.session_expiry_s: float = setting("session_expiry_s")
         self.max_filters: int = setting("max_filters")
         self.max_keepalive: int = setting("max_keepalive")
         self.keepalive_0: bool = setting("keepalive_0")
+        self.max_idle_s: float = setting("max_idle_s")
         self.topic_aliases: int = setting("topic_aliases")
         #: Persistent sessions follow their device across the bus (aaabus.node.mqttroam).
         self.roaming: bool = setting("roaming")
@@ -180,11 +183,16 @@ class MqttListener:
             setting("max_waiting"), setting("per_address")
         )
         self._connections: set[MqttConnection] = set()
+        # Ended connections draining the device's input after their last packet (see
+        # MqttConnection._linger), at most as many as the waiting room holds.
+        self._lingering = 0
+        self._max_lingering: int = setting("max_waiting")
         self._deadlines: list[tuple[float, int, MqttConnection]] = []  # see _sweep
         self._by_client: dict[str, MqttConnection] = {}
         # Roaming: connections whose CONNACK waits for their session to arrive, by client id.
         self._awaiting: dict[str, MqttConnection] = {}
         self._of_user: dict[str, int] = {}  # connections per named user
+        self._of_address: dict[str, int] = {}  # connections per remote address
         self._stored: dict[str, str | None] = {}  # client id -> user, sessions in the store
         self._sessions_of: dict[str, set[str]] = {}  # accounted user -> their stored sessions
         self._refusals = RefusalLog(log, f"server {sid}: MQTT port")
@@ -206,7 +214,7 @@ class MqttListener:
         self._next_expiry = 0.0
         self._expiries: list[float] = []  # when 5.0 sessions' own expiries fall due (a heap)
         # 5.0 wills waiting for their delay, by client id, with their user (see delay_will).
-        self._wills: dict[str, tuple[asyncio.TimerHandle, tuple[str, bytes, int, bool], str]] = {}
+        self._wills: dict[str, tuple[asyncio.TimerHandle, Will, str]] = {}
         # $SYS (see _sys_tick): connections granted a $SYS filter, with those filters; the
         # publications counted in (ACL passed) and out (sent), and their last rates.
         self._sys_conns: dict[MqttConnection, list[str]] = {}
@@ -362,8 +370,7 @@ class MqttListener:
         now = time.monotonic()
         evicted = self._waiting.add(conn, conn.address, now, GRACE_S)
         self._connections.add(conn)
-        if conn.deadline is not None:
-            heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+        heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
         if conn.transport is not None:
             conn.transport.set_write_buffer_limits(high=self.queued_bytes)
         for old in evicted:
@@ -453,6 +460,11 @@ class MqttListener:
                 conn.address, f"{self.max_connections} devices connected (max_connections)"
             )
             return mc.QUOTA_EXCEEDED
+        address = conn.address
+        here = self._of_address.get(address, 0) - (old is not None and old.address == address)
+        if here >= self.connections_per_address:
+            self.refused(address, f"{here} devices connected from it (connections_per_address)")
+            return mc.QUOTA_EXCEEDED
         if user is not None:
             held = self._of_user.get(user, 0) - (1 if old is not None and old.user == user else 0)
             if held >= self.per_user:
@@ -472,6 +484,7 @@ class MqttListener:
         self._waiting.remove(conn)
         self._by_client[cid] = conn
         self._will_claimed(conn)
+        self._of_address[address] = self._of_address.get(address, 0) + 1
         if user is not None:
             self._of_user[user] = self._of_user.get(user, 0) + 1
         return None
@@ -483,6 +496,11 @@ class MqttListener:
         self._connections.discard(conn)
         if conn.client_id and self._by_client.get(conn.client_id) is conn:
             del self._by_client[conn.client_id]
+            left = self._of_address.get(conn.address, 1) - 1
+            if left:
+                self._of_address[conn.address] = left
+            else:
+                self._of_address.pop(conn.address, None)
             if conn.user is not None:
                 left = self._of_user.get(conn.user, 1) - 1
                 if left:
@@ -623,9 +641,7 @@ class MqttListener:
 
     # -- 5.0's delayed wills (loop thread) ---------------------------------------------------------
 
-    def delay_will(
-        self, client_id: str, will: tuple[str, bytes, int, bool], delay: float, user: str
-    ) -> None:
+    def delay_will(self, client_id: str, will: Will, delay: float, user: str) -> None:
         """Publish ``client_id``'s will ``delay`` seconds from now, for ``user`` (the retained
         bounds count it as that user's), unless a connection to its session comes first (5.0's
         Will Delay Interval; the connection caps ``delay`` at the session's expiry, so the will
@@ -642,14 +658,14 @@ class MqttListener:
         if entry is not None:
             self._publish_will(client_id, entry[1], entry[2])
 
-    def _publish_will(self, client_id: str, will: tuple[str, bytes, int, bool], user: str) -> None:
-        sessions = self.sessions
+    def _publish_will(self, client_id: str, will: Will, user: str) -> None:
+        sessions, now = self.sessions, time.time()
 
         def then(outcome: Any) -> None:
             if isinstance(outcome, str):
                 self.refused(client_id, f"client {client_id!r}: delayed will refused: {outcome}")
 
-        self._add_op(lambda: sessions.will_now(client_id, will, user), then)
+        self._add_op(lambda: sessions.will_now(client_id, will, now, user), then)
 
     def _will_claimed(self, conn: MqttConnection) -> None:
         """``conn`` took its client id: a will waiting for its delay is dropped if ``conn``
@@ -666,8 +682,14 @@ class MqttListener:
         shorter than ``connect_ms``): an entry for the new one. The old one stays, a second
         entry for the connection (each is pushed again when it falls due): such connections
         are looked at twice per keep-alive, the others once."""
-        if conn.deadline is not None:
-            heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+        heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+
+    def lingered(self, change: int) -> bool:
+        """See :meth:`~aaabus.node.mqttconn.ConnectionHost.lingered` (loop thread)."""
+        if change > 0 and self._lingering >= self._max_lingering:
+            return False
+        self._lingering += change
+        return True
 
     def expires_in(self, seconds: float) -> None:
         """A session may expire in ``seconds`` (a 5.0 device's own expiry): the sweep after
@@ -751,7 +773,7 @@ class MqttListener:
         heap, due = self._deadlines, []
         while heap and heap[0][0] <= now:
             _at, n, conn = heapq.heappop(heap)
-            if conn.ended or conn.deadline is None:
+            if conn.ended:
                 continue
             if conn.deadline > now:
                 heapq.heappush(heap, (conn.deadline, n, conn))
@@ -759,7 +781,11 @@ class MqttListener:
                 due.append(conn)
         for conn in due:
             if conn.client_id and self._by_client.get(conn.client_id) is conn:
-                self.refused(conn.address, f"client {conn.client_id!r}: keep-alive expired")
+                self.refused(
+                    conn.address,
+                    f"client {conn.client_id!r}: silent for {conn.silence:g} s (keep-alive "
+                    f"{conn.keep_alive} s, aaabus.mqtt.max_idle_s {self.max_idle_s:g} s)",
+                )
                 conn.end("keep-alive expired", reason=mc.KEEP_ALIVE_TIMEOUT)
             else:
                 self.refused(conn.address, "no CONNECT before the deadline")

@@ -41,17 +41,28 @@ from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import InboundWindow, Terms, TopicAliases, disconnect_expiry, negotiate
+from aaabus.io.mqtt5conn import (
+    InboundWindow,
+    OutboundAliases,
+    Terms,
+    TopicAliases,
+    disconnect_expiry,
+    negotiate,
+)
 from aaabus.io.mqttauth import Credentials
 from aaabus.io.mqttproto import MqttProtocol, State
 from aaabus.node import mqttmessages as mm
-from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, accounted, packet_id
+from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
 from aaabus.node.mqttshared import share_of
 
 __all__ = ["ConnectionHost", "MqttConnection"]
 
 #: Bytes a connection may hold unparsed beyond one whole packet before its socket is not read.
 _SLACK = 65536
+#: Seconds a connection the server ended keeps draining the device's input after its last
+#: packet (see :meth:`MqttConnection._linger`): a deadline, so a device that never closes
+#: costs a socket for this long at most.
+LINGER_S = 2.0
 
 log = logging.getLogger("aaabus.mqtt")
 
@@ -70,6 +81,7 @@ class ConnectionHost(Protocol):
     max_filters: int
     max_keepalive: int
     keepalive_0: bool
+    max_idle_s: float
     session_expiry_s: float
     topic_aliases: int
     credentials: Credentials | None
@@ -113,15 +125,18 @@ class ConnectionHost(Protocol):
         """A session will be due for expiry in ``seconds`` (5.0's own expiry): sweep then."""
         ...
 
-    def delay_will(
-        self, client_id: str, will: tuple[str, bytes, int, bool], delay: float, user: str
-    ) -> None:
+    def delay_will(self, client_id: str, will: Will, delay: float, user: str) -> None:
         """Publish ``client_id``'s will (for ``user``, an accounted name) in ``delay`` seconds
         unless its session is resumed."""
         ...
 
     def deadline_sooner(self, conn: MqttConnection) -> None:
         """``conn.deadline`` moved earlier: check it then, not at the deadline it had."""
+        ...
+
+    def lingered(self, change: int) -> bool:
+        """One more (``change`` 1) or one less (-1) connection closing after its last packet;
+        False, and not counted, when one more would be over the listener's bound."""
         ...
 
 
@@ -160,15 +175,20 @@ class MqttConnection(asyncio.Protocol):
         self.address = "?"
         self.opened_at = time.monotonic()
         #: When the connection ends unless the device speaks (CONNECT deadline, then
-        #: 1.5 keep-alives after the last packet; None: no keep-alive).
-        self.deadline: float | None = self.opened_at + connect_s
+        #: :attr:`silence` after the last bytes received).
+        self.deadline = self.opened_at + connect_s
         self.last_in = self.opened_at
+        #: Seconds a connected device may stay silent: 1.5 keep-alives, at most max_idle_s
+        #: (which alone bounds keep-alive 0); 0 until its CONNECT is admitted, so that the
+        #: CONNECT deadline stays absolute whatever the device sends meanwhile.
+        self.silence = 0.0
         self.client_id = ""
         self.user: str | None = None
         self.clean = True
         self.keep_alive = 0
-        self.will: tuple[str, bytes, int, bool] | None = None
+        self.will: Will | None = None
         self.ended = False
+        self._lingering = False  # closing after its last packet (see _linger)
         self._graceful = False
         self._has_record = False  # the store holds a session for this client id
         self._calls = 0  # engine operations in flight: reading pauses at the inflight bound
@@ -201,8 +221,9 @@ class MqttConnection(asyncio.Protocol):
         self._window = host.inflight  # QoS 1/2 deliveries unacknowledged at once
         self._max_out = 0  # the device's Maximum Packet Size (0: none)
         self._told_too_large = False
-        self._aliases: TopicAliases | None = None  # 5.0 only, as the two below
+        self._aliases: TopicAliases | None = None  # 5.0 only, as the three below
         self._in_window: InboundWindow | None = None
+        self._out_aliases: OutboundAliases | None = None  # only if the device allows them
         self._expiry_changed = False  # by the device's DISCONNECT
         self._will_delay = 0  # 5.0's Will Delay Interval, seconds
         # Inbound QoS 2 state in memory (a session that ends with its connection and was not
@@ -246,8 +267,8 @@ class MqttConnection(asyncio.Protocol):
         if self.ended:
             return
         self.last_in = time.monotonic()
-        if self.keep_alive:
-            self.deadline = self.last_in + self.keep_alive * 1.5
+        if self.silence:
+            self.deadline = self.last_in + self.silence
         self.proto.receive(data)
         self._drain()
         self.host.flush_writes()
@@ -257,6 +278,9 @@ class MqttConnection(asyncio.Protocol):
         return None
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._lingering:
+            self._lingering = False
+            self.host.lingered(-1)
         self.end("connection lost" if exc is None else f"connection lost ({exc})")
 
     def pause_writing(self) -> None:
@@ -337,8 +361,9 @@ class MqttConnection(asyncio.Protocol):
                 raise MqttProtocolError(
                     f"invalid will topic {will.topic[:60]!r}", mc.PROTOCOL_ERROR
                 )
-            self.will = (will.topic, will.payload, will.qos, will.retain)
-            self._will_delay = will.properties.get(mc.WILL_DELAY, 0)
+            props = will.properties
+            self._will_delay = props.pop(mc.WILL_DELAY, 0)  # the connection's, not the message's
+            self.will = (will.topic, will.payload, will.qos, will.retain, props or None)
         self.client_id = client_id or assigned or ""
         self.user = packet.username
         host.authenticate(self, packet.username, packet.password, self._authenticated)
@@ -362,8 +387,10 @@ class MqttConnection(asyncio.Protocol):
             self.end("refused", answered=True)
             return
         before = self.deadline
-        self.deadline = time.monotonic() + self.keep_alive * 1.5 if self.keep_alive else None
-        if self.deadline is not None and before is not None and self.deadline < before:
+        idle = self.host.max_idle_s
+        self.silence = min(self.keep_alive * 1.5, idle) if self.keep_alive else idle
+        self.deadline = time.monotonic() + self.silence
+        if self.deadline < before:
             self.host.deadline_sooner(self)  # a keep-alive shorter than the CONNECT deadline
         self._answers = _Answers()
         sessions, cid, clean, user = self.host.sessions, self.client_id, self.clean, self.user
@@ -437,6 +464,8 @@ class MqttConnection(asyncio.Protocol):
         if self.v5:
             self._aliases = TopicAliases(self.host.topic_aliases)
             self._in_window = InboundWindow(self.host.inflight)
+            if terms.aliases_out:
+                self._out_aliases = OutboundAliases(terms.aliases_out)
 
     def _credentials_refused(self) -> int:
         """The CONNACK reason of a CONNECT whose credentials are refused: 5.0 tells "bad user
@@ -494,7 +523,7 @@ class MqttConnection(asyncio.Protocol):
             )
         return False
 
-    def _undelayed(self, will: tuple[str, bytes, int, bool] | None) -> Any:
+    def _undelayed(self, will: Will | None) -> Any:
         """``will`` if it goes out as the connection ends; None if there is none, or if a 5.0
         Will Delay Interval hands it to the listener, which publishes it when the delay or the
         session ends, whichever comes first, unless a connection resumes the session before
@@ -582,7 +611,8 @@ class MqttConnection(asyncio.Protocol):
         slot = self._reserve()
 
         def answered(outcome: Any) -> None:
-            code = mc.SUCCESS
+            # publish_now's False: no subscriber matched (0x10, a success; 3.1.1 says 0).
+            code = mc.SUCCESS if outcome is not False else mc.NO_MATCHING_SUBSCRIBERS
             if isinstance(outcome, str):
                 host.refused(self.address, f"client {cid!r}: retained message refused: {outcome}")
                 code = mc.QUOTA_EXCEEDED
@@ -842,22 +872,26 @@ class MqttConnection(asyncio.Protocol):
         qos = min(granted, item.qos)
         self.host.published_out += not item.release  # for $SYS (a PUBREL resend is no message)
         pid = packet_id(seq)
-        if qos == 0:
-            data = self.proto.publish(item.topic, item.payload, 0, retain, False, None, props)
-            if self._fits(item, data):
-                self._write(data)
-            self._finished(seq)
-            return
-        if item.release:
+        if item.release and qos:
             self._inflight[pid] = seq
             self._write(self.proto.ack(mc.PUBREL, pid))
             return
-        data = self.proto.publish(item.topic, item.payload, qos, retain, False, pid, props)
+        name, aliases = item.topic, self._out_aliases
+        if aliases is not None:  # a 5.0 device that allows topic aliases: one test for others
+            name, props = aliases.apply(name, props)
+        data = self.proto.publish(
+            name, item.payload, qos, retain, False, pid if qos else None, props
+        )
         if not self._fits(item, data):
+            if aliases is not None:
+                aliases.unsent(item.topic, name)
             self._finished(seq)  # 5.0 §3.1.2.24: as if sent and acknowledged
             return
-        self._inflight[pid] = seq
         self._write(data)
+        if qos:
+            self._inflight[pid] = seq
+        else:
+            self._finished(seq)
 
     # -- engine operations and answers ---------------------------------------------------------
 
@@ -924,6 +958,25 @@ class MqttConnection(asyncio.Protocol):
 
     # -- the end -------------------------------------------------------------------------------
 
+    def _linger(self, transport: asyncio.Transport) -> None:
+        """Close after a last packet the device must read (a DISCONNECT, a refusing CONNACK):
+        closing a socket whose input is unread makes the kernel reset the connection, and a
+        device still sending then fails on its write before it reads why. So the write side is
+        shut after the queued bytes (FIN), what still arrives is read and dropped
+        (:meth:`data_received` ignores an ended connection), and the socket closes when the
+        device closes its side (:meth:`eof_received`) or :data:`LINGER_S` after this, whichever
+        comes first. TLS has no half-close: closed at once; so is a connection beyond the
+        listener's bound on lingering sockets (:meth:`ConnectionHost.lingered`)."""
+        if not transport.can_write_eof() or not self.host.lingered(1):
+            transport.close()
+            return
+        self._lingering = True
+        transport.write_eof()
+        if self._reading_paused:
+            self._reading_paused = False
+            transport.resume_reading()
+        asyncio.get_running_loop().call_later(LINGER_S, transport.abort)
+
     def end(self, why: str, *, reason: int | None = None, answered: bool = False) -> None:
         """End the connection (loop thread, any time, idempotent): tell a 5.0 device
         ``reason``, publish the will unless it said DISCONNECT, delete a clean session."""
@@ -933,10 +986,16 @@ class MqttConnection(asyncio.Protocol):
         log.debug("server %s: MQTT connection %s ends: %s", self.host.server_id, self.n, why)
         transport = self.transport
         if transport is not None and not transport.is_closing():
+            told = answered
             if not answered and reason is not None and self.proto.state is State.CONNECTED:
-                self._write(self.proto.disconnect(reason))
+                data = self.proto.disconnect(reason)
+                self._write(data)
+                told = bool(data)
             self.flush()
-            transport.close()  # sends what is queued first
+            if told:
+                self._linger(transport)
+            else:
+                transport.close()  # sends what is queued first
         connected = self._answers is not None
         self.host.forget(self)
         if not connected:

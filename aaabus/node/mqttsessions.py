@@ -45,7 +45,7 @@ from aaabus.errors import SessionLeft
 from aaabus.model.ids import TOPICS_STAMP, AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Publish, Subscribe, Unsubscribe
-from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept
+from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept, message_props
 from aaabus.node.mqttshared import SHARE_PREFIX, SharedGroups, shares_in
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
@@ -59,6 +59,7 @@ __all__ = [
     "RetainedBounds",
     "RetainedLedger",
     "SessionRecord",
+    "Will",
     "accounted",
     "delivery_of",
     "packet_id",
@@ -90,6 +91,9 @@ def shown(user: str) -> str:
     if user == BRIDGE:
         return "the bridge"
     return f"user {user!r}"
+#: A device's will as its CONNECT gave it: (topic, payload, QoS, retain, its 5.0 message
+#: properties as the codec decoded them, or None).
+Will = tuple[str, bytes, int, bool, dict[int, Any] | None]
 
 
 def packet_id(seq: int) -> int:
@@ -330,7 +334,7 @@ class MqttSessions:
             ledger = root[_RETAINED_KEY] = RetainedLedger()
         return ledger
 
-    def _to_rep(self, note: Notification) -> None:
+    def _to_rep(self, note: Notification) -> bool:
         """Hand ``note`` to this server's topic representative, as ``#s.s.0``: by running its
         reaction here and now, inside the operation.
 
@@ -342,12 +346,19 @@ class MqttSessions:
         cannot be causally after them: a device learns of a publication only once the
         representative has handled it. What the representative sends (to mailboxes, relays) is
         queued as usual, from ``#s.s.0``.
+
+        Returns, for a :class:`Publish`, whether a subscriber matched it (what routing found;
+        True when the representative is not there yet to say).
         """
         rep = self._agents().get((self.server_id, TOPICS_STAMP))
+        sender = AgentId.server_of(self.server_id)
         if isinstance(rep, TopicRepresentative):
-            rep.react(AgentId.server_of(self.server_id), note)
+            if isinstance(note, Publish):
+                return rep.publish_from(sender, note)
+            rep.react(sender, note)
         else:  # not created yet (a store from before topics): it will react in its turn
             self._send(AgentId.topics_of(self.server_id), note)
+        return True
 
     # -- engine thread -----------------------------------------------------------------------------
 
@@ -533,16 +544,18 @@ class MqttSessions:
         user: str,
     ) -> bool | str:
         """Publish on the bus at ``qos``, with MQTT 5.0 properties ``props``, for ``user`` (an
-        :func:`accounted` name); False (nothing published) for a QoS 2 retransmission
-        (``qos2_id``: the packet id of an inbound QoS 2 PUBLISH of a persistent session); the
-        reason, a line, when a retained publication is over ``user``'s or the server's bounds
-        (:class:`RetainedLedger`; nothing published, the packet id not kept)."""
+        :func:`accounted` name). Returns whether a subscriber matched (as routing found it: a
+        5.0 PUBACK says 0x10 when none did); True, nothing published, for a QoS 2
+        retransmission (``qos2_id``: the packet id of an inbound QoS 2 PUBLISH of a persistent
+        session), whose first PUBREC said it; the reason, a line, when a retained publication
+        is over ``user``'s or the server's bounds (:class:`RetainedLedger`; nothing published,
+        the packet id not kept)."""
         record = None
         if qos2_id is not None:
             record = self.record_now(client_id)
             if record is not None:
                 if qos2_id in record.inbound:
-                    return False
+                    return True
             elif self.roaming is not None:
                 raise SessionLeft(client_id)
         if retain:
@@ -556,8 +569,7 @@ class MqttSessions:
             record.inbound.insert(qos2_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
-        self._to_rep(Publish(topic, value, retain, qos, client_id, props))
-        return True
+        return self._to_rep(Publish(topic, value, retain, qos, client_id, props))
 
     def release_now(self, client_id: str, qos2_id: int) -> None:
         """PUBREL: the inbound QoS 2 flow ``qos2_id`` is over."""
@@ -599,30 +611,33 @@ class MqttSessions:
         released = record.released
         return [delivery_of(seq, note, seq in released) for seq, note in box.take(after, most)]
 
-    def will_now(self, client_id: str, will: tuple[str, bytes, int, bool], user: str) -> bool | str:
-        """Publish ``client_id``'s will ``(topic, payload, qos, retain)`` for ``user`` (an
-        :func:`accounted` name; a retained will is bounded as any retained publication): when
-        its connection ends (:meth:`close_now`), or later with a 5.0 Will Delay Interval. What
-        :meth:`publish_now` answers."""
-        return self.publish_now(client_id, will[0], will[1], will[3], will[2], user=user)
+    def will_now(self, client_id: str, will: Will, now: float, user: str) -> bool | str:
+        """Publish ``client_id``'s will for ``user`` (an :func:`accounted` name; a retained will
+        is bounded as any retained publication): when its connection ends (:meth:`close_now`),
+        or later with a 5.0 Will Delay Interval. Its 5.0 message properties go with it as a
+        PUBLISH's do, its Message Expiry Interval counted from ``now`` (``time.time()``), when
+        it goes. What :meth:`publish_now` answers."""
+        topic, payload, qos, retain, properties = will
+        props = message_props(properties, now) if properties else None
+        return self.publish_now(client_id, topic, payload, retain, qos, None, props, user=user)
 
     def close_now(
         self,
         client_id: str,
-        will: tuple[str, bytes, int, bool] | None,
+        will: Will | None,
         now: float,
         finished: tuple[int, Collection[int]] | None = None,
         *,
         user: str,
     ) -> str | None:
-        """A connection ended: publish its will (``(topic, payload, qos, retain)``, for
-        ``user``), delete a clean session, note when a persistent one's device left.
-        ``finished``: what the device finished of its backlog (the acknowledged prefix, the
-        seqs finished beyond it), from which its shared subscriptions' groups take back what
-        it had not. The reason the will was refused (:meth:`publish_now`), or None."""
+        """A connection ended: publish its will (:data:`Will`, for ``user``), delete a clean
+        session, note when a persistent one's device left. ``finished``: what the device
+        finished of its backlog (the acknowledged prefix, the seqs finished beyond it), from
+        which its shared subscriptions' groups take back what it had not. The reason the will
+        was refused (:meth:`publish_now`), or None."""
         refusal = None
         if will is not None:
-            published = self.will_now(client_id, will, user)
+            published = self.will_now(client_id, will, now, user)
             refusal = published if isinstance(published, str) else None
         record = self.record_now(client_id)
         if record is None:

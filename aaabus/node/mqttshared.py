@@ -171,7 +171,7 @@ class SharedGroups:
         agents: Callable[[], Any],
         root: Callable[[], Any],
         send: Callable[[AgentId, Notification], None],
-        to_rep: Callable[[Notification], None],
+        to_rep: Callable[[Notification], object],
     ) -> None:
         self.server_id = server_id
         self.limit = limit

@@ -112,20 +112,7 @@ class TopicRepresentative(Agent):
     def react(self, sender: AgentId, note: Notification) -> None:
         self._index_tables()  # builds them if this representative was stored before they existed
         if isinstance(note, Publish):
-            item = Carried(
-                check_topic(note.topic),
-                note.payload,
-                sender,
-                note.retain,
-                note.qos,
-                note.origin,
-                note.props,
-            )
-            self._handle(item)
-            if item.retain:
-                self._relay(self.routes, item)
-            else:
-                self._send_relays(self._matching(item.topic)[1], item)
+            self._publish(sender, note)
         elif isinstance(note, Relays):
             for targets, relayed in note.relays():
                 self._take(targets, relayed)
@@ -165,6 +152,33 @@ class TopicRepresentative(Agent):
         }
 
     # -- publications ------------------------------------------------------------------------------
+
+    def publish_from(self, sender: AgentId, note: Publish) -> bool:
+        """``sender`` publishes ``note`` (engine thread, in the reaction that handles it): to
+        this server's subscribers, towards the servers with a matching subscription (every
+        server for a retained one, which they all keep). Returns whether any subscriber
+        matched, here or at a server this one knows of: what routing found anyway (an MQTT 5.0
+        PUBACK says 0x10 when none did)."""
+        self._index_tables()
+        return self._publish(sender, note)
+
+    def _publish(self, sender: AgentId, note: Publish) -> bool:
+        item = Carried(
+            check_topic(note.topic),
+            note.payload,
+            sender,
+            note.retain,
+            note.qos,
+            note.origin,
+            note.props,
+        )
+        self._handle(item)
+        deliveries, hops = self._matching(item.topic)  # the topic's, kept: no second walk
+        if item.retain:
+            self._relay(self.routes, item)
+        else:
+            self._send_relays(hops, item)
+        return bool(deliveries or hops)
 
     def _take(self, targets: tuple[int, ...], item: Carried | InterestChange) -> None:
         """A relay from a neighbour: handle its item if this server is a target, pass it on."""

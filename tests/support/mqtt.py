@@ -61,8 +61,8 @@ class Device:
             self.client.tls_set(ca_certs=tls_ca)
             self.client.tls_insecure_set(True)  # the test certificate names 127.0.0.1 only
 
-    def connect(self, timeout: float = 10.0) -> tuple[int, bool]:
-        self.client.connect("127.0.0.1", self.port, keepalive=30)
+    def connect(self, timeout: float = 10.0, keepalive: int = 30) -> tuple[int, bool]:
+        self.client.connect("127.0.0.1", self.port, keepalive=keepalive)
         self.client.loop_start()
         result: tuple[int, bool] = self.connack.get(timeout=timeout)
         return result
