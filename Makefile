@@ -35,10 +35,21 @@ browser:
 	  { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq --no-install-recommends chromium; } || \
 	  echo "browser: chromium not installed; the console's browser test is skipped"
 
+# The power-loss tests (tests/test_powerloss.py, marker powerloss) mount a FUSE file system
+# written in Python (tests/support/powerfs.py, over the mfusepy binding of the `test` extra)
+# that needs libfuse 3 and fusermount3: apt, as root or through sudo. Without /dev/fuse or root
+# those tests are skipped with the reason; with both but without libfuse 3 they fail.
+.PHONY: fuse-tools
+fuse-tools:
+	@{ command -v fusermount3 >/dev/null && ldconfig -p | grep -q libfuse3.so; } || \
+	  { $(SUDO) apt-get update -qq && \
+	  $(SUDO) apt-get install -y -qq --no-install-recommends fuse3; } || \
+	  echo "fuse-tools: fuse3 not installed; the power-loss tests will fail"
+
 # The whole suite on two workers, the slowest tests listed at the end so that the suite's time
 # stays watched. Each worker takes its ports from its own range (tests/support/harness.py,
 # AAABUS_PORT_RANGE), so two workers never pick the same free port.
-test: $(STAMP) mqtt-tools browser
+test: $(STAMP) mqtt-tools browser fuse-tools
 	$(PY) -m pytest -q -n 2 --durations=20
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).

@@ -38,6 +38,7 @@ from aaabus.tools.launch import Bus, ServerProcess
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
 from tests.support.harness import REPO_ROOT
+from tests.support.topics import wait_until
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
 pytestmark = pytest.mark.slow
@@ -93,9 +94,10 @@ def test_rally_survives_delay_stall_cuts_and_partitions(
 
             # Stall: bytes pile up in the proxy; nothing is lost when it resumes.
             proxy.stall()
+            # The stall holds the rally's volley (one at a time, each waits for the last), not
+            # a window of time: once the proxy holds bytes, nothing can cross until it resumes.
+            wait_until("a volley held by the stalled proxy", lambda: proxy.holding() > 0)
             stalled_at = read_progress(progress)["count"]
-            threading.Event().wait(0.3)  # the stall is the fault: let it last
-            assert read_progress(progress)["count"] <= stalled_at + 1
             proxy.resume()
             wait_progress(progress, stalled_at + 20, procs)
 

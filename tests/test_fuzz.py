@@ -86,17 +86,20 @@ raw_frames = st.one_of(
 )
 
 
-@pytest.mark.slow
-@FUZZ
-@given(data=raw_frames, to_s1=st.booleans())
-def test_raw_bytes_before_authentication(target: FuzzTarget, data: bytes, to_s1: bool) -> None:
-    target.send_raw(data, to_s1=to_s1)
+# Each fuzzing test checks the servers' survival itself, after its last example: a check in a
+# test of its own would rely on file order, which pytest-xdist does not keep (it may run on a
+# worker whose target was never fuzzed).
 
 
 @pytest.mark.slow
-def test_servers_survive_raw_fuzzing(target: FuzzTarget) -> None:
-    # Runs after the hypothesis test above (file order): the servers took 1,000 intruders.
-    assert_still_serving(target, target.rally())
+def test_raw_bytes_before_authentication(target: FuzzTarget) -> None:
+    @FUZZ
+    @given(data=raw_frames, to_s1=st.booleans())
+    def intrude(data: bytes, to_s1: bool) -> None:
+        target.send_raw(data, to_s1=to_s1)
+
+    intrude()
+    assert_still_serving(target, target.rally())  # the servers took 1,000 intruders
 
 
 # -- after authentication --------------------------------------------------------------------
@@ -142,17 +145,25 @@ authenticated_payloads = st.one_of(
 
 
 @pytest.mark.slow
-@FUZZ
-@given(payload=authenticated_payloads)
-def test_garbage_from_an_authenticated_peer(target: FuzzTarget, payload: bytes) -> None:
-    target.send_authenticated(payload)
+def test_garbage_from_an_authenticated_peer(target: FuzzTarget) -> None:
+    @FUZZ
+    @given(payload=authenticated_payloads)
+    def garbage(payload: bytes) -> None:
+        target.send_authenticated(payload)
+
+    garbage()
+    assert_still_serving(target, target.rally())
 
 
 @pytest.mark.slow
-@settings(FUZZ, max_examples=500)
-@given(r=st.randoms(use_true_random=False))
-def test_mutated_frames_from_an_authenticated_peer(target: FuzzTarget, r: random.Random) -> None:
-    target.send_authenticated(random_authenticated_payload(r, target.templates))
+def test_mutated_frames_from_an_authenticated_peer(target: FuzzTarget) -> None:
+    @settings(FUZZ, max_examples=500)
+    @given(r=st.randoms(use_true_random=False))
+    def mutated(r: random.Random) -> None:
+        target.send_authenticated(random_authenticated_payload(r, target.templates))
+
+    mutated()
+    assert_still_serving(target, target.rally())
 
 
 # Garbage no strategy above draws (they stay under 400 bytes), so that the engine's refusal of it,

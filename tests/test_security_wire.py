@@ -31,7 +31,7 @@ from aaabus.wire.codec import encode_note
 from aaabus.wire.message import Message
 from tests.support.agents import Marker
 from tests.support.harness import REPO_ROOT
-from tests.support.hostile import whole_pickle
+from tests.support.hostile import runs_code_under_stock_pickle, walking_pickle, whole_pickle
 from tests.support.records import (
     BOMBS,
     MAIN_MODULE,
@@ -41,10 +41,24 @@ from tests.support.records import (
 )
 
 
+def _walks(tmp_path: Path) -> dict[str, bytes]:
+    """The two walks, each first shown to run code under stock ``pickle.loads`` (in a child
+    process): their marker staying absent later is then the bus's doing."""
+    markers = {"walk": tmp_path / "pwned-walk", "module-walk": tmp_path / "pwned-module"}
+    walks = {
+        "walk": walking_pickle(walk_to_function(markers["walk"])),
+        "module-walk": walking_pickle(walk_through_a_trusted_module(markers["module-walk"])),
+    }
+    for name, payload in walks.items():
+        assert runs_code_under_stock_pickle(payload, markers[name]), (
+            f"{name}: stock pickle runs no code with it, so its absent marker proves nothing"
+        )
+    return walks
+
+
 def _payloads(tmp_path: Path) -> dict[str, bytes]:
     return {
-        "walk": whole_pickle(walk_to_function(tmp_path / "pwned-walk")),
-        "module-walk": whole_pickle(walk_through_a_trusted_module(tmp_path / "pwned-module")),
+        **_walks(tmp_path),
         "__main__": whole_pickle(MAIN_MODULE),
         "bytearray": whole_pickle(BOMBS["bytearray(2e9)"]),
         "build-on-class": whole_pickle(PARSE_BY_INT),
@@ -192,9 +206,9 @@ def test_a_tool_reads_answers_as_data_whoever_answers(tmp_path: Path, make_confi
     address, _ = admin_address(cfg, 0)
     assert address is not None
     marker = tmp_path / "pwned-tool"
-    fake = _AnsweringEndpoint(
-        address, load_secret(tmp_path / "bus.key"), whole_pickle(walk_to_function(marker))
-    )
+    answer = walking_pickle(walk_to_function(marker))
+    assert runs_code_under_stock_pickle(answer, marker), "the answer runs no code under pickle"
+    fake = _AnsweringEndpoint(address, load_secret(tmp_path / "bus.key"), answer)
     try:
         with (
             Client(cfg, 0) as client,

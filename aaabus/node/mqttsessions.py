@@ -91,6 +91,8 @@ def shown(user: str) -> str:
     if user == BRIDGE:
         return "the bridge"
     return f"user {user!r}"
+
+
 #: A device's will as its CONNECT gave it: (topic, payload, QoS, retain, its 5.0 message
 #: properties as the codec decoded them, or None).
 Will = tuple[str, bytes, int, bool, dict[int, Any] | None]

@@ -72,6 +72,7 @@ class FaultProxy:
         self._stopping = False
         self.connections = 0
         self.forwarded = 0
+        self.received = 0
         self._acceptor = threading.Thread(target=self._accept, name=f"{name}-accept", daemon=True)
         self._acceptor.start()
 
@@ -102,6 +103,12 @@ class FaultProxy:
         """Stop forwarding (bytes pile up in the proxy) until :meth:`resume`."""
         with self._lock:
             self._stalled = True
+
+    def holding(self) -> int:
+        """Bytes read from one side and not yet written to the other (any thread): what a
+        stall or a delay holds right now."""
+        with self._lock:
+            return self.received - self.forwarded
 
     def resume(self) -> None:
         with self._lock:
@@ -189,6 +196,7 @@ class FaultProxy:
                 if not data:
                     break
                 with self._lock:
+                    self.received += len(data)
                     delay = self._delay[pipe.direction]
                     jitter = self._jitter[pipe.direction]
                     if jitter:
@@ -236,7 +244,8 @@ class FaultProxy:
                             break
                         self._cut_after -= len(data)
                 pipe.dst.sendall(data)
-                self.forwarded += len(data)
+                with self._lock:
+                    self.forwarded += len(data)
         except OSError:
             pass
         pipe.closed.set()

@@ -47,7 +47,9 @@ def _histories(server: AgentServer) -> list[tuple[str, list, list]]:
 
 
 def wait_and_check(servers: dict[int, AgentServer], expected: int, timeout: float = 60.0) -> Report:
-    """Wait until ``expected`` deliveries happened (or the deadline), then check the history."""
+    """Wait until ``expected`` deliveries happened and then until the bus is quiet (or the
+    deadline), then check the history. Quiet, not just counted: a duplicate that arrives after
+    the count was reached must be in the history the checker judges."""
     deadline = time.monotonic() + timeout
     pause = threading.Event()
     while True:
@@ -56,7 +58,30 @@ def wait_and_check(servers: dict[int, AgentServer], expected: int, timeout: floa
         if delivered >= expected or time.monotonic() > deadline:
             break
         pause.wait(0.05)  # the traffic runs on other threads; poll its progress until done
-    return check_histories(histories)
+    before: tuple[int, ...] | None = None
+    while time.monotonic() < deadline:
+        now = quiet_counters(servers)
+        if now is not None and now == before:
+            break
+        before = now
+        pause.wait(0.05)  # as above: the servers' threads finish what is in flight
+    return check_histories([h for server in servers.values() for h in _histories(server)])
+
+
+def quiet_counters(servers: dict[int, AgentServer]) -> tuple[int, ...] | None:
+    """Each server's messages sent and reactions run, or None while any server still has a
+    message to react to, held back, parked or not acknowledged by its receiver. Two equal
+    answers in a row: nothing moved in between, and nothing is left that could (a resend comes
+    only from a message its receiver has not acknowledged)."""
+    counters: list[int] = []
+    for server in servers.values():
+        status = server.status()
+        queues = status["queues"]
+        busy = queues["input"] or queues["held_back"] or queues["parked"]
+        if busy or any(queues["outgoing"].values()):
+            return None
+        counters += [status["messages"]["sent"], status["reactions"]]
+    return tuple(counters)
 
 
 def check_histories(histories: list[tuple[str, list, list]]) -> Report:

@@ -8,9 +8,11 @@ import pickle
 import shlex
 import socket
 import ssl
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aaabus import Agent, AgentId, Notification
@@ -119,3 +121,33 @@ if __name__ == "__main__":
 def whole_pickle(opcodes: bytes) -> bytes:
     """``opcodes`` (one value) as a pickle of its own."""
     return PROTO + opcodes + b"."
+
+
+def walking_pickle(opcodes: bytes) -> bytes:
+    """``opcodes`` as a pickle of protocol 4: the first at which stock pickle follows a dotted
+    GLOBAL name (``PersistentMapping.__init__.__class__``) attribute by attribute, so that a
+    walk runs code under ``pickle.loads`` (at 3 it fails on the lookup, and proves nothing)."""
+    return b"\x80\x04" + opcodes + b"."
+
+
+def runs_code_under_stock_pickle(payload: bytes, marker: Path, timeout: float = 30.0) -> bool:
+    """Whether ``pickle.loads(payload)``, in a child process of its own (the sandbox: the
+    repository as its only import path, no terminal, a deadline), creates ``marker``. The
+    marker is removed again, so that a later "no marker" speaks of the bus alone."""
+    root = Path(__file__).resolve().parents[2]
+    # Whatever the payload raises once its code ran is beside the point: the marker says.
+    code = (
+        f"import pickle, sys\nsys.path.insert(0, {str(root)!r})\n"
+        "try:\n    pickle.loads(sys.stdin.buffer.read())\nexcept Exception:\n    pass\n"
+    )
+    subprocess.run(
+        [sys.executable, "-I", "-c", code],
+        input=payload,
+        cwd=root,
+        capture_output=True,
+        timeout=timeout,
+        check=True,
+    )
+    ran = marker.exists()
+    marker.unlink(missing_ok=True)
+    return ran
