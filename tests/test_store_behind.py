@@ -26,6 +26,12 @@ def said(proc: ServerProcess, *words: str) -> list[str]:
     return [line for line in list(proc.lines) if all(word in line for word in words)]
 
 
+def knows_filter(config: Path, server: int) -> bool:
+    """Whether ``server``'s representative knows a filter of another server."""
+    with Client(config, server) as client:
+        return int(client.status()["topics"]["remote_filters"]) >= 1
+
+
 def held_back(config: Path, server: int) -> int:
     with Client(config, server) as client:
         return int(client.status()["queues"]["held_back"])
@@ -42,12 +48,7 @@ def test_a_server_restarted_on_an_empty_store_is_named_by_itself_and_its_peer(
     with Bus(config, [0, 1], store, cwd=REPO_ROOT, log_level="INFO") as bus:
         with Client(config, 1) as consumer:
             subscription = consumer.subscribe("ha/#", name="keep")
-
-            def remote_filters() -> bool:
-                with Client(config, 0) as c:
-                    return int(c.status()["topics"]["remote_filters"]) >= 1
-
-            wait_until("s0 knows the filter", remote_filters)
+            wait_until("s0 knows the filter", lambda: knows_filter(config, 0))
             with Client(config, 0) as producer:
                 producer.publish("ha/0", "first")
             first = wait_until("the first publication", lambda: subscription.get(timeout=1))
@@ -86,12 +87,7 @@ def test_servers_restarted_on_their_own_stores_report_nothing(
     with Bus(config, [0, 1], tmp_path / "store", cwd=REPO_ROOT, log_level="INFO") as bus:
         with Client(config, 1) as consumer:
             subscription = consumer.subscribe("ha/#", name="keep")
-
-            def remote_filters() -> bool:
-                with Client(config, 0) as c:
-                    return int(c.status()["topics"]["remote_filters"]) >= 1
-
-            wait_until("s0 knows the filter", remote_filters)
+            wait_until("s0 knows the filter", lambda: knows_filter(config, 0))
             bus[1].kill()
             with Client(config, 0) as producer:
                 for i in range(5):

@@ -21,23 +21,15 @@ import pytest
 if TYPE_CHECKING:
     from playwright.sync_api import Page
 
+from perf.console import ARGS, CHROMIUM
 from tests.support.harness import REPO_ROOT
 
-CHROMIUM = "/usr/bin/chromium"
 needs_browser = pytest.mark.skipif(
     not os.access(CHROMIUM, os.X_OK), reason="apt-get install chromium (make browser)"
 )
-#: A quiet, offline browser: no first-run, no updates, no sync, no QUIC, no GPU.
-BROWSER_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+#: A quiet, offline browser (the one ``python -m perf console`` times): no first-run, no
+#: updates, no sync, no QUIC, no GPU.
+BROWSER_ARGS = ARGS
 #: Where the browser test's screenshots go: docs/img (the pictures docs/operations.md shows)
 #: only when asked, ``AAABUS_CONSOLE_SHOTS=docs/img``, so that a test run leaves the checkout as
 #: it found it; otherwise a directory of the temporary area.
