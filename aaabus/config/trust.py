@@ -46,8 +46,9 @@ A class's home
     (:func:`home_of`) is its public module: ``__module__`` less the private submodules at its
     end whose package holds the very same class under the same name (``pathlib`` for
     ``pathlib.Path`` on every version), else ``__module__`` itself. A record may name a class by
-    either (each version's pickles load on the others), a re-export by any other module is
-    refused, a refusal names the home, and a qualified ``aaabus.trust`` entry names the home
+    either, so a store written on 3.12 (``pathlib.Path``) opens on 3.13 (the way back cannot
+    work: 3.12 has no ``pathlib._local``); a re-export by any other module is refused, a refusal
+    names the home, and a qualified ``aaabus.trust`` entry names the home
     (``pathlib.PurePosixPath`` trusts what a 3.12 and a 3.13 pickle name alike). The codec's tags
     (:func:`aaabus.wire.codec.tag_of`) keep ``__module__``: they name the bus's and the
     application's classes, registered under the same tag by the very code that encodes them.
