@@ -1,7 +1,18 @@
 # Every target creates the virtual environment it needs: `make test` and `make demo` work on a
 # fresh clone with nothing installed by hand.
 PYTHON ?= python3
+# Another interpreter, `make test PYTHON=/path/to/python3.13`, gets a virtualenv of its own named
+# after its version (.venv-3.13), so that the default .venv is never rebuilt by a run on another
+# version (README, "The two commands"). `make check` and `make demo` take PYTHON= likewise.
+ifeq ($(origin PYTHON),file)
 VENV := .venv
+else
+PYTHON_VERSION := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
+ifeq ($(PYTHON_VERSION),)
+$(error PYTHON=$(PYTHON) does not run: give the path of a Python >= 3.11 interpreter)
+endif
+VENV := .venv-$(PYTHON_VERSION)
+endif
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
@@ -80,7 +91,7 @@ docs: $(DOCS_STAMP)
 	$(VENV)/bin/mkdocs build --strict --quiet
 
 clean:
-	rm -rf $(VENV) build site *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-[0-9]* build site *.egg-info .pytest_cache .mypy_cache .ruff_cache
 
 # `make peers`: aaabus against RabbitMQ and Mosquitto (perf/PEERS.md), then the MQTT suite (the
 # same paho programs over RabbitMQ's MQTT plugin and Mosquitto) and the edge scenario (three sites

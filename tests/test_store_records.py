@@ -22,7 +22,7 @@ import tracemalloc
 import uuid
 from array import _array_reconstructor as array_reconstructor  # type: ignore[attr-defined]
 from array import array
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -38,7 +38,7 @@ from ZODB.Connection import TransactionMetaData
 from ZODB.utils import oid_repr
 
 from aaabus import AgentId
-from aaabus.config.trust import TrustPolicy
+from aaabus.config.trust import TrustPolicy, home_of
 from aaabus.core.records import vet_record
 from aaabus.core.store import PersistentQueue, Store, open_store
 from aaabus.errors import MalformedPickle, UntrustedClass
@@ -48,6 +48,7 @@ from aaabus.wire.pickles import vet_pickles
 from tests.support.agents import Inc
 from tests.support.bus import wait_json
 from tests.support.harness import REPO_ROOT, TEST_TRUST
+from tests.support.homes import Kept
 from tests.support.records import glob, ops, root_record
 
 TRUST = TEST_TRUST.split(",")
@@ -443,7 +444,8 @@ def test_the_probes_see_what_the_walk_refuses() -> None:
     ("module", "name", "says"),
     [
         ("aaabus", "AgentId", "it is aaabus.model.ids.AgentId"),  # a re-export
-        ("tests.support.tls", "Path", "it is pathlib.Path"),
+        ("tests.support.tls", "Path", "it is pathlib.Path"),  # pathlib._local's since 3.13
+        ("tests.support.homes.elsewhere", "Kept", "it is tests.support.homes.Kept"),
         ("tests.support.tls", "subprocess", "a module, not a class"),
         ("tests.support.hostile", "planted_pickle", "a function, not a class"),
         ("tests.support.hostile", "Nothing", "no such name"),
@@ -459,10 +461,36 @@ def test_a_record_names_exact_classes_only(module: str, name: str, says: str) ->
         TrustPolicy(TRUST).find_class(module, name)
 
 
+def test_a_class_published_by_its_package_has_the_package_for_home() -> None:
+    # Kept is defined in tests.support.homes._defined and published by tests.support.homes, as
+    # pathlib publishes Path (defined in pathlib._local from 3.13): a pickle names where it is
+    # defined, a record written by another version or by hand may name the package.
+    assert Kept.__module__ == "tests.support.homes._defined"
+    assert home_of(Kept) == "tests.support.homes"
+    assert home_of(Path) == "pathlib"  # on every version
+    assert home_of(AgentId) == "aaabus.model.ids"  # a public module is its own home
+    policy = TrustPolicy(TRUST)
+    assert policy.find_class("tests.support.homes", "Kept") is Kept
+    assert policy.find_class("tests.support.homes._defined", "Kept") is Kept
+
+
+@pytest.mark.parametrize(("cls", "value"), [(Kept, 7), (PurePosixPath, "/7")])
+def test_a_qualified_trust_entry_names_the_home_on_every_version(cls: type, value: Any) -> None:
+    # Each interpreter pickles the class under its own __module__ (pathlib._local on 3.13,
+    # pathlib before); the one entry aaabus.trust=<home>.<name> loads both spellings.
+    name = cls.__qualname__
+    policy = TrustPolicy([f"{home_of(cls)}.{name}"])
+    assert type(policy.loads(pickle.dumps(cls(value)))) is cls
+    assert policy.find_class(home_of(cls), name) is cls
+    assert policy.find_class(cls.__module__, name) is cls
+    with pytest.raises(UntrustedClass, match="not trusted here"):
+        TrustPolicy([f"{home_of(cls)}.Other"]).find_class(cls.__module__, name)
+
+
 _IMPORT_RULE = """
 import sys
 import pytest
-from aaabus.config.trust import TrustPolicy
+from aaabus.config.trust import TrustPolicy, home_of
 from aaabus.errors import UntrustedClass
 assert "aaabus.tools.cli" not in sys.modules and "aaabus.testing.workload" not in sys.modules
 with pytest.raises(UntrustedClass, match=r"module aaabus\\.tools\\.cli is not loaded here"):

@@ -11,7 +11,8 @@ names. A refusal is :class:`UntrustedClass`, one line naming the global or opcod
 What a pickle may name
     * exact classes: ``module.Name`` where ``Name`` is in the module's own namespace and is a
       class whose ``__module__`` and ``__qualname__`` are exactly those (no attribute walk: a
-      dotted name, a nested class, a re-export from another module, a function are refused);
+      dotted name, a nested class, a re-export from another module, a function are refused),
+      or whose *home* (:func:`home_of`) is that module;
     * the standard library's plain data the bus's records and agents hold (:data:`PLAIN`): a
       class whose construction can only cost what its arguments hold (``datetime``,
       ``Decimal``, ``UUID``...), else a wrapper that checks its arguments first (``bytearray``,
@@ -37,6 +38,20 @@ What a pickle may do with them
     Not this module's call (it sees one name at a time): :mod:`aaabus.core.records` walks a
     record first (:func:`aaabus.wire.pickles.vet_pickles`): no ``BUILD`` (nor append, nor set
     item) on a class, no call of anything but a named class, no ``INST``/``OBJ``.
+
+A class's home
+    Where a class is defined (``__module__``) is not always where its package publishes it, and
+    it moves between Python versions: ``pathlib.Path`` is defined in ``pathlib`` up to 3.12 and
+    in ``pathlib._local`` from 3.13, which is what a 3.13 pickle names. A class's home
+    (:func:`home_of`) is its public module: ``__module__`` less the private submodules at its
+    end whose package holds the very same class under the same name (``pathlib`` for
+    ``pathlib.Path`` on every version), else ``__module__`` itself. A record may name a class by
+    either, so a store written on 3.12 (``pathlib.Path``) opens on 3.13 (the way back cannot
+    work: 3.12 has no ``pathlib._local``); a re-export by any other module is refused, a refusal
+    names the home, and a qualified ``aaabus.trust`` entry names the home
+    (``pathlib.PurePosixPath`` trusts what a 3.12 and a 3.13 pickle name alike). The codec's tags
+    (:func:`aaabus.wire.codec.tag_of`) keep ``__module__``: they name the bus's and the
+    application's classes, registered under the same tag by the very code that encodes them.
 
 By value
     Agents whose class cannot be imported by name travel *by value* (cloudpickle): the pickle
@@ -71,7 +86,7 @@ from aaabus.errors import UntrustedClass
 if TYPE_CHECKING:
     from aaabus.config.reader import BusConfig
 
-__all__ = ["PLAIN", "TrustPolicy", "UntrustedClass", "policy_for"]
+__all__ = ["PLAIN", "TrustPolicy", "UntrustedClass", "home_of", "policy_for"]
 
 
 # -- the standard library's plain data -------------------------------------------------------
@@ -197,6 +212,24 @@ def _in(module: str, prefixes: Iterable[str]) -> bool:
     return any(module == p or module.startswith(p + ".") for p in prefixes)
 
 
+def home_of(cls: type) -> str:
+    """The public module of ``cls`` (module docstring, "A class's home"): its ``__module__``
+    less the private submodules at its end (``_local``, not ``__main__``) whose package, already
+    imported, holds ``cls`` itself under its ``__qualname__``. Imports nothing."""
+    module = cls.__module__
+    while True:
+        package, _, last = module.rpartition(".")
+        if not package or not last.startswith("_") or last.startswith("__"):
+            return module
+        loaded = sys.modules.get(package)
+        if (
+            not isinstance(loaded, types.ModuleType)
+            or vars(loaded).get(cls.__qualname__) is not cls
+        ):
+            return module
+        module = package
+
+
 def _is_main(module: str) -> bool:
     """``__main__`` or ``pkg.__main__``: a program, which importing runs."""
     return module == "__main__" or module.endswith(".__main__")
@@ -255,7 +288,7 @@ class TrustPolicy:
             cls = self._class(module, name)
             if _own_data_class(cls):
                 return cls
-        elif _in(module, self.trusted) or what in self.trusted:
+        elif _in(module, self.trusted) or what in self.trusted or self._trusted_home(module, name):
             return self._class(module, name)
         raise UntrustedClass(f"refused to unpickle {what}: not trusted here; {_FIX}")
 
@@ -274,9 +307,9 @@ class TrustPolicy:
         if not isinstance(found, type):
             kind = "no such name" if found is None else f"a {type(found).__name__}, not a class"
             raise UntrustedClass(f"refused to unpickle {what}: {kind} (only classes are loaded)")
-        if (found.__module__, found.__qualname__) != (module, name):
+        if found.__qualname__ != name or module not in (found.__module__, home_of(found)):
             raise UntrustedClass(
-                f"refused to unpickle {what}: it is {found.__module__}.{found.__qualname__} "
+                f"refused to unpickle {what}: it is {home_of(found)}.{found.__qualname__} "
                 "(a class is loaded under its own name only)"
             )
         if found.__new__ in _COPYING_NEW:
@@ -286,6 +319,13 @@ class TrustPolicy:
                 "NamedTuple does)"
             )
         return found
+
+    def _trusted_home(self, module: str, name: str) -> bool:
+        """Whether ``module.name``, a class already imported, has its home named by a qualified
+        ``aaabus.trust`` entry: the entry holds whichever module a version defines it in."""
+        loaded = sys.modules.get(module)
+        found = vars(loaded).get(name) if isinstance(loaded, types.ModuleType) else None
+        return isinstance(found, type) and f"{home_of(found)}.{name}" in self.trusted
 
     def _importable(self, module: str) -> bool:
         return _in(module, (*_PERSISTENCE, *_OWN_IMPORTABLE, *self.trusted)) or any(
