@@ -236,6 +236,17 @@ class RawDevice5:
         assert isinstance(connack, mc.ConnAck), connack
         return connack
 
+    def nothing_queued(self) -> bool:
+        """Whether the server had nothing queued for this device: a PINGREQ is answered on the
+        connection in the order of the server's writes, so a packet it had already decided to
+        send (a PUBLISH for a message that reached the session) comes before the PINGRESP. A
+        marker through the server's own order, where :meth:`silent` can only wait."""
+        self.send(mc.PingReq())
+        got = self.packet()
+        if isinstance(got, mc.PingResp):
+            return True
+        raise AssertionError(f"unexpected {got} before the PINGRESP")
+
     def silent(self, timeout: float = 0.3) -> bool:
         """Whether the server sends nothing for ``timeout`` seconds (an absence can only be
         shown by waiting: keep it short)."""
