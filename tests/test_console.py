@@ -10,9 +10,11 @@ ones docs/operations.md shows, written there with ``AAABUS_CONSOLE_SHOTS=docs/im
 
 from __future__ import annotations
 
+import http.client
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -31,6 +33,7 @@ from aaabus.tools.launch import Bus
 from tests.support.console import SHOTS, browser_page, console, needs_browser
 from tests.support.harness import REPO_ROOT, contiguous_free_base, free_ports
 from tests.support.mqtt import Device
+from tests.support.tls import make_certificate
 
 pytestmark = [pytest.mark.slow, needs_browser]
 
@@ -256,3 +259,23 @@ def test_stopping_a_server_needs_an_operate_key_the_token_and_its_name(
             assert _post(stop, {"confirm": "s1"}, token) == (200, {"ok": True, "stopped": 1})
             assert bus[1].proc is not None and bus[1].proc.wait(30) == 0
             assert bus[0].running()
+
+
+def test_the_console_serves_https_with_the_operators_certificate(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """``--tls-cert``/``--tls-key``: the page and its API over HTTPS only, the certificate the
+    operator gave; a client that does not trust it, or speaks plain HTTP, gets nothing."""
+    cert, key = make_certificate(tmp_path, "console")
+    config = make_config("flat", 2)
+    with console(config, "--tls-cert", str(cert), "--tls-key", str(key)) as shown:
+        assert shown.url.startswith("https://127.0.0.1:")
+        trusted = ssl.create_default_context(cafile=str(cert))
+        with urllib.request.urlopen(shown.url + "api/servers", timeout=20, context=trusted) as ok:
+            servers = json.load(ok)
+        assert [s["id"] for s in servers] == [0, 1]
+        with pytest.raises(urllib.error.URLError, match="CERTIFICATE_VERIFY_FAILED"):
+            urllib.request.urlopen(shown.url + "api/servers", timeout=20)
+        plain = "http://" + shown.url.removeprefix("https://")
+        with pytest.raises((urllib.error.URLError, ConnectionError, http.client.HTTPException)):
+            urllib.request.urlopen(plain + "api/servers", timeout=20)
