@@ -380,5 +380,7 @@ def test_a_peer_restarted_on_an_older_store_is_named_by_both_sides() -> None:
     assert "server 1's store is older" in reused and "reuse numbers" in reused
     assert all("server 1's store is older" in fact for fact in seen_by_sender)
     assert "messages 1-2 are lost" in seen_by_sender[0]
+    # One message is said as one.
+    assert "message 1 is lost" in fresh.check_state(0, D, 1, 1, 0)[0]
     # A domain the two do not share is nobody's disagreement.
     assert sender.check_state(1, "other", 9, 9, 9) == []

@@ -498,15 +498,15 @@ class LinkProtocol:
             facts.append(
                 f"server {self.me}'s store is older than server {peer} remembers in domain "
                 f"{domain}: server {self.me} acknowledged {acked} message(s) from it but its "
-                f"store has delivered {my_received}; messages {my_received + 1}-{acked} are "
-                f"lost and everything server {peer} sends after them is held back"
+                f"store has delivered {my_received}; {_span(my_received + 1, acked)} lost and "
+                f"everything server {peer} sends after them is held back"
             )
         if my_acked > received:
             facts.append(
                 f"server {peer}'s store is older than server {self.me} remembers in domain "
                 f"{domain}: it acknowledged {my_acked} message(s) from server {self.me} but "
-                f"now says it delivered {received}; messages {received + 1}-{my_acked} are "
-                "lost and what follows them is held back there"
+                f"now says it delivered {received}; {_span(received + 1, my_acked)} lost and "
+                "what follows them is held back there"
             )
         if my_received > sent:
             facts.append(
@@ -531,6 +531,11 @@ class LinkProtocol:
             outgoing[peer] = outgoing.get(peer, 0) + len(queue)
         gathered = sum(len(g.messages) for g in self._gathering.values())
         return outgoing, gathered + sum(len(w) for w in self._waiting.values())
+
+
+def _span(first: int, last: int) -> str:
+    """``message 3 is`` or ``messages 2-6 are``: link numbers in a sentence."""
+    return f"message {first} is" if first == last else f"messages {first}-{last} are"
 
 
 def _frame_of(seq: int, domain: str, entry: bytes | tuple[bytes, Message]) -> bytes:
