@@ -362,7 +362,12 @@ class Channel:
         if transport is None:
             return
         for (peer, domain), upto in acks.items():
-            frames.setdefault(peer, []).insert(0, encode_ack(domain, upto))
+            batch = frames.setdefault(peer, [])
+            # After the link states a resend opened the batch with (:meth:`resend`): a state
+            # says what this store had delivered when the resend ran, and the peer compares
+            # it with the acknowledgements it read before it, which must not include this
+            # group's later deliveries.
+            batch.insert(_after_states(batch), encode_ack(domain, upto))
         # The notice goes first: the peer's group waiting on it commits sooner.
         for peer in dict.fromkeys(sent_early):
             frames.setdefault(peer, []).insert(0, DURABLE_FRAME)
@@ -452,11 +457,14 @@ class Channel:
             elif payload == TENTATIVE_FRAME:
                 conn.tentative = True
             elif kind == STATE:
-                # An ordinary input, in order: compared before the frames that follow it
-                # (a resend) can move this side's counts.
+                # Applied with the acknowledgements, in the order read: lazy work runs before
+                # the group's other inputs, so an acknowledgement read after the state would
+                # otherwise be applied before it and make this side's count of what the peer
+                # acknowledged larger than the state it is compared with. Still before the
+                # frames that follow it (a resend) can move this side's counts.
                 state = decode_state(payload)
                 if state is not None:
-                    inputs.append(self._state_input(peer, *state))
+                    acks.append(self._state_input(peer, *state))
             else:
                 ack = decode_ack(payload)
                 if ack is not None:
@@ -613,6 +621,14 @@ class Channel:
         outgoing, held_back = self.protocol.depths()
         diverged = [fact for facts in self.diverged.values() for fact in facts]
         return {"outgoing": outgoing, "held_back": held_back, "diverged": diverged}
+
+
+def _after_states(batch: list[bytes]) -> int:
+    """Where the link states at the head of ``batch`` end."""
+    at = 0
+    while at < len(batch) and batch[at][:1] == STATE:
+        at += 1
+    return at
 
 
 class _FrameInput:
