@@ -49,7 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _samples() -> dict[str, Notification]:
-    from aaabus.testing.torture import Credit
+    from aaabus.testing.bankload import Credit
     from agents.pingpong import Ball
     from agents.stream import Item
 

@@ -32,8 +32,8 @@ import pytest
 
 from aaabus.config.reader import load_config
 from aaabus.node.inprocess import InProcessBus
+from aaabus.testing.crash import read_progress, wait_progress
 from aaabus.testing.proxy import FaultProxy
-from aaabus.testing.torture import read_progress, wait_progress
 from aaabus.tools.launch import Bus, ServerProcess
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
@@ -200,7 +200,7 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
         spec = json.dumps(
             {"depot_server": 1, "n": n, "size": 8192, "done": str(done), "hoard": hoard}
         )
-        service = f"<service class=\"aaabus.testing.torture:shipping_setup\" args='{spec}'/>"
+        service = f"<service class=\"aaabus.testing.shipping:shipping_setup\" args='{spec}'/>"
         # Small groups: each commit writes the depot and its 8 KB again.
         properties = {
             "aaabus.engine.max_batch": "1",

@@ -21,10 +21,14 @@ and 2) or on the in-process servers' threads (step 3). A server that dies on its
 not come back ready within a minute, raises :class:`AssertionError` or
 :class:`~aaabus.errors.LaunchError` out of :func:`run_under_faults`, after every process was
 stopped.
+
+Also here, for the workloads that play a rally (:mod:`aaabus.testing.workload`'s bouncers: the
+fuzzer, the fault tests): :func:`wait_progress` on the count the rally publishes in a file.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
@@ -49,12 +53,14 @@ __all__ = [
     "Traffic",
     "drain_in_process",
     "draw_layout_and_faults",
+    "read_progress",
     "routers_of",
     "run_faults",
     "run_under_faults",
     "schedule_seed",
     "servers_of",
     "stop_all",
+    "wait_progress",
     "write_bus_config",
 ]
 
@@ -358,3 +364,33 @@ def drain_in_process(
             pause(0.05)  # the traffic runs on the servers' threads: poll its committed state
             state = read(bus)
         return first, state
+
+
+# -- a rally's progress, published by its agents in a file -----------------------------------
+
+
+def read_progress(path: Path) -> dict[str, int]:
+    """The count and errors a rally last published in ``path`` (zeros before its first)."""
+    try:
+        data: dict[str, int] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"count": 0, "errors": 0}
+    return data
+
+
+def wait_progress(
+    path: Path, at_least: int, procs: list[ServerProcess], timeout: float = 30.0
+) -> dict[str, int]:
+    """Wait until the rally's published count reaches ``at_least``; fail fast if a server died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = read_progress(path)
+        if got["count"] >= at_least:
+            return got
+        for proc in procs:
+            if not proc.running():
+                tail = " | ".join(list(proc.lines)[-5:])
+                raise AssertionError(f"server {proc.server_id} died: {tail}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rally stuck at {got} (wanted {at_least}) after {timeout}s")
+        pause(0.02)  # the file is written by another process: poll it
