@@ -74,7 +74,7 @@ class Transport(Protocol):
         """Close the connection with ``peer`` (it is dialled again as after any loss)."""
 
     #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
-    #: I/O thread, in ``on_frames``: the start of a hop's breakdown).
+    #: I/O thread, in ``on_read``: the start of a hop's breakdown).
     read_ns: int
 
 
@@ -412,14 +412,6 @@ class Channel:
         (and once a connection went down, or at its ``deadline``) until it returns None.
         """
         self._loop_ident = threading.get_ident()
-        return self._frames_read(peer, payloads, loop=True)
-
-    def on_frames(self, peer: int, payloads: list[bytes]) -> None:
-        """:meth:`on_read` for a thread that reads no notice (tests feeding frames by hand): a
-        group of them that must wait for a notice runs on the engine thread."""
-        self._frames_read(peer, payloads, loop=False)
-
-    def _frames_read(self, peer: int, payloads: list[bytes], loop: bool) -> _NoticeWait | None:
         tracer = self.tracer
         if tracer is None:
             times = None
@@ -431,7 +423,6 @@ class Channel:
         acks = []
         links = self.links
         conn = links.connection(peer)
-        waits = False  # some frame of this read waits for a durability notice not yet here
         for payload in payloads:
             kind = payload[:1]
             if kind == DATA:
@@ -446,7 +437,6 @@ class Channel:
                     self._reset(peer, "it parked more frames than allowed, waiting for a notice")
                 elif not held:
                     inputs.append(item)
-                    waits = waits or conn.tentative
             elif payload == DURABLE_FRAME:
                 links.durable(conn)
             elif payload == TENTATIVE_FRAME:
@@ -464,15 +454,14 @@ class Channel:
                     acks.append(self._ack_input(peer, domain, upto))
                 else:  # garbage: refused by receive(), in its own input
                     inputs.append(_FrameInput(self, peer, payload, times, None, False))
-        # A group of these frames may run on the I/O thread even if it must wait for their
+        # A group of these frames may run on this thread even if it must wait for their
         # notice: it is then set aside until the loop has read it, which saves handing the
         # frames to the engine thread and the notice after them.
-        waits = waits and conn.durable < conn.received
-        waiting = self.engine.submit_many(inputs, acks, run_here=not waits or loop)
+        waiting = self.engine.submit_many(inputs, acks, run_here=True)
         assert waiting is None or isinstance(waiting, _NoticeWait)
         return waiting
 
-    # Built here rather than by a lambda in on_frames' loop, which would see the loop's last
+    # Built here rather than by a lambda in on_read's loop, which would see the loop's last
     # values when it runs.
     def _ack_input(self, peer: int, domain: str, upto: int) -> Callable[[Engine], None]:
         return lambda _engine: self.acknowledged(peer, domain, upto)
