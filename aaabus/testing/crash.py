@@ -35,18 +35,20 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aaabus.config.reader import load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
 from aaabus.node.inprocess import InProcessBus
+from aaabus.testing.checker import Report
 from aaabus.tools.launch import Bus, ServerProcess, free_port_base
 
 __all__ = [
     "LAYOUTS",
+    "CrashOutcome",
     "Fault",
     "Faulted",
     "OnLayout",
@@ -306,6 +308,57 @@ class Faulted:
 
     def bad_exits(self) -> dict[int, int | None]:
         return {sid: code for sid, code in self.exit_codes.items() if code != 0}
+
+
+@dataclass
+class CrashOutcome:
+    """What one crash schedule did and what the independent checker said, whatever the
+    workload; each workload's outcome adds its own figures and judges
+    (:class:`~aaabus.testing.torture.Outcome`, :class:`~aaabus.testing.topictorture.TopicOutcome`).
+    """
+
+    seed: int
+    layout: str
+    kills: int = 0
+    router_kills: int = 0
+    delivered_at_stop: int = 0
+    finished_in_process: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    misdelivered: int = 0
+    causal_violations: int = 0
+    fifo_violations: int = 0
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def took(self, faulted: Faulted, routers: list[int], workdir: Path) -> None:
+        """Note what the faults did: the kills (those of ``routers`` apart), the exit codes, and
+        as a problem each server that did not exit 0 on SIGTERM (its stacks in ``workdir``)."""
+        self.exit_codes = faulted.exit_codes
+        self.kills = len(faulted.killed)
+        self.router_kills = sum(sid in routers for sid in faulted.killed)
+        if faulted.bad_exits():
+            stuck = stuck_note(faulted, workdir)
+            self.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
+
+    def checked(self, report: Report, whose: str = "") -> None:
+        """Add the checker's findings in ``report`` (one of the run, or one of each subscriber,
+        ``whose`` then naming it in the problem)."""
+        self.lost += len(report.lost)
+        self.duplicated += len(report.duplicated)
+        self.misdelivered += len(report.misdelivered)
+        self.causal_violations += len(report.causal_violations)
+        self.fifo_violations += len(report.fifo_violations)
+        if not report.ok:
+            self.problems.append(f"checker{whose}: {report.summary()}")
 
 
 def stuck_note(faulted: Faulted, workdir: Path) -> str:

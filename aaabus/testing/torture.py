@@ -35,7 +35,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +43,12 @@ from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.bankload import Account
 from aaabus.testing.checker import Send, check
 from aaabus.testing.crash import (
+    CrashOutcome,
     Fault,
     OnLayout,
     drain_in_process,
     draw_layout_and_faults,
     run_under_faults,
-    stuck_note,
     write_bus_config,
 )
 
@@ -102,36 +102,15 @@ def make_schedule(
 
 
 @dataclass
-class Outcome:
-    """What one schedule did and what the two judges said."""
+class Outcome(CrashOutcome):
+    """What one schedule did and what the two judges said: the checker's and the money's."""
 
-    seed: int
-    layout: str
-    kills: int = 0
-    router_kills: int = 0
     messages: int = 0
     expected_messages: int = 0
-    delivered_at_stop: int = 0
-    finished_in_process: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    misdelivered: int = 0
-    causal_violations: int = 0
-    fifo_violations: int = 0
     total_expected: int = 0
     total_found: int = 0
     in_flight: int = 0
     invariant_ok: bool = False
-    exit_codes: dict[int, int | None] = field(default_factory=dict)
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def write_config(schedule: Schedule, directory: Path) -> Path:
@@ -184,13 +163,7 @@ def judge(schedule: Schedule, accounts: list[AccountState], outcome: Outcome) ->
     deliveries = {a.label: [m for m, _amt in a.received] for a in accounts}
     report = check(sends, deliveries)
     outcome.messages = len(sends)
-    outcome.lost = len(report.lost)
-    outcome.duplicated = len(report.duplicated)
-    outcome.misdelivered = len(report.misdelivered)
-    outcome.causal_violations = len(report.causal_violations)
-    outcome.fifo_violations = len(report.fifo_violations)
-    if not report.ok:
-        outcome.problems.append(f"checker: {report.summary()}")
+    outcome.checked(report)
     amounts = {m: amt for a in accounts for m, _d, _vc, amt in a.sent}
     received = {m for a in accounts for m, _amt in a.received}
     in_flight = sum(amt for m, amt in amounts.items() if m not in received)
@@ -248,12 +221,7 @@ def run_schedule(
     config = write_config(schedule, workdir)
     storage = workdir / "stores"
     faulted = run_under_faults(config, schedule.servers, storage, schedule.faults)
-    outcome.exit_codes = faulted.exit_codes
-    outcome.kills = len(faulted.killed)
-    outcome.router_kills = sum(sid in schedule.routers for sid in faulted.killed)
-    if faulted.bad_exits():
-        stuck = stuck_note(faulted, workdir)
-        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
+    outcome.took(faulted, schedule.routers, workdir)
     accounts, outcome.delivered_at_stop = finish_in_process(
         config, storage, schedule, drain_timeout
     )

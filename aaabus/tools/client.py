@@ -37,7 +37,6 @@ import os
 import threading
 import time
 import uuid
-from types import TracebackType
 from typing import Any
 
 import cloudpickle
@@ -264,12 +263,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- retries ----------------------------------------------------------------------------------
