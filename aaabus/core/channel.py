@@ -412,6 +412,9 @@ class Channel:
         (and once a connection went down, or at its ``deadline``) until it returns None.
         """
         self._loop_ident = threading.get_ident()
+        return self._frames_read(peer, payloads, loop=True)
+
+    def _frames_read(self, peer: int, payloads: list[bytes], loop: bool) -> _NoticeWait | None:
         tracer = self.tracer
         if tracer is None:
             times = None
@@ -423,6 +426,7 @@ class Channel:
         acks = []
         links = self.links
         conn = links.connection(peer)
+        waits = False  # some frame of this read waits for a durability notice not yet here
         for payload in payloads:
             kind = payload[:1]
             if kind == DATA:
@@ -437,6 +441,7 @@ class Channel:
                     self._reset(peer, "it parked more frames than allowed, waiting for a notice")
                 elif not held:
                     inputs.append(item)
+                    waits = waits or conn.tentative
             elif payload == DURABLE_FRAME:
                 links.durable(conn)
             elif payload == TENTATIVE_FRAME:
@@ -454,10 +459,11 @@ class Channel:
                     acks.append(self._ack_input(peer, domain, upto))
                 else:  # garbage: refused by receive(), in its own input
                     inputs.append(_FrameInput(self, peer, payload, times, None, False))
-        # A group of these frames may run on this thread even if it must wait for their
+        # A group of these frames may run on the I/O thread even if it must wait for their
         # notice: it is then set aside until the loop has read it, which saves handing the
         # frames to the engine thread and the notice after them.
-        waiting = self.engine.submit_many(inputs, acks, run_here=True)
+        waits = waits and conn.durable < conn.received
+        waiting = self.engine.submit_many(inputs, acks, run_here=not waits or loop)
         assert waiting is None or isinstance(waiting, _NoticeWait)
         return waiting
 
