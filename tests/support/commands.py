@@ -2,22 +2,33 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
-from pathlib import Path
+from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.harness import REPO_ROOT
 
 
 def cli(tool: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
     """``python -m TOOL ARGS`` (``aaabus``, or ``perf`` for its suites) from the repository root."""
     return subprocess.run(
         [sys.executable, "-m", tool, *args],
-        cwd=REPO,
+        cwd=REPO_ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
+        stdin=subprocess.DEVNULL,
     )
+
+
+def the_json_line(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
+    """What a suite run with ``--json`` printed: exit status 0, and one line, its JSON object."""
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, "--json prints the JSON line only"
+    out: dict[str, Any] = json.loads(lines[0])
+    return out
 
 
 def one_clean_error(proc: subprocess.CompletedProcess[str], *needles: str, prog: str) -> None:
