@@ -70,7 +70,7 @@ check: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy aaabus agents perf tests
+	$(VENV)/bin/mypy aaabus perf tests
 	$(VENV)/bin/lint-imports --no-logo
 
 demo: $(STAMP)

@@ -49,9 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _samples() -> dict[str, Notification]:
-    from aaabus.testing.torture import Credit
-    from agents.pingpong import Ball
-    from agents.stream import Item
+    from aaabus.testing.bankload import Credit
+    from perf.agents.pingpong import Ball
+    from perf.agents.stream import Item
 
     me = AgentId(0, 1, 16)
     return {
@@ -80,7 +80,7 @@ def _trips() -> dict[str, Callable[[Notification], Any]]:
     import msgpack
 
     codec = Codec()
-    policy = TrustPolicy(["agents"])  # what a ping-pong server trusted (its service's module)
+    policy = TrustPolicy(["perf.agents"])  # what a ping-pong server trusted (its service's module)
     return {
         "aaabus": lambda n: codec.decode(codec.encode(n)),
         "msgpack": _by_dict(msgpack.packb, msgpack.unpackb),

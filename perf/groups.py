@@ -3,8 +3,8 @@ domains, with real server processes.
 
 The servers are dealt into ``--groups`` groups (a seeded shuffle: group mates do not have
 neighbouring ids, so the generated layouts, which cut ids in runs, know nothing of the groups).
-Every server runs a talker (:mod:`agents.groups`): a closed loop of hello/answer exchanges with a
-peer drawn inside its group with probability ``--inside``, else outside.
+Every server runs a talker (:mod:`perf.agents.groups`): a closed loop of hello/answer exchanges
+with a peer drawn inside its group with probability ``--inside``, else outside.
 
 1. **Observe.** The workload runs briefly on a flat bus with the traffic recorder on
    (``aaabus.traffic``), as a production bus would before it is planned.
@@ -178,7 +178,7 @@ def _run_bus(
         "seed": args.seed,
         "active": active_of(groups, active),
     }
-    service = ("agents.groups:groups_service", json.dumps(spec))
+    service = ("perf.agents.groups:groups_service", json.dumps(spec))
     config = with_services(work / "base.xml", work / "a3.xml", {0: [service]}, props)
     with Bus(config, sorted(groups), work / "store", cwd=REPO_ROOT) as bus:
         # CPU of every server from the moment all are up to the result: the work the bus did

@@ -52,9 +52,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
-from agents.pingpong import summarise
 from perf import mqttload
 from perf.aaabus_mqtt import mqtt_bus, mqtt_servers
+from perf.agents.pingpong import summarise
 from perf.brokers import (
     NOFILE_HARD,
     Endpoint,

@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from agents.pingpong import summarise
 from perf import floor
+from perf.agents.pingpong import summarise
 from perf.brokers import (
     Endpoint,
     reachable,

@@ -65,7 +65,7 @@ def run(
         run_config = with_services(
             config,
             work / "a3.xml",
-            {0: [("agents.pingpong:bench_service", json.dumps(args))]},
+            {0: [("perf.agents.pingpong:bench_service", json.dumps(args))]},
             props,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:

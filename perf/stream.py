@@ -57,7 +57,7 @@ def run(
         run_config = with_services(
             config,
             work / "a3.xml",
-            {0: [("agents.stream:stream_service", json.dumps(args))]},
+            {0: [("perf.agents.stream:stream_service", json.dumps(args))]},
             properties,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:

@@ -188,7 +188,7 @@ def run_point(point: Point, args: argparse.Namespace, work: Path) -> list[dict[s
     ]
     first = dict(specs[0], then=specs[1:])
     config = with_services(
-        plain, work / "a3.xml", {0: [("agents.pingpong:bench_service", json.dumps(first))]}
+        plain, work / "a3.xml", {0: [("perf.agents.pingpong:bench_service", json.dumps(first))]}
     )
     outs = [Path(spec["out"]) for spec in specs]
     deadline = time.monotonic() + (args.timeout or 600.0 + 3.0 * point.servers)

@@ -40,8 +40,8 @@ from typing import Any
 from aaabus.config.topology import generate
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus, free_port_base
-from agents.topics import Blaster, Go, Sink
 from perf import stream
+from perf.agents.topics import Blaster, Go, Sink
 from perf.harness import REPO_ROOT, scratch, wait_for_file
 
 
@@ -75,7 +75,7 @@ def _config(path: Path, servers: int) -> Path:
         servers,
         domain_size=max(servers, 2),
         base_port=free_port_base(3 * servers + 3),
-        properties={"aaabus.trust": "agents"},
+        properties={"aaabus.trust": "perf.agents"},
     )
     path.write_text(text)
     return path

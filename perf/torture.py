@@ -142,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
                 totals["failed_seeds"].append(seed)
                 totals["failures"][str(seed)] = list(outcome.problems)
         if args.fuzz_frames > 0:
-            from aaabus.testing.torture import fuzz_live_server
+            from aaabus.testing.fuzz import fuzz_live_server
 
             try:
                 fuzz = fuzz_live_server(root / "fuzz", args.fuzz_frames, seed=args.seed, log=log)

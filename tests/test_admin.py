@@ -20,7 +20,7 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import load_config
 from aaabus.config.secret import Credential, load_secret
 from aaabus.errors import AdminError, RequestRefused
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.tools.buswide import bus_status
 from aaabus.tools.cli import main
 from aaabus.tools.client import Client
@@ -216,7 +216,7 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
         address, explicit = admin_address(cfg, 0)
         assert address == ("127.0.0.1", port) and explicit
         with pytest.raises(AdminError, match="does not use this bus secret"):
-            Link.connect(address, b"another bus" * 3, 0)
+            AdminLink.connect(address, b"another bus" * 3, 0)
         # The right secret, but a server's id: servers have no business on the admin port.
         with socket.create_connection(address, timeout=10) as sock:
             credential = Credential(load_secret(tmp_path / "bus.key"))
@@ -227,7 +227,7 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
                 frames = decoder.feed(sock.recv(1024))
             sock.sendall(handshake.receive(frames[0]))
             assert sock.recv(1024) == b""  # closed without a proof
-        link = Link.connect(address, load_secret(tmp_path / "bus.key"), 0)
+        link = AdminLink.connect(address, load_secret(tmp_path / "bus.key"), 0)
         try:
             assert link.request({"op": "nonsense"}) == {
                 "ok": False,
@@ -244,7 +244,7 @@ def test_the_admin_port_admits_only_clients_holding_the_secret(
             assert answer["close"] is True and link.wait_closed(10)
         finally:
             link.close()
-        link = Link.connect(address, load_secret(tmp_path / "bus.key"), 0)
+        link = AdminLink.connect(address, load_secret(tmp_path / "bus.key"), 0)
         try:
             assert link.request({"op": "status"})["status"]["up"]
         finally:

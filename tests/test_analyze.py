@@ -7,9 +7,8 @@ what matters is what the user's terminal sees (one stderr line, exit status, the
 
 from __future__ import annotations
 
+import functools
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,11 +22,11 @@ from aaabus.analysis.schema import RTT_SCHEMA
 from aaabus.analysis.sparkjob import spark_session
 from aaabus.errors import TraceError
 from perf.synth import Law, write_traces
+from tests.support.commands import cli, one_clean_error
+from tests.support.tables import table_of
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
 pytestmark = pytest.mark.slow
-
-REPO = Path(__file__).resolve().parent.parent
 
 # Known laws (ms): a quadratic, two linear, a constant, each with 8 % log-normal noise.
 LAWS = [
@@ -61,27 +60,7 @@ def known_report(spark: Any, known: Path, tmp_path_factory: pytest.TempPathFacto
     return out
 
 
-def cli(tool: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python -m TOOL ARGS`` (``aaabus``, or ``perf`` for its suites) from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", tool, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def assert_one_clean_error(
-    proc: subprocess.CompletedProcess[str], *needles: str, prog: str = "aaabus analyze"
-) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"{prog}: error: ")
-    assert "Traceback" not in proc.stderr and "java." not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0]
+assert_one_clean_error = functools.partial(one_clean_error, prog="aaabus analyze")
 
 
 def rtt_table(rows: int = 5, **overrides: Any) -> pa.Table:
@@ -102,13 +81,7 @@ def rtt_table(rows: int = 5, **overrides: Any) -> pa.Table:
         "hops": 1,
     }
     cols.update(overrides)
-    return pa.table(
-        {
-            f.name: v if isinstance(v, pa.Array) else pa.array([v] * rows, f.type)
-            for f in RTT_SCHEMA
-            for v in [cols[f.name]]
-        }
-    )
+    return table_of(RTT_SCHEMA, cols, rows)
 
 
 # --------------------------------------------------------------------------------------------

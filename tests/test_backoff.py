@@ -12,7 +12,7 @@ import pytest
 
 from aaabus.errors import ServerUnreachable
 from aaabus.io.backoff import Backoff
-from aaabus.io.dialing import BACKOFF_FIRST, BACKOFF_MAX, Dial
+from aaabus.io.peerdial import BACKOFF_FIRST, BACKOFF_MAX, PeerDial
 from aaabus.tools import client as client_module
 from aaabus.tools.client import RETRY_FIRST, RETRY_MAX, Client
 
@@ -62,7 +62,7 @@ def test_a_backoff_needs_a_positive_first_delay_under_its_ceiling(
 
 
 def test_a_server_redials_with_the_shared_backoff() -> None:
-    dial: Dial[object] = Dial()
+    dial: PeerDial[object] = PeerDial()
     assert isinstance(dial.backoff, Backoff)
     assert (dial.backoff.first, dial.backoff.ceiling) == (BACKOFF_FIRST, BACKOFF_MAX)
     dial.next_delay()

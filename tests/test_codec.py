@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from aaabus import AgentId, ExceptionNotification, Notification, PersistentList, UnknownAgent
 from aaabus.errors import BadBody
 from aaabus.model.pubsub import MessageProps, Publication, Publish
-from aaabus.testing.torture import Chain, Credit
+from aaabus.testing.bankload import Credit
+from aaabus.testing.chains import Chain
 from aaabus.testing.workload import Bounce
 from aaabus.topics.messages import (
     Carried,

@@ -2,8 +2,9 @@
 tentative, and nothing a receiver commits ever derives from one its sender might lose.
 
 The notice board alone (threads, deadlines), then a real server on a log store fed frames by
-hand as its I/O thread would (the sender's crash is then a call, at an exact moment), then two
-real servers whose frames are watched on their way to the network.
+hand over real connections from peers the test plays (:class:`~aaabus.testing.fuzz.FakePeer`:
+the sender's crash is then a closed socket, at an exact moment), then two real servers whose
+frames are watched on their way to the network.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any
 import pytest
 
 from aaabus.config.reader import load_config
+from aaabus.config.secret import load_secret
 from aaabus.core.clock import DomainClock
 from aaabus.core.early import LATE_FOR_S, EarlyLinks, Incoming
 from aaabus.errors import DependencyLost
 from aaabus.model.ids import AgentId
 from aaabus.node.inprocess import InProcessBus
 from aaabus.node.server import AgentServer
+from aaabus.testing.fuzz import FakePeer
 from aaabus.wire.codec import encode_note
 from aaabus.wire.linkframes import DURABLE_FRAME, TENTATIVE_FRAME, encode_data
 from aaabus.wire.message import Message
@@ -259,26 +262,38 @@ def test_a_group_set_aside_whose_connection_closed_is_replayed() -> None:
 
 # -- a real server fed frames by hand -----------------------------------------------------------
 
+#: Groups run on the engine thread, never inline on the I/O thread: one that waits for a notice
+#: then sleeps in the notice board's wait (``links.sleeping``), where the test can see it.
+ON_THE_ENGINE_THREAD = {"aaabus.engine.inline": "false"}
+
 
 @pytest.fixture
 def lone_server(make_config: Callable[..., Path], tmp_path: Path) -> Iterator[AgentServer]:
     """Server 1 of a 2-server bus, alone, on a log store; server 0 is played by the test."""
-    config = load_config(make_config(servers=2))
+    config = load_config(make_config(servers=2, properties=ON_THE_ENGINE_THREAD))
     with InProcessBus(
         config, server_ids=[1], store_kind="log", storage_root=tmp_path / "stores"
     ) as bus:
         yield bus[1]
 
 
-def _frames_from_0(count: int, sender: int = 0, size: int = 2) -> list[bytes]:
-    """Data frames 1..count from ``sender`` (server 0) to server 1's listener (``#s.s.1``), one
-    event each, in a domain of ``size`` servers."""
+def _peer(server: AgentServer, me: int) -> FakePeer:
+    """A session to ``server`` in D0 as server ``me`` (a lower id: ``server`` accepts it), on a
+    real connection: what it sends reaches the channel by the network's own path."""
+    address = ("127.0.0.1", server.config.servers[server.server_id].port_in("D0"))
+    secret = load_secret(Path(server.config.path).parent / "bus.key")
+    return FakePeer(address, secret, me, server.server_id)
+
+
+def _frames_from_0(count: int, sender: int = 0, size: int = 2, to: int = 1) -> list[bytes]:
+    """Data frames 1..count from ``sender`` (server 0) to server ``to``'s listener (``#s.s.1``),
+    one event each, in a domain of ``size`` servers."""
     clock = DomainClock(size, sender)
     frames = []
     for seq in range(1, count + 1):
-        stamp = clock.prepare_send(1)
+        stamp = clock.prepare_send(to)
         body = encode_note(Inc(100 * sender + seq))
-        message = Message(AgentId(sender, sender, 16), AgentId.server_of(1), body)
+        message = Message(AgentId(sender, sender, 16), AgentId.server_of(to), body)
         frames.append(encode_data(seq, "D0", stamp, message))
     return frames
 
@@ -303,15 +318,21 @@ def test_a_tentative_frame_is_committed_only_after_its_notice(lone_server: Agent
     assert channel is not None
     heard = _heard(server)
     links = channel.links
-    links.up(0)
     (frame,) = _frames_from_0(1)
-    commits = server._require_engine().stats.commits
-    channel.on_frames(0, [TENTATIVE_FRAME, frame])
-    # Its group applied it, reacted, and now waits at its vote for server 0's notice.
-    wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
-    assert heard == [] and server._require_engine().stats.commits == commits
-    channel.on_frames(0, [DURABLE_FRAME])
-    wait_until("heard == [Inc(1)]", lambda: heard == [Inc(1)], TIMEOUT)
+    peer = _peer(server, 0)
+    try:
+        wait_until("server 0 is up", lambda: links.ups == 1, TIMEOUT)
+        server.call(lambda: None, TIMEOUT)  # after the resend its coming up ran
+        commits = server._require_engine().stats.commits
+        peer.send(TENTATIVE_FRAME)
+        peer.send(frame)
+        # Its group applied it, reacted, and now waits at its vote for server 0's notice.
+        wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
+        assert heard == [] and server._require_engine().stats.commits == commits
+        peer.send(DURABLE_FRAME)
+        wait_until("heard == [Inc(1)]", lambda: heard == [Inc(1)], TIMEOUT)
+    finally:
+        peer.close()
     assert _received_from_0(server) == 1
     assert links.dropped == 0
 
@@ -324,19 +345,24 @@ def test_a_frame_its_sender_never_made_durable_is_dropped_and_its_resend_deliver
     assert channel is not None
     heard = _heard(server)
     links = channel.links
-    links.up(0)
     first, second = _frames_from_0(2)
-    channel.on_frames(0, [TENTATIVE_FRAME, first])
+    crashing = _peer(server, 0)
+    crashing.send(TENTATIVE_FRAME)
+    crashing.send(first)
     wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
     # Server 0 crashes before its sync: its connection closes without the notice.
-    links.down(0)
+    crashing.close()
     wait_until("links.dropped == 1", lambda: links.dropped == 1, TIMEOUT)
     assert heard == [] and _received_from_0(server) == 0
     # It comes back: the frame had been durable after all and is in its outgoing queue, so it
     # is sent again (plain: resends come from the store), then the next one.
-    links.up(0)
-    channel.on_frames(0, [first, TENTATIVE_FRAME, second, DURABLE_FRAME])
-    wait_until("both notes", lambda: heard == [Inc(1), Inc(2)], TIMEOUT)
+    back = _peer(server, 0)
+    try:
+        for payload in (first, TENTATIVE_FRAME, second, DURABLE_FRAME):
+            back.send(payload)
+        wait_until("both notes", lambda: heard == [Inc(1), Inc(2)], TIMEOUT)
+    finally:
+        back.close()
     assert _received_from_0(server) == 2
     assert links.dropped == 1
 
@@ -344,30 +370,36 @@ def test_a_frame_its_sender_never_made_durable_is_dropped_and_its_resend_deliver
 def test_a_silent_sender_delays_only_its_own_frames(
     make_config: Callable[..., Path], tmp_path: Path
 ) -> None:
-    # Server 1 of three, alone; servers 0 and 2 are played by the test. Server 0 sends a frame
-    # early and never its notice (its disk hangs): server 1 must go on serving server 2.
-    config = load_config(make_config(servers=3, properties={"aaabus.link.notice_wait_ms": "20"}))
+    # Server 2 of three, alone; servers 0 and 1 are played by the test. Server 0 sends a frame
+    # early and never its notice (its disk hangs): server 2 must go on serving server 1.
+    properties = {"aaabus.link.notice_wait_ms": "20", **ON_THE_ENGINE_THREAD}
+    config = load_config(make_config(servers=3, properties=properties))
     with InProcessBus(
-        config, server_ids=[1], store_kind="log", storage_root=tmp_path / "stores"
+        config, server_ids=[2], store_kind="log", storage_root=tmp_path / "stores"
     ) as bus:
-        server = bus[1]
+        server = bus[2]
         channel = server.channel
         assert channel is not None
         heard = _heard(server)
         links = channel.links
-        links.up(0)
-        links.up(2)
-        (from_0,) = _frames_from_0(1, size=3)
-        first_2, second_2 = _frames_from_0(2, sender=2, size=3)
-        channel.on_frames(0, [TENTATIVE_FRAME, from_0])
-        channel.on_frames(2, [first_2])
-        wait_until("server 2's frame", lambda: heard == [Inc(201)], TIMEOUT)
-        assert links.parked == 1  # server 0's frame waits apart
-        channel.on_frames(2, [second_2])
-        wait_until("server 2's next frame", lambda: len(heard) == 2, TIMEOUT)
-        # Server 0's disk comes back: its notice releases the parked frame, delivered once.
-        channel.on_frames(0, [DURABLE_FRAME])
-        wait_until("server 0's frame", lambda: len(heard) == 3, TIMEOUT)
+        (from_0,) = _frames_from_0(1, size=3, to=2)
+        first_1, second_1 = _frames_from_0(2, sender=1, size=3, to=2)
+        silent, other = _peer(server, 0), _peer(server, 1)
+        try:
+            silent.send(TENTATIVE_FRAME)
+            silent.send(from_0)
+            wait_until("server 0's frame parked", lambda: links.parked == 1, TIMEOUT)
+            other.send(first_1)
+            wait_until("server 1's frame", lambda: heard == [Inc(101)], TIMEOUT)
+            assert links.parked == 1  # server 0's frame still waits apart
+            other.send(second_1)
+            wait_until("server 1's next frame", lambda: len(heard) == 2, TIMEOUT)
+            # Server 0's disk comes back: its notice releases the parked frame, delivered once.
+            silent.send(DURABLE_FRAME)
+            wait_until("server 0's frame", lambda: len(heard) == 3, TIMEOUT)
+        finally:
+            silent.close()
+            other.close()
         assert heard[2] == Inc(1)
         assert links.dropped == 0
 

@@ -138,13 +138,13 @@ def test_once_actions_are_registered_again_after_a_rollback_removed_them(db: _Db
     # a savepoint is rolled back by a whole abort, a different path).
     db.effects.after_commit(lambda: ran.append("first"))
     savepoint = db.tm.savepoint()
-    db.effects.after_commit_once(flush)
-    db.effects.after_commit_once(flush)  # already there
+    db.effects.when_durable_once(flush)
+    db.effects.when_durable_once(flush)  # already there
     savepoint.rollback()  # takes the registration back ...
-    db.effects.after_commit_once(flush)  # ... so this one must register it again
+    db.effects.when_durable_once(flush)  # ... so this one must register it again
     db.tm.commit()
     assert ran == ["first", "flush"]
-    db.effects.after_commit_once(flush)  # a new transaction starts with nothing registered
+    db.effects.when_durable_once(flush)  # a new transaction starts with nothing registered
     db.tm.commit()
     assert ran == ["first", "flush", "flush"]
 

@@ -32,8 +32,8 @@ import pytest
 
 from aaabus.config.reader import load_config
 from aaabus.node.inprocess import InProcessBus
+from aaabus.testing.crash import read_progress, wait_progress
 from aaabus.testing.proxy import FaultProxy
-from aaabus.testing.torture import read_progress, wait_progress
 from aaabus.tools.launch import Bus, ServerProcess
 from tests.support.bus import add_to_server, wait_json
 from tests.support.gossip import deploy_gossipers, kick_all, wait_and_check
@@ -200,7 +200,7 @@ def test_disk_full_stops_the_server_and_nothing_unstored_is_acknowledged(
         spec = json.dumps(
             {"depot_server": 1, "n": n, "size": 8192, "done": str(done), "hoard": hoard}
         )
-        service = f"<service class=\"aaabus.testing.torture:shipping_setup\" args='{spec}'/>"
+        service = f"<service class=\"aaabus.testing.shipping:shipping_setup\" args='{spec}'/>"
         # Small groups: each commit writes the depot and its 8 KB again.
         properties = {
             "aaabus.engine.max_batch": "1",
@@ -269,6 +269,16 @@ def _boot(config: Path, storage: Path) -> subprocess.CompletedProcess[str] | Non
     return None
 
 
+def _refused_at_boot(config: Path, storage: Path, what: str) -> str:
+    """Start server 0 on ``storage``, which must refuse it (``what`` it is, for the message):
+    exit status 2 and no traceback. Its last line, the reason."""
+    refused = _boot(config, storage)
+    assert refused is not None, f"{what}: it booted"
+    assert refused.returncode == 2
+    assert "Traceback" not in refused.stdout
+    return refused.stdout.strip().splitlines()[-1]
+
+
 def _counter_value(storage: Path, kind: str = "file") -> int:
     from aaabus.core.store import open_store
     from tests.support.agents import Counter
@@ -295,12 +305,8 @@ def test_store_cut_short_is_refused_at_boot(
     data = storage / "data.fs"
     size = data.stat().st_size
     os.truncate(data, size - 30)  # the last committed transaction loses its end
-    refused = _boot(config, storage)
-    assert refused is not None, "a store missing committed bytes booted"
-    assert refused.returncode == 2
-    last = refused.stdout.strip().splitlines()[-1]
+    last = _refused_at_boot(config, storage, "a store missing committed bytes")
     assert "is truncated: the committed transaction at byte" in last, last
-    assert "Traceback" not in refused.stdout
 
 
 def test_torn_tail_of_a_crash_is_recovered(
@@ -357,12 +363,8 @@ def test_garbage_over_a_live_record_is_refused_at_boot(
     with data.open("r+b") as f:
         f.seek(pos + DATA_HDR_LEN + 4)
         f.write(b"\xde\xad\xbe\xef" * 4)
-    refused = _boot(config, storage)
-    assert refused is not None, "a store with a garbled live record booted"
-    assert refused.returncode == 2
-    last = refused.stdout.strip().splitlines()[-1]
+    last = _refused_at_boot(config, storage, "a store with a garbled live record")
     assert f"storage {data} is damaged: object 0x{int.from_bytes(oid, 'big'):x}" in last, last
-    assert "Traceback" not in refused.stdout
 
 
 def test_garbage_in_an_old_revision_is_harmless(
@@ -407,12 +409,8 @@ def test_damaged_log_block_is_refused_at_boot_naming_segment_and_offset(
     with first.open("r+b") as f:
         f.seek(64 + 24 + 10)
         f.write(b"\xde\xad")
-    refused = _boot(config, storage)
-    assert refused is not None, "a log store with a damaged committed block booted"
-    assert refused.returncode == 2
-    last = refused.stdout.strip().splitlines()[-1]
+    last = _refused_at_boot(config, storage, "a log store with a damaged committed block")
     assert f"log store segment {first} is damaged at byte 64:" in last, last
-    assert "Traceback" not in refused.stdout
     assert first.read_bytes()[:64] == before[:64], "refused, yet changed"
 
 
@@ -424,12 +422,8 @@ def test_damaged_log_segment_header_is_refused_at_boot(
     with first.open("r+b") as f:
         f.seek(20)
         f.write(b"\xff")
-    refused = _boot(config, storage)
-    assert refused is not None, "a log store with a damaged segment header booted"
-    assert refused.returncode == 2
-    last = refused.stdout.strip().splitlines()[-1]
+    last = _refused_at_boot(config, storage, "a log store with a damaged segment header")
     assert f"log store segment {first} is damaged at byte 0:" in last, last
-    assert "Traceback" not in refused.stdout
 
 
 def test_copy_of_a_stopped_log_store_boots(
@@ -448,10 +442,7 @@ def test_a_store_of_the_other_kind_is_refused_at_boot(
     config, storage = _counter_store(tmp_path, make_config, "file")
     other = config.with_name("log.xml")
     other.write_text(config.read_text().replace('value="file"', 'value="log"'))
-    refused = _boot(other, storage)
-    assert refused is not None, "a file store was opened as an empty log store"
-    assert refused.returncode == 2
-    last = refused.stdout.strip().splitlines()[-1]
+    last = _refused_at_boot(other, storage, "a file store opened as an empty log store")
     assert f"storage directory {storage} holds a file store" in last, last
     assert "set property aaabus.store=file to keep using it" in last, last
     assert not (storage / "log").exists()

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from aaabus.errors import BadBody, MalformedPickle
 from aaabus.model.ids import AgentId
-from aaabus.testing.torture import Start
+from aaabus.testing.bankload import Start
 from aaabus.wire.codec import Codec, encode_note
 from aaabus.wire.linkframes import decode_data, encode_data
 from aaabus.wire.message import Message, vet_body

@@ -2,7 +2,7 @@
 
 Wire: a live server s2 (real process) plays a rally with s1 while the fuzzer connects to it
 unauthenticated (raw bytes) and, holding the bus secret, as the declared-but-absent server s0
-(see :class:`aaabus.testing.torture.FuzzTarget`). The server must never crash, must drop the
+(see :class:`aaabus.testing.fuzz.FuzzTarget`). The server must never crash, must drop the
 offending connection or frame, and the rally must go on exactly (every volley once, in order).
 
 An authenticated peer is trusted with the secret, but not with the server's life: a data frame is
@@ -34,13 +34,13 @@ from aaabus.config.reader import parse_config
 from aaabus.core.clock import DomainClock
 from aaabus.errors import ConfigError
 from aaabus.model.ids import AgentId
-from aaabus.testing.torture import (
+from aaabus.testing.bankload import Start
+from aaabus.testing.crash import wait_progress
+from aaabus.testing.fuzz import (
     FuzzTarget,
-    Start,
     mutate,
     random_authenticated_payload,
     random_raw_bytes,
-    wait_progress,
 )
 from aaabus.wire.codec import encode_note
 from aaabus.wire.frames import MAGIC, VERSION, encode_frame

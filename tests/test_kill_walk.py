@@ -36,7 +36,7 @@ from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
 from aaabus.errors import ServerUnreachable
 from aaabus.node.inprocess import InProcessBus
-from aaabus.testing.torture import stop_all
+from aaabus.testing.crash import stop_all
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, TEST_TRUST, contiguous_free_base
 from tests.support.walk import Actor, Directory, Run, Scenario, scenarios, start_step

@@ -5,14 +5,14 @@ from __future__ import annotations
 import logging
 import random
 
-from aaabus.io.dialing import BACKOFF_FIRST, BACKOFF_MAX, Dial
 from aaabus.io.logpolicy import close_level, close_message
+from aaabus.io.peerdial import BACKOFF_FIRST, BACKOFF_MAX, PeerDial
 from aaabus.io.states import ConnState
 
 
 def test_redials_back_off_exponentially_to_a_cap_with_jitter_and_reset_when_up() -> None:
     random.seed(7)
-    dial: Dial[object] = Dial()
+    dial: PeerDial[object] = PeerDial()
     delays = [dial.next_delay() for _ in range(12)]
     assert BACKOFF_FIRST * 0.5 <= delays[0] <= BACKOFF_FIRST
     assert delays[3] > delays[0] * 2  # 8x the first, less at most half of it for jitter
@@ -24,7 +24,7 @@ def test_redials_back_off_exponentially_to_a_cap_with_jitter_and_reset_when_up()
 
 
 def test_a_repeated_dial_error_is_said_once() -> None:
-    dial: Dial[object] = Dial()
+    dial: PeerDial[object] = PeerDial()
     assert [dial.first_time(r) for r in ("refused", "refused", "bad MAC", "bad MAC")] == [
         True,
         False,

@@ -3,13 +3,10 @@ JSON (the speed itself is the suite's business, never a unit test's)."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 from perf.commit import CONTENDERS
-from tests.support.harness import REPO_ROOT
+from tests.support.commands import cli, the_json_line
 
 
 def test_perf_commit_prints_the_documented_json(tmp_path: Path) -> None:
@@ -25,18 +22,9 @@ def test_perf_commit_prints_the_documented_json(tmp_path: Path) -> None:
         "--stream-segment",
         "16384",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "perf", "commit", "--json", *tiny, "--workdir", str(tmp_path)],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
+    out = the_json_line(
+        cli("perf", "commit", "--json", *tiny, "--workdir", str(tmp_path), timeout=300)
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, "--json prints the JSON line only"
-    out = json.loads(lines[0])
     for name in CONTENDERS:
         for q in ("p50", "p90", "p99", "max"):
             assert out[f"{name}_{q}_us"] > 0

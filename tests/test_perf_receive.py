@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from perf.receive import measure
+from tests.support.commands import cli
 from tests.support.harness import REPO_ROOT
 
 
@@ -33,13 +34,7 @@ def test_every_message_of_every_burst_is_delivered_by_the_measured_path() -> Non
 
 
 def test_bad_arguments_are_one_line() -> None:
-    run = subprocess.run(
-        [sys.executable, "-m", "perf", "receive", "--bursts", "1,x"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = cli("perf", "receive", "--bursts", "1,x", timeout=60)
     assert run.returncode != 0
     assert run.stderr.strip().splitlines() == [
         "perf receive: error: --bursts takes integers, got '1,x'"

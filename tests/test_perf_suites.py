@@ -18,6 +18,7 @@ from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from aaabus.config.topology import generate
 from aaabus.core.trace import STAGES
 from aaabus.tools.launch import free_port_base
+from tests.support.commands import cli
 from tests.support.harness import REPO_ROOT
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
@@ -338,12 +339,6 @@ def test_topics_suite_reports_one_remote_fanout_and_stream() -> None:
 
 
 def test_topics_suite_refuses_an_unknown_peer_in_one_line() -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "perf", "topics", "--peers", "nats"],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = cli("perf", "topics", "--peers", "nats", timeout=120)
     assert done.returncode != 0
     assert done.stderr.strip().count("\n") == 0 and "unknown peer" in done.stderr

@@ -8,9 +8,9 @@ terminal sees matters.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,9 +31,9 @@ from aaabus.config.topology import generate
 from aaabus.core.traffic import TrafficRecorder
 from aaabus.errors import TraceError
 from perf.synth import Law, write_traces
+from tests.support.commands import cli, one_clean_error
+from tests.support.tables import table_of
 from tests.test_planner import matrix_of
-
-REPO = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(scope="module")
@@ -53,17 +53,6 @@ def six_groups(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def cli(tool: str, *args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    """``python -m TOOL ARGS`` (``aaabus``, or ``perf`` for its suites) from the repository root."""
-    return subprocess.run(
-        [sys.executable, "-m", tool, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def perf_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return cli("perf", *args)
 
@@ -72,16 +61,7 @@ def plan_cli(*args: str) -> subprocess.CompletedProcess[str]:
     return cli("aaabus", "plan", *args)
 
 
-def assert_one_clean_error(
-    proc: subprocess.CompletedProcess[str], *needles: str, prog: str = "aaabus plan"
-) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith(f"{prog}: error: ")
-    assert "Traceback" not in proc.stderr and "java." not in proc.stderr
-    for needle in needles:
-        assert needle in lines[0]
+assert_one_clean_error = functools.partial(one_clean_error, prog="aaabus plan")
 
 
 def traffic_table(rows: int = 4, **overrides: Any) -> pa.Table:
@@ -94,13 +74,7 @@ def traffic_table(rows: int = 4, **overrides: Any) -> pa.Table:
         "bytes": 500,
     }
     cols.update(overrides)
-    return pa.table(
-        {
-            f.name: v if isinstance(v, pa.Array) else pa.array([v] * rows, f.type)
-            for f in TRAFFIC_SCHEMA
-            for v in [cols[f.name]]
-        }
-    )
+    return table_of(TRAFFIC_SCHEMA, cols, rows)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """What a key of one scope can take from the others on an admin port (issue 44, findings 2, 3).
 
 Real server processes on 127.0.0.1; the attacker holds only ``read.key`` and opens raw
-sessions with it (:class:`~aaabus.io.link.Link`), as a tool of its own making would.
+sessions with it (:class:`~aaabus.io.adminlink.AdminLink`), as a tool of its own making would.
 
 * A read key cannot empty others' backlogs: a mailbox records the scope of the key that opened
   it, and a session may resume, fetch or acknowledge only the mailboxes of scopes its own
@@ -33,7 +33,7 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import Credential, load_credential
 from aaabus.errors import RequestRefused, WireError
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.node.admin import MAX_CONNECTIONS, READ_SESSIONS_PER_ADDRESS
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus
@@ -85,19 +85,19 @@ def rss_kib(pid: int) -> int:
 
 
 @contextlib.contextmanager
-def sessions(address: tuple[str, int], key: Credential, count: int) -> Iterator[list[Link]]:
+def sessions(address: tuple[str, int], key: Credential, count: int) -> Iterator[list[AdminLink]]:
     """``count`` authenticated admin connections of ``key``, open and idle until the end."""
-    links: list[Link] = []
+    links: list[AdminLink] = []
     try:
         for _ in range(count):
-            links.append(Link.connect(address, key, 0, timeout=10))
+            links.append(AdminLink.connect(address, key, 0, timeout=10))
         yield links
     finally:
         for link in links:
             link.close()
 
 
-def held(link: Link) -> bool:
+def held(link: AdminLink) -> bool:
     """Whether the server gave ``link`` a session: it answers a status (else it said busy)."""
     try:
         return bool(link.request({"op": "status"}).get("ok"))
@@ -121,7 +121,7 @@ def test_a_read_key_cannot_empty_a_durable_subscription(tmp_path: Path, make_con
         )
         with Client(cfg, 0, secret=keys["read"]) as reader, refused:
             reader.subscribe("plant/#", name="keep")
-        with contextlib.closing(Link.connect(admin(cfg), keys["read"], 0, timeout=10)) as raw:
+        with contextlib.closing(AdminLink.connect(admin(cfg), keys["read"], 0, timeout=10)) as raw:
             for name in ("keep", "request-anything"):
                 answer = raw.request(
                     {"op": "fetch", "name": name, "after": 10**9, "most": 0, "wait": 0}
@@ -187,7 +187,7 @@ def test_a_session_ends_at_its_lifetime_however_often_it_asks(
     keys = tool_keys(tmp_path)
     with Bus(config, [0], tmp_path / "store", cwd=REPO_ROOT):
         started = time.monotonic()
-        link = Link.connect(admin(cfg), keys["read"], 0, timeout=10)
+        link = AdminLink.connect(admin(cfg), keys["read"], 0, timeout=10)
         try:
             # A cheap request ten times a second: before, each one pushed the end back.
             until(lambda: not held(link), 20, "the session outlived its lifetime")

@@ -40,7 +40,7 @@ from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.scopes import Scope
 from aaabus.config.secret import Credential, load_credential, load_secret, load_server_keys
 from aaabus.errors import AdminError, RequestRefused
-from aaabus.io.link import CLIENT_ID_BASE, Link
+from aaabus.io.adminlink import CLIENT_ID_BASE, AdminLink
 from aaabus.tools.buswide import bus_status
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus
@@ -212,7 +212,7 @@ def test_a_server_key_file_opens_no_other_servers_admin_port(
             for scope in Scope:
                 # As a tool key (the admin key of server 0 derived from it) ...
                 with pytest.raises(AdminError, match="refused the authentication"):
-                    Link.connect(admin0, Credential(key, scope, tool=True), 0, timeout=10)
+                    AdminLink.connect(admin0, Credential(key, scope, tool=True), 0, timeout=10)
                 # ... or as server 0's admin key itself.
                 assert not claim_admin(admin0, key, 0, scope)
             # Nor as a server on the admin port (link keys are for network ports).

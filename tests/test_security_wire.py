@@ -25,7 +25,7 @@ from aaabus import AdminError, AgentId, AgentServer, Client, RequestRefused
 from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import load_config
 from aaabus.config.secret import admin_key, load_secret, tool_key
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.tools.launch import Bus
 from aaabus.wire.codec import encode_note
 from aaabus.wire.message import Message
@@ -174,7 +174,7 @@ class _AnsweringEndpoint:
         except OSError:
             return  # closed by stop()
         with sock:
-            link, _, _ = Link.accept(
+            link, _, _ = AdminLink.accept(
                 sock,
                 lambda scope: admin_key(tool_key(self._bus_key, scope), 0),
                 0,

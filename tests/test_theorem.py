@@ -24,8 +24,8 @@ from aaabus.config.reader import load_config
 from aaabus.errors import ConfigError
 from aaabus.node.inprocess import InProcessBus
 from aaabus.node.server import AgentServer
+from aaabus.testing.chains import Fire, Scribe
 from aaabus.testing.proxy import FaultProxy
-from aaabus.testing.torture import Fire, Scribe
 from tests.support.bus import add_to_server
 from tests.support.gossip import wait_and_check
 

@@ -16,7 +16,7 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import load_secret
 from aaabus.errors import AdminError, ServerBusy
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.tools.client import Client
 from tests.support.agents import Marker, Probe, Seen
 from tests.support.harness import Inbox, free_ports
@@ -64,7 +64,7 @@ def test_clients_without_the_bus_certificate_are_refused(
     # The secret alone is not enough: without TLS the server never sends its challenge, and
     # drops the connection at its handshake deadline.
     with pytest.raises(ServerBusy, match="expects TLS"):
-        Link.connect(address, secret, 0, timeout=8.0)
+        AdminLink.connect(address, secret, 0, timeout=8.0)
     # A certificate of another authority: the TLS handshake fails.
     stranger = tmp_path / "stranger"
     stranger.mkdir()
@@ -73,6 +73,6 @@ def test_clients_without_the_bus_certificate_are_refused(
     context.load_cert_chain(str(cert), str(key))
     context.check_hostname = False
     with pytest.raises(AdminError, match="TLS handshake failed"):
-        Link.connect(address, secret, 0, timeout=8.0, tls=context)
+        AdminLink.connect(address, secret, 0, timeout=8.0, tls=context)
     with Client(cfg, 0) as client:  # and the bus's own clients still get in
         assert client.status()["up"]

@@ -7,9 +7,6 @@ the fast ones check that a schedule is fixed by its seed and that the judge can 
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,7 +22,7 @@ from aaabus.testing.topictorture import (
     make_topic_schedule,
     run_topic_schedule,
 )
-from tests.support.harness import REPO_ROOT
+from tests.support.commands import cli, the_json_line
 
 
 @pytest.mark.slow
@@ -44,18 +41,7 @@ def test_a_topic_crash_schedule_loses_duplicates_and_reorders_nothing(tmp_path: 
 def test_perf_torture_runs_the_topic_workload_and_prints_the_counts(tmp_path: Path) -> None:
     argv = ["--workload", "topics", "--schedules", "1", "--seed", "7", "--kills", "3"]
     argv += ["--span", "2.5", "--ttl", "6", "--json", "--workdir", str(tmp_path)]
-    proc = subprocess.run(
-        [sys.executable, "-m", "perf", "torture", *argv],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        stdin=subprocess.DEVNULL,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.strip().splitlines()
-    assert len(lines) == 1, "--json prints the JSON line only"
-    out = json.loads(lines[0])
+    out = the_json_line(cli("perf", "torture", *argv, timeout=300))
     assert out["workload"] == "topics" and out["schedules"] == 1 and out["ok"]
     assert out["failed_seeds"] == [] and out["failures"] == {}  # reasons by seed when any
     assert out["kills"] >= 3 and out["router_kills"] >= 1

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from aaabus.testing.crash import schedule_seed
 from aaabus.testing.torture import (
     AccountState,
     Outcome,
@@ -21,7 +22,6 @@ from aaabus.testing.torture import (
     judge,
     make_schedule,
     run_schedule,
-    schedule_seed,
 )
 
 SEEDS = [schedule_seed(2024, i) for i in range(3)]
@@ -102,7 +102,7 @@ def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(
     from aaabus.core.clock import DomainClock
     from aaabus.model.ids import AgentId
     from aaabus.node.inprocess import InProcessBus
-    from aaabus.testing.torture import Start
+    from aaabus.testing.bankload import Start
     from aaabus.wire.codec import encode_note
     from aaabus.wire.linkframes import encode_data
     from aaabus.wire.message import Message

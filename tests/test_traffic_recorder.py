@@ -68,15 +68,14 @@ def test_rows_written_equal_counts_recorded(tmp_path: Path) -> None:
     assert rec.files_written == 3 and rec.dropped_rows == 0
 
 
-def test_windows_align_on_the_epoch_and_roll_hands_over_an_idle_window(tmp_path: Path) -> None:
+def test_windows_align_on_the_epoch_and_the_next_record_hands_one_over(tmp_path: Path) -> None:
     clock = Clock(1_800_000_000.75)  # 750 ms into a 1 s window
     rec = TrafficRecorder(tmp_path, 1, window_ms=1000, batch_windows=1, clock=clock)
     rec.record(2, 10)
-    rec.roll()  # the window is not over: nothing to hand over yet
-    clock.now += 0.5
-    rec.roll()  # over, and nothing more is sent: the writer gets it anyway
+    clock.now += 0.5  # 250 ms into the next window
+    rec.record(3, 20)  # the first window is over: handed to the writer
     rec.close()
-    rows = read_rows(tmp_path)
+    rows = sorted(read_rows(tmp_path), key=lambda r: r["window_start"])
     assert rows == [
         {
             "window_start": 1_800_000_000_000,
@@ -85,9 +84,17 @@ def test_windows_align_on_the_epoch_and_roll_hands_over_an_idle_window(tmp_path:
             "dst": 2,
             "notes": 1,
             "bytes": 10,
-        }
+        },
+        {
+            "window_start": 1_800_000_001_000,
+            "window_ms": 1000,
+            "src": 1,
+            "dst": 3,
+            "notes": 1,
+            "bytes": 20,
+        },
     ]
-    assert rec.files_written == 1
+    assert rec.files_written == 2
 
 
 def test_writer_is_a_named_thread_and_close_is_idempotent(tmp_path: Path) -> None:

@@ -45,7 +45,6 @@ class _Server:
     state: str = "unknown"  # before the first reading
     error: str | None = None
     status: dict[str, Any] | None = None
-    seen_at: float | None = None  # the last reading that found it up
     rates: dict[str, float] = field(default_factory=dict)
     # (in/s, out/s) per reading while up, for the page's chart.
     history: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=HISTORY))
@@ -107,7 +106,6 @@ class Board:
             server.history.append((server.rates["delivered"], server.rates["sent"]))
         server.previous = (reading.at, counters)
         server.status = status
-        server.seen_at = reading.at
 
     # -- the JSON views (loop thread) -------------------------------------------------------------
 

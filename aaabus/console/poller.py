@@ -1,6 +1,6 @@
 """One thread per server that reads its status through its admin port, once a second.
 
-Each :class:`Poller` owns its server's :class:`~aaabus.io.link.Link` (kept open between
+Each :class:`Poller` owns its server's :class:`~aaabus.io.adminlink.AdminLink` (kept open between
 readings: one handshake per connection, not per reading) and hands every outcome to ``deliver``
 as a :class:`Reading`: the status, or why there is none. A server that does not answer costs its
 own thread a timeout and nobody else anything, so a bus of 150 servers of which most are down is
@@ -20,7 +20,7 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig
 from aaabus.config.secret import Credential
 from aaabus.errors import AdminError, ServerBusy, ServerUnreachable, WireError
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.io.tls import tls_contexts
 
 __all__ = ["INTERVAL", "TIMEOUT", "Poller", "Reading"]
@@ -69,7 +69,7 @@ class Poller:
         self._deliver = deliver
         self._interval = interval
         self._timeout = timeout
-        self._link: Link | None = None
+        self._link: AdminLink | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(
             target=self._run, name=f"console-poll-{server_id}", daemon=True
@@ -114,7 +114,7 @@ class Poller:
             )
         try:
             if self._link is None:
-                self._link = Link.connect(
+                self._link = AdminLink.connect(
                     self._address, self._credential, sid, timeout=self._timeout, tls=self._tls
                 )
             self._link.sock.settimeout(self._timeout)

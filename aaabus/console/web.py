@@ -50,7 +50,7 @@ from aaabus.config.secret import Credential
 from aaabus.console.board import Board
 from aaabus.console.poller import Poller, Reading
 from aaabus.errors import AaabusError, LaunchError
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.io.tls import tls_contexts
 
 __all__ = ["Console"]
@@ -291,7 +291,7 @@ def _stop(config: BusConfig, sid: int, credential: Credential) -> None:
     address, _ = admin_address(config, sid)
     if address is None:
         raise LaunchError(f"server {sid} has no admin port (aaabus.admin.port=off)")
-    link = Link.connect(
+    link = AdminLink.connect(
         address, credential, sid, timeout=STOP_TIMEOUT, tls=tls_contexts(config, sid)[1]
     )
     try:

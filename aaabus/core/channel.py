@@ -74,7 +74,7 @@ class Transport(Protocol):
         """Close the connection with ``peer`` (it is dialled again as after any loss)."""
 
     #: ``perf_counter_ns`` when the I/O thread's latest socket read returned (read it on the
-    #: I/O thread, in ``on_frames``: the start of a hop's breakdown).
+    #: I/O thread, in ``on_read``: the start of a hop's breakdown).
     read_ns: int
 
 
@@ -419,11 +419,6 @@ class Channel:
         self._loop_ident = threading.get_ident()
         return self._frames_read(peer, payloads, loop=True)
 
-    def on_frames(self, peer: int, payloads: list[bytes]) -> None:
-        """:meth:`on_read` for a thread that reads no notice (tests feeding frames by hand): a
-        group of them that must wait for a notice runs on the engine thread."""
-        self._frames_read(peer, payloads, loop=False)
-
     def _frames_read(self, peer: int, payloads: list[bytes], loop: bool) -> _NoticeWait | None:
         tracer = self.tracer
         if tracer is None:
@@ -480,7 +475,7 @@ class Channel:
         assert waiting is None or isinstance(waiting, _NoticeWait)
         return waiting
 
-    # Built here rather than by a lambda in on_frames' loop, which would see the loop's last
+    # Built here rather than by a lambda in on_read's loop, which would see the loop's last
     # values when it runs.
     def _ack_input(self, peer: int, domain: str, upto: int) -> Callable[[Engine], None]:
         return lambda _engine: self.acknowledged(peer, domain, upto)

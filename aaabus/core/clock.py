@@ -430,13 +430,7 @@ class DomainClock(persistent.Persistent):
         of ``H[me][dest]``, this one) skips exactly the entries this event already sent it.
         """
         sentinel = k * k
-        sp = pages[sentinel >> bits]
-        if not sp._p_changed:
-            self._touch(sp)
-        sd = sp.d
-        si = (sentinel & mask) * _STRIDE
-        epoch = sd[si] + 1
-        sd[si] = epoch
+        sd, si, epoch = self._next_epoch(pages, bits, mask, sentinel)
         last: dict[int, int] = {}
         for dest, n in counts.items():
             key = me * k + dest
@@ -487,13 +481,7 @@ class DomainClock(persistent.Persistent):
         self, k: int, me: int, pages: tuple[_Page, ...], bits: int, mask: int, dest: int
     ) -> bytes:
         sentinel = k * k
-        sp = pages[sentinel >> bits]
-        if not sp._p_changed:
-            self._touch(sp)
-        sd = sp.d
-        si = (sentinel & mask) * _STRIDE
-        epoch = sd[si] + 1
-        sd[si] = epoch
+        sd, si, epoch = self._next_epoch(pages, bits, mask, sentinel)
         key = me * k + dest
         d = pages[key >> bits].d
         i = (key & mask) * _STRIDE
@@ -501,6 +489,20 @@ class DomainClock(persistent.Persistent):
         self._change(pages, bits, mask, sentinel, key, d[i] + 1, me, epoch)
         flat = _delta_entries(pages, bits, mask, sentinel, sd[si + _LIST] >> 32, last, dest, k)
         return _delta_struct(len(flat) >> 1).pack(STAMP_VERSION, KIND_DELTA, k, me, dest, *flat)
+
+    def _next_epoch(
+        self, pages: tuple[_Page, ...], bits: int, mask: int, sentinel: int
+    ) -> tuple[array[int], int, int]:
+        """Open the next epoch of the change list, the one of an event's sends or of a merge:
+        the sentinel's cells (``sd``), its index in them (``si``) and the new epoch."""
+        sp = pages[sentinel >> bits]
+        if not sp._p_changed:
+            self._touch(sp)
+        sd = sp.d
+        si = (sentinel & mask) * _STRIDE
+        epoch = sd[si] + 1
+        sd[si] = epoch
+        return sd, si, epoch
 
     def _change(
         self,
@@ -766,13 +768,7 @@ class DomainClock(persistent.Persistent):
         link = parsed.link if seq is None else seq
         if mode == _DELTA_CAUSAL:
             sentinel = k * k
-            sp = pages[sentinel >> bits]
-            if not sp._p_changed:
-                self._touch(sp)
-            sd = sp.d
-            si = (sentinel & mask) * _STRIDE
-            epoch = sd[si] + 1
-            sd[si] = epoch
+            epoch = self._next_epoch(pages, bits, mask, sentinel)[2]
             for key, value in parsed.entries:
                 if key == link_key:
                     value = link

@@ -170,12 +170,9 @@ class EarlyLinks:
             self._release(freed)
 
     def connection(self, peer: int) -> Incoming:
-        """The current connection with ``peer`` (I/O thread, while reading its frames)."""
-        conn = self._incoming.get(peer)
-        if conn is None:  # frames before any on_up: only in tests that feed frames by hand
-            with self._cond:
-                conn = self._incoming[peer] = Incoming(peer)
-        return conn
+        """The current connection with ``peer`` (I/O thread, while reading its frames: the
+        network announces a connection, :meth:`up`, before it hands over any of its frames)."""
+        return self._incoming[peer]
 
     def durable(self, conn: Incoming) -> None:
         """A DURABLE frame: every data frame read before it on ``conn`` is durable."""
@@ -265,7 +262,7 @@ class EarlyLinks:
         Raises as :meth:`wait` does once a connection closed or ``deadline`` (of a budget of
         ``budget_s``) passed.
         """
-        # No lock: this thread is the one that writes ``durable`` and ``closed`` (on_frames,
+        # No lock: this thread is the one that writes ``durable`` and ``closed`` (on_read,
         # on_down), or the turn's holder that parks (and may close) -- both are this one.
         for conn, position in deps.items():
             if conn.durable < position:

@@ -59,7 +59,7 @@ class TransactionEffects:
     """Undo log and after-commit actions of the transactions of one transaction manager.
 
     Record with :meth:`undo` (how to take back a change just made in memory) and
-    :meth:`after_commit` / :meth:`after_commit_once` (what to do once the changes are durable).
+    :meth:`after_commit` / :meth:`when_durable_once` (what to do once the changes are durable).
     Both join the current transaction if needed.
     """
 
@@ -100,10 +100,6 @@ class TransactionEffects:
             self._join()
         self._after.append((action, False))
 
-    def after_commit_once(self, action: Action) -> None:
-        """Like :meth:`after_commit`, unless ``action`` (compared with ``==``) is already there."""
-        self._add_once(action, durable=False)
-
     def when_durable_once(self, action: Action) -> None:
         """Run ``action()`` once the current transaction is durable (dropped if it aborts), once
         however often it is registered (compared with ``==``).
@@ -112,22 +108,19 @@ class TransactionEffects:
         finishes the commit (see the module docstring); otherwise after the commit, in order
         with the other actions. Same failure rule as :meth:`after_commit`.
         """
-        self._add_once(action, durable=True)
+        if action in self._once:
+            return
+        if not self._joined:
+            self._join()
+        self._after.append((action, True))
+        self._once.add(action)
+        self._undo.append((self._once.discard, (action,)))
 
     def when_durable(self, action: Action) -> None:
         """Like :meth:`when_durable_once`, every time it is registered."""
         if not self._joined:
             self._join()
         self._after.append((action, True))
-
-    def _add_once(self, action: Action, durable: bool) -> None:
-        if action in self._once:
-            return
-        if not self._joined:
-            self._join()
-        self._after.append((action, durable))
-        self._once.add(action)
-        self._undo.append((self._once.discard, (action,)))
 
     @property
     def pending(self) -> int:

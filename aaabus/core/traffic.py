@@ -11,13 +11,12 @@ calls ``record`` for the notes of a group once that group is durable.
 
 Threads:
 
-* :meth:`~TrafficRecorder.record`, :meth:`~TrafficRecorder.roll` and
-  :meth:`~TrafficRecorder.close` run on ONE thread at a time: ``record`` on whichever thread
-  holds the engine's turn as a group becomes durable (the engine thread, or the network thread
-  running a group inline), and ``close`` once the engine has stopped (they share the current
-  window's dict without a lock: that is what keeps ``record`` to a time read and a dict
-  update). The server does not call ``roll``: a window is handed over by the first ``record``
-  after its end, or by ``close``.
+* :meth:`~TrafficRecorder.record` and :meth:`~TrafficRecorder.close` run on ONE thread at a
+  time: ``record`` on whichever thread holds the engine's turn as a group becomes durable (the
+  engine thread, or the network thread running a group inline), and ``close`` once the engine
+  has stopped (they share the current window's dict without a lock: that is what keeps
+  ``record`` to a time read and a dict update). A window is handed over by the first
+  ``record`` after its end, or by ``close``.
 * The writer thread ``traffic-s<id>`` receives finished windows through a queue, gathers them
   into batches and writes one file per batch; it never touches the current window.
 
@@ -159,16 +158,6 @@ class TrafficRecorder:
         else:
             counts[0] += 1
             counts[1] += nbytes
-
-    def roll(self) -> None:
-        """Hand the current window to the writer if its time is over.
-
-        Call it now and then when the server is idle (a window is otherwise handed over by the
-        first ``record`` after its end): a window's counts are then on disk at most one batch
-        later, even if nothing more is sent.
-        """
-        if self._clock() >= self._window_end and self._counts:
-            self._hand_over()
 
     def close(self, timeout: float = 10.0) -> None:
         """Hand over the current window, write everything pending and stop the writer thread.

@@ -1,6 +1,6 @@
 """One retry policy for everything that reconnects: exponential backoff with jitter.
 
-A server redialling a peer (:class:`aaabus.io.dialing.Dial`) and a client retrying a request
+A server redialling a peer (:class:`aaabus.io.peerdial.PeerDial`) and a client retrying a request
 (:class:`aaabus.tools.client.Client`) both wait :meth:`Backoff.next_delay` between attempts:
 ``first`` seconds after the first failure, doubled by each further one up to ``ceiling``, each
 delay drawn in ``[delay / 2, delay]`` so that the many parties that lost the same server at once

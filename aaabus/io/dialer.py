@@ -5,7 +5,7 @@ id's address, the higher id accepts. A single dialling side means two servers ca
 open two connections to each other. The :class:`Dialer` opens a non-blocking connect to each
 higher peer (state CONNECTING of :mod:`aaabus.io.states`), hands it to the network once the
 connect succeeds, and, whenever an attempt fails or a link is lost, dials again after the delay
-of that peer's :class:`~aaabus.io.dialing.Dial` (jittered exponential backoff, reset once a
+of that peer's :class:`~aaabus.io.peerdial.PeerDial` (jittered exponential backoff, reset once a
 session frame of the link passes its MAC).
 
 Host names are resolved on the I/O thread at each dial (``getaddrinfo`` blocks, so prefer
@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from aaabus.io.connection import Connection, tune
-from aaabus.io.dialing import Dial
 from aaabus.io.loop import Loop
+from aaabus.io.peerdial import PeerDial
 
 __all__ = ["Dialer"]
 
@@ -55,7 +55,7 @@ class Dialer:
         self._fail = fail
         self._log = log
         self._name = name
-        self._dials: dict[int, Dial[Connection]] = {p: Dial() for p in self._peers}
+        self._dials: dict[int, PeerDial[Connection]] = {p: PeerDial() for p in self._peers}
 
     def start(self) -> None:
         """Dial every peer on the loop's first turn."""
@@ -90,7 +90,7 @@ class Dialer:
             if not self._loop.stopping:
                 self._redial(conn.peer, dial)
 
-    def _redial(self, peer: int, dial: Dial[Connection]) -> None:
+    def _redial(self, peer: int, dial: PeerDial[Connection]) -> None:
         self._loop.call_at(time.monotonic() + dial.next_delay(), self._due, peer)
 
     def _due(self, peer: int) -> None:
@@ -99,7 +99,7 @@ class Dialer:
         if dial.conn is None and not self._loop.stopping:
             self._dial(peer, dial)
 
-    def _dial(self, peer: int, dial: Dial[Connection]) -> None:
+    def _dial(self, peer: int, dial: PeerDial[Connection]) -> None:
         host, port = self._peers[peer]
         label = f"{host}:{port}"
         try:

@@ -11,7 +11,7 @@ Authentication
     tool key of that scope and this server's id; it opens no link between servers and no other
     server's admin port, see :mod:`aaabus.config.secret`), then every frame sequenced and MACed by
     a :class:`~aaabus.wire.frames.SessionCipher`. Server ids and client ids share the handshake's
-    32-bit id field, so clients take their ids in a reserved range (:mod:`aaabus.io.link`) and
+    32-bit id field, so clients take their ids in a reserved range (:mod:`aaabus.io.adminlink`) and
     above; the endpoint refuses any other connector id and the role of a server, and the network
     ports refuse client ids and tools' roles (they only accept the configured peers). Nothing is
     read from a connection beyond the 256-byte handshake limit before the peer has proven it holds
@@ -75,8 +75,8 @@ from typing import Any
 
 from aaabus.config.scopes import Scope
 from aaabus.errors import AdminError, WireError
+from aaabus.io.adminlink import AdminLink
 from aaabus.io.gate import PendingTable, RefusalLog
-from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
 from aaabus.node.control import NodeControl
 from aaabus.node.dispatch import answer
@@ -249,7 +249,7 @@ class AdminEndpoint:
                     self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client, proved = Link.accept(
+                link, client, proved = AdminLink.accept(
                     sock, self._admin_key, server.server_id, server.max_frame, deadline
                 )
             except (WireError, OSError) as exc:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 from pathlib import Path
-from types import TracebackType
 
 from aaabus.config.domains import Topology
 from aaabus.config.reader import BusConfig
@@ -73,12 +72,7 @@ class InProcessBus:
     def __enter__(self) -> InProcessBus:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

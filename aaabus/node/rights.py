@@ -1,6 +1,6 @@
 """What each admin request needs: the scope of the tool's credential, checked before it runs.
 
-A session's scope is what its credential proved in the handshake (:mod:`aaabus.io.link`): the
+A session's scope is what its credential proved in the handshake (:mod:`aaabus.io.adminlink`): the
 admin key of a scope is derived from that scope's tool key, so a session cannot hold more than
 its key gives. Every request names an ``op``; :data:`NEEDS` says which scope it takes, and the
 check runs before anything of the request is decoded, so that a refused request has no effect::

@@ -8,8 +8,12 @@
   and a ping-pong with an exact counter; server processes load them by name;
 * :mod:`aaabus.testing.crash` — the crash-schedule machinery of any workload: layouts, seeded
   kills and restarts of real server processes, the end of a run read back exactly in-process;
-* :mod:`aaabus.testing.torture` — crash schedules over the bank workload, and the wire fuzzer
-  (``python -m perf torture``);
+* :mod:`aaabus.testing.torture` and :mod:`aaabus.testing.bankload` — crash schedules over the
+  bank workload, and its agents (``python -m perf torture``);
+* :mod:`aaabus.testing.fuzz` — wire fuzzing of live servers (``python -m perf torture
+  --fuzz-frames N``);
+* :mod:`aaabus.testing.shipping` and :mod:`aaabus.testing.chains` — a stream of bulky parcels
+  (the disk-full tests), scripted causal chains (the theorem tests);
 * :mod:`aaabus.testing.topicload` and :mod:`aaabus.testing.topictorture` — topic workloads, and
   crash schedules judging the causal topic contract (``python -m perf torture --workload
   topics``).

@@ -21,40 +21,48 @@ and 2) or on the in-process servers' threads (step 3). A server that dies on its
 not come back ready within a minute, raises :class:`AssertionError` or
 :class:`~aaabus.errors.LaunchError` out of :func:`run_under_faults`, after every process was
 stopped.
+
+Also here, for the workloads that play a rally (:mod:`aaabus.testing.workload`'s bouncers: the
+fuzzer, the fault tests): :func:`wait_progress` on the count the rally publishes in a file.
 """
 
 from __future__ import annotations
 
+import json
 import random
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from aaabus.config.reader import load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
 from aaabus.node.inprocess import InProcessBus
+from aaabus.testing.checker import Report
 from aaabus.tools.launch import Bus, ServerProcess, free_port_base
 
 __all__ = [
     "LAYOUTS",
+    "CrashOutcome",
     "Fault",
     "Faulted",
     "OnLayout",
     "Traffic",
     "drain_in_process",
     "draw_layout_and_faults",
+    "read_progress",
     "routers_of",
     "run_faults",
     "run_under_faults",
     "schedule_seed",
     "servers_of",
     "stop_all",
+    "wait_progress",
     "write_bus_config",
 ]
 
@@ -302,6 +310,57 @@ class Faulted:
         return {sid: code for sid, code in self.exit_codes.items() if code != 0}
 
 
+@dataclass
+class CrashOutcome:
+    """What one crash schedule did and what the independent checker said, whatever the
+    workload; each workload's outcome adds its own figures and judges
+    (:class:`~aaabus.testing.torture.Outcome`, :class:`~aaabus.testing.topictorture.TopicOutcome`).
+    """
+
+    seed: int
+    layout: str
+    kills: int = 0
+    router_kills: int = 0
+    delivered_at_stop: int = 0
+    finished_in_process: int = 0
+    lost: int = 0
+    duplicated: int = 0
+    misdelivered: int = 0
+    causal_violations: int = 0
+    fifo_violations: int = 0
+    exit_codes: dict[int, int | None] = field(default_factory=dict)
+    seconds: float = 0.0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def took(self, faulted: Faulted, routers: list[int], workdir: Path) -> None:
+        """Note what the faults did: the kills (those of ``routers`` apart), the exit codes, and
+        as a problem each server that did not exit 0 on SIGTERM (its stacks in ``workdir``)."""
+        self.exit_codes = faulted.exit_codes
+        self.kills = len(faulted.killed)
+        self.router_kills = sum(sid in routers for sid in faulted.killed)
+        if faulted.bad_exits():
+            stuck = stuck_note(faulted, workdir)
+            self.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
+
+    def checked(self, report: Report, whose: str = "") -> None:
+        """Add the checker's findings in ``report`` (one of the run, or one of each subscriber,
+        ``whose`` then naming it in the problem)."""
+        self.lost += len(report.lost)
+        self.duplicated += len(report.duplicated)
+        self.misdelivered += len(report.misdelivered)
+        self.causal_violations += len(report.causal_violations)
+        self.fifo_violations += len(report.fifo_violations)
+        if not report.ok:
+            self.problems.append(f"checker{whose}: {report.summary()}")
+
+
 def stuck_note(faulted: Faulted, workdir: Path) -> str:
     """Write the evidence of each server that did not stop to ``workdir/stuck-s<id>.txt``;
     the words naming those files (empty when there is none)."""
@@ -358,3 +417,33 @@ def drain_in_process(
             pause(0.05)  # the traffic runs on the servers' threads: poll its committed state
             state = read(bus)
         return first, state
+
+
+# -- a rally's progress, published by its agents in a file -----------------------------------
+
+
+def read_progress(path: Path) -> dict[str, int]:
+    """The count and errors a rally last published in ``path`` (zeros before its first)."""
+    try:
+        data: dict[str, int] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {"count": 0, "errors": 0}
+    return data
+
+
+def wait_progress(
+    path: Path, at_least: int, procs: list[ServerProcess], timeout: float = 30.0
+) -> dict[str, int]:
+    """Wait until the rally's published count reaches ``at_least``; fail fast if a server died."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = read_progress(path)
+        if got["count"] >= at_least:
+            return got
+        for proc in procs:
+            if not proc.running():
+                tail = " | ".join(list(proc.lines)[-5:])
+                raise AssertionError(f"server {proc.server_id} died: {tail}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"rally stuck at {got} (wanted {at_least}) after {timeout}s")
+        pause(0.02)  # the file is written by another process: poll it

@@ -21,7 +21,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Literal
 
 #: Chunks (of at most ``_CHUNK`` bytes) a direction holds before its reader stops reading: a
@@ -91,12 +90,7 @@ class FaultProxy:
     def __enter__(self) -> FaultProxy:
         return self
 
-    def __exit__(
-        self,
-        _type: type[BaseException] | None,
-        _exc: BaseException | None,
-        _tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def stall(self) -> None:

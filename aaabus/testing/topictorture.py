@@ -43,7 +43,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ from aaabus.model.topicnames import matches
 from aaabus.node.inprocess import InProcessBus
 from aaabus.testing.crash import (
     LAYOUTS,
+    CrashOutcome,
     Fault,
     OnLayout,
     drain_in_process,
@@ -59,7 +60,6 @@ from aaabus.testing.crash import (
     pause,
     run_under_faults,
     servers_of,
-    stuck_note,
     write_bus_config,
 )
 from aaabus.testing.topicload import (
@@ -265,35 +265,14 @@ def complete(peers: list[PeerState], sent: dict[str, int]) -> bool:
 
 
 @dataclass
-class TopicOutcome:
+class TopicOutcome(CrashOutcome):
     """What one topic schedule did and what the checker said."""
 
-    seed: int
-    layout: str
     peers: int = 0
-    kills: int = 0
-    router_kills: int = 0
     starts: int = 0
     publications: int = 0
     owed: int = 0
     deliveries: int = 0
-    delivered_at_stop: int = 0
-    finished_in_process: int = 0
-    lost: int = 0
-    duplicated: int = 0
-    misdelivered: int = 0
-    causal_violations: int = 0
-    fifo_violations: int = 0
-    exit_codes: dict[int, int | None] = field(default_factory=dict)
-    seconds: float = 0.0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def judge_topics(peers: list[PeerState], sent: dict[str, int], outcome: TopicOutcome) -> None:
@@ -306,15 +285,8 @@ def judge_topics(peers: list[PeerState], sent: dict[str, int], outcome: TopicOut
     outcome.publications = sum(len(h[2]) for h in histories)
     outcome.owed = sum(len(mids) for mids in owed.values())
     outcome.deliveries = sum(len(h[3]) for h in histories)
-    bad = check_topics(histories)
-    for report in bad.values():
-        outcome.lost += len(report.lost)
-        outcome.duplicated += len(report.duplicated)
-        outcome.misdelivered += len(report.misdelivered)
-        outcome.causal_violations += len(report.causal_violations)
-        outcome.fifo_violations += len(report.fifo_violations)
-    for label, report in sorted(bad.items()):
-        outcome.problems.append(f"checker, subscriber {label}: {report.summary()}")
+    for label, report in sorted(check_topics(histories).items()):
+        outcome.checked(report, f", subscriber {label}")
     found = sorted(p.label for p in peers)
     if found != sorted(sent):
         outcome.problems.append(f"peers found {found}, deployed {sorted(sent)}")
@@ -348,12 +320,7 @@ def run_topic_schedule(
         faulted = run_under_faults(config, schedule.servers, storage, schedule.faults, traffic)
     finally:
         traffic.close()
-    outcome.exit_codes = faulted.exit_codes
-    outcome.kills = len(faulted.killed)
-    outcome.router_kills = sum(sid in schedule.routers for sid in faulted.killed)
-    if faulted.bad_exits():
-        stuck = stuck_note(faulted, workdir)
-        outcome.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
+    outcome.took(faulted, schedule.routers, workdir)
     first, peers = drain_in_process(
         config, storage, read_peers, lambda ps: complete(ps, traffic.sent), drain_timeout
     )

@@ -1,7 +1,8 @@
 """Agents of the fault workloads, shipped so that a bus's processes can load them.
 
-The torture schedules (:mod:`aaabus.testing.torture`), the wire fuzzer and the test suite run
-these agents inside real server processes, which import them by name from the config
+The torture schedules (:mod:`aaabus.testing.torture`), the wire fuzzer
+(:mod:`aaabus.testing.fuzz`) and the test suite run these agents inside real server processes,
+which import them by name from the config
 (``<service class="aaabus.testing.workload:bounce_setup" .../>``): they must be installed with
 the package, not found in a checkout's ``tests/`` directory.
 

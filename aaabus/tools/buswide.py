@@ -1,7 +1,7 @@
 """Bus-wide tools: the status of many servers, stopping many servers, in parallel.
 
-Each server is asked over its admin port (:class:`~aaabus.io.link.Link`) from a pool thread of
-the caller; a server that does not answer counts as down, never as an error.
+Each server is asked over its admin port (:class:`~aaabus.io.adminlink.AdminLink`) from a pool
+thread of the caller; a server that does not answer counts as down, never as an error.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig
 from aaabus.config.secret import Credential
 from aaabus.errors import RequestRefused, ServerBusy, ServerUnreachable, WireError
-from aaabus.io.link import Link
+from aaabus.io.adminlink import AdminLink
 from aaabus.io.tls import tls_contexts
 
 __all__ = ["bus_status", "stop_servers"]
@@ -26,11 +26,11 @@ def _ask(
     secret: bytes | Credential,
     request: dict[str, Any],
     timeout: float,
-) -> tuple[Link, dict[str, Any]]:
+) -> tuple[AdminLink, dict[str, Any]]:
     address, _ = admin_address(config, server_id)
     if address is None:
         raise ServerUnreachable(f"server {server_id} has no admin port (aaabus.admin.port=off)")
-    link = Link.connect(
+    link = AdminLink.connect(
         address, secret, server_id, timeout=timeout, tls=tls_contexts(config, server_id)[1]
     )
     try:

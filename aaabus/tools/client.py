@@ -37,7 +37,6 @@ import os
 import threading
 import time
 import uuid
-from types import TracebackType
 from typing import Any
 
 import cloudpickle
@@ -46,8 +45,8 @@ from aaabus.config.admin_port import admin_address
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import Credential, load_credential, secret_path
 from aaabus.errors import AdminError, RequestRefused, ServerBusy, ServerUnreachable, WireError
+from aaabus.io.adminlink import AdminLink
 from aaabus.io.backoff import Backoff
-from aaabus.io.link import Link
 from aaabus.io.tls import tls_contexts
 from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
@@ -105,7 +104,7 @@ class Client:
         self._tls = tls_contexts(self.config, self.server)[1]
         #: Data both ways; pickles only where the bus opted in (property aaabus.wire.pickle).
         self.codec = Codec(pickles=self.config.setting(self.server, "aaabus.wire.pickle"))
-        self._link: Link | None = None
+        self._link: AdminLink | None = None
         self._pause = threading.Event()  # never set: a wait that cannot be cut short
 
     # -- the API ----------------------------------------------------------------------------------
@@ -264,12 +263,7 @@ class Client:
     def __enter__(self) -> Client:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # -- retries ----------------------------------------------------------------------------------
@@ -281,7 +275,7 @@ class Client:
             try:
                 if self._link is None:
                     left = max(0.1, deadline - time.monotonic())
-                    self._link = Link.connect(
+                    self._link = AdminLink.connect(
                         self.address,
                         self.secret,
                         self.server,

@@ -18,7 +18,6 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from types import TracebackType
 
 from aaabus.config.admin_port import ADMIN_PORT_OFFSET
 from aaabus.errors import LaunchError
@@ -233,12 +232,7 @@ class Bus:
     def __enter__(self) -> Bus:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

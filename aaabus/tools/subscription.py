@@ -26,7 +26,6 @@ import binascii
 import collections
 import time
 from collections.abc import Callable
-from types import TracebackType
 from typing import Any, Generic, TypeVar
 
 from aaabus.errors import AdminError, BadBody
@@ -142,10 +141,5 @@ class Subscription(Generic[T]):
     def __enter__(self) -> Subscription[T]:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

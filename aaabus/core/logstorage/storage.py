@@ -100,7 +100,6 @@ class LogStorage:
                 f"cannot open log store {path}: {exc.strerror or exc}; free space or fix the "
                 "directory's permissions"
             ) from None
-        self._path = path
         self._name = str(path)
         self._read_only = read_only
         self._commit_lock = threading.Lock()

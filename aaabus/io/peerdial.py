@@ -1,7 +1,7 @@
-"""The dialling policy of a network: one :class:`Dial` per higher peer, redials with backoff.
+"""One higher peer's dial: its connection attempt and its redial policy (backoff, last error).
 
 A server dials only the peers with higher ids (lower ids dial it). After a failed attempt or a
-lost link, the next attempt waits :meth:`Dial.next_delay`: the bus's one retry policy
+lost link, the next attempt waits :meth:`PeerDial.next_delay`: the bus's one retry policy
 (:class:`aaabus.io.backoff.Backoff`, which a client's retries use too), from
 :data:`BACKOFF_FIRST` to :data:`BACKOFF_MAX`, with jitter so that the servers that lost the same
 peer at once do not all redial in step. A link resets it once the first session frame from the
@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from aaabus.io.backoff import Backoff
 
-__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "Dial"]
+__all__ = ["BACKOFF_FIRST", "BACKOFF_MAX", "PeerDial"]
 
 #: Seconds before the first redial, doubled by each failure up to BACKOFF_MAX.
 BACKOFF_FIRST = 0.02
@@ -25,7 +25,7 @@ BACKOFF_MAX = 1.0
 C = TypeVar("C")
 
 
-class Dial(Generic[C]):
+class PeerDial(Generic[C]):
     """Dialling state for one higher peer: its connection attempt, backoff, last error."""
 
     __slots__ = ("backoff", "conn", "last_error")

@@ -8,8 +8,8 @@ tool that talks to server N learns that the other end holds server N's admin key
 which neither another server's key file nor a key of another scope gives, before it sends a
 request or reads an answer. Server ids and client ids share the handshake's 32-bit id field, so
 clients take their ids in a reserved range, :data:`CLIENT_ID_BASE` (2**31) and above;
-:meth:`Link.accept` refuses any other connector id. Runs on the caller's thread (a tool's, or one
-admin connection thread of the server); blocking sockets, no selector, no store.
+:meth:`AdminLink.accept` refuses any other connector id. Runs on the caller's thread (a tool's,
+or one admin connection thread of the server); blocking sockets, no selector, no store.
 """
 
 from __future__ import annotations
@@ -36,13 +36,13 @@ from aaabus.wire.frames import (
     SessionCipher,
 )
 
-__all__ = ["CLIENT_ID_BASE", "Link"]
+__all__ = ["CLIENT_ID_BASE", "AdminLink"]
 
 #: Handshake ids from here up are clients (tools, programs), never servers.
 CLIENT_ID_BASE = 0x8000_0000
 
 
-class Link:
+class AdminLink:
     """A blocking, authenticated connection carrying JSON objects in session frames.
 
     Used by both ends; not thread-safe (one request at a time).
@@ -71,7 +71,7 @@ class Link:
         timeout: float = 5.0,
         max_frame: int = 16 << 20,
         tls: ssl.SSLContext | None = None,
-    ) -> Link:
+    ) -> AdminLink:
         """Connect to the admin endpoint of ``server_id`` and authenticate both ways.
 
         With ``tls`` (the dialing context of :func:`aaabus.io.tls.tls_contexts`) the connection
@@ -146,7 +146,7 @@ class Link:
         server_id: int,
         max_frame: int,
         deadline: float,
-    ) -> tuple[Link, int, Scope]:
+    ) -> tuple[AdminLink, int, Scope]:
         """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
         the link, the client's id and the scope it proved. ``admin_key``: this server's admin
         key for a scope (what clients of that scope prove). Raises ``TimeoutError`` past the
