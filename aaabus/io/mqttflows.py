@@ -339,8 +339,9 @@ class QosFlows:
         return self._out_start(seq, packet_id, "resend-PUBREL")
 
     def _out_start(self, seq: int, packet_id: int, event: str) -> Step:
-        if packet_id in self._outbound:  # ids are the seqs modulo 65535, the window smaller
-            raise RuntimeError(f"MQTT packet id {packet_id} sent while in flight")
+        # Ids are the seqs modulo 65535: one still in flight 65535 items later belongs to a
+        # device that left it unacknowledged all along. Its flow is dropped (the item stays
+        # unfinished, so the backlog keeps it for the next connection), as it always was.
         return self._out_move(packet_id, seq, _F, event)
 
     def acknowledged(self, packet: mc.Ack) -> Step:
