@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 
 from aaabus import Client
+from aaabus.io import mqttcodec as mc
 from aaabus.io.mqttauth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import (
     Device,
     RawDevice,
+    RawDevice5,
     connect_packet,
     publish_packet,
     subscribe_packet,
@@ -149,6 +151,25 @@ def test_retained_topics_and_bytes_per_user_are_bounded(
     assert any("retained message refused" in line for line in server.bus[0].lines)
     pub.close()
     sub.close()
+
+
+def test_a_qos2_publish_refused_at_pubrec_frees_its_packet_id(
+    listener: Callable[..., Listener],
+) -> None:
+    server = listener({"aaabus.mqtt.retained": "1"})
+    dev = RawDevice5(server.port)
+    assert dev.connect("refused-q2").code == 0
+    dev.send(mc.Publish("r/0", b"v", 2, True, False, 1))
+    assert dev.packet() == mc.Ack(mc.PUBREC, 1, mc.NO_MATCHING_SUBSCRIBERS)
+    dev.send(mc.Ack(mc.PUBREL, 1))
+    assert dev.packet() == mc.Ack(mc.PUBCOMP, 1)
+    dev.send(mc.Publish("r/1", b"v", 2, True, False, 2))  # over the retained topics
+    assert dev.packet() == mc.Ack(mc.PUBREC, 2, mc.QUOTA_EXCEEDED)
+    # That flow ended at its PUBREC (5.0 §4.3.3): id 2 is free, and a PUBLISH with it is a new
+    # message, published (no subscriber: 0x10), not taken for a retransmission (0x00).
+    dev.send(mc.Publish("x/0", b"v", 2, False, False, 2))
+    assert dev.packet() == mc.Ack(mc.PUBREC, 2, mc.NO_MATCHING_SUBSCRIBERS)
+    dev.close()
 
 
 def test_persistent_sessions_and_connections_per_user_are_bounded(

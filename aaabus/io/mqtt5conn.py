@@ -4,9 +4,10 @@ unacknowledged (our Receive Maximum).
 
 Pure values over decoded packets (:mod:`aaabus.io.mqttcodec`): no sockets, threads, clocks or
 store. The connection (:mod:`aaabus.node.mqttconn`, on the listener's loop thread) asks
-:func:`negotiate` once per CONNECT and keeps the :class:`Terms`, a :class:`TopicAliases` and an
-:class:`InboundWindow`; a 3.1.1 CONNECT gets :class:`Terms` too (3.1.1's fixed rules in the same
-shape), so the connection has one code path.
+:func:`negotiate` once per CONNECT and keeps the :class:`Terms`; its QoS flows
+(:mod:`aaabus.io.mqttflows`) keep a :class:`TopicAliases` and an :class:`InboundWindow`. A 3.1.1
+CONNECT gets :class:`Terms` too (3.1.1's fixed rules in the same shape), so the connection has
+one code path.
 
 What 5.0 changes of a session's life (5.0 §3.1.2.4, §3.1.2.11.2): Clean Start says whether a stored
 session is dropped at CONNECT, the Session Expiry Interval how long it outlives its connection (0,

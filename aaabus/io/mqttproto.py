@@ -12,7 +12,9 @@ type the client sent, or one of the server's decisions (``"accept"``, ``"refuse"
 second CONNECT, a packet after DISCONNECT, an answer given twice. While the server decides on a
 CONNECT (``CONNECTING``: checking credentials, opening the session in the store) the protocol
 hands out nothing more: the client may already have sent its first SUBSCRIBE or PUBLISH (MQTT
-lets it), and those wait, unparsed, until :meth:`MqttProtocol.accept`.
+lets it), and those wait, unparsed, until :meth:`MqttProtocol.accept`. Once connected, what
+each QoS 1/2 packet does to its packet identifier's flow, and the order of the answers, is
+:mod:`aaabus.io.mqttflows`'s table (:data:`~aaabus.io.mqttflows.FLOWS`).
 
 A violation raises :class:`~aaabus.errors.MqttProtocolError` (one line) and closes the
 protocol; its ``code`` is what to answer with: for a CONNECT, the CONNACK code in the client's

@@ -6,7 +6,9 @@ connection: no lock, no thread of its own. A connection is an :class:`asyncio.Pr
 bytes go through a sans-IO :class:`~aaabus.io.mqttproto.MqttProtocol`; what must touch the store
 becomes an operation of the listener's next engine batch (:meth:`ConnectionHost.op`), and its
 answer (PUBACK, PUBREC, PUBCOMP, SUBACK, UNSUBACK, CONNACK of a persistent session) is sent
-when that batch is durable. Answers leave in the order their packets arrived (:class:`_Answers`).
+when that batch is durable. The QoS flows, their packet ids and the order of the answers are
+the sans-IO :class:`~aaabus.io.mqttflows.QosFlows` (its table is the flows' documentation):
+this adapter feeds it packets and durable commits and writes what it says.
 
 Delivery is pushed: the session's mailbox hands each item to the listener once durable
 (:meth:`MqttConnection.pushed`), and the connection sends it at once if it is the next one and
@@ -41,15 +43,9 @@ from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import (
-    InboundWindow,
-    OutboundAliases,
-    Terms,
-    TopicAliases,
-    disconnect_expiry,
-    negotiate,
-)
+from aaabus.io.mqtt5conn import OutboundAliases, Terms, disconnect_expiry, negotiate
 from aaabus.io.mqttauth import Credentials
+from aaabus.io.mqttflows import Do, QosFlows, Slot, Step
 from aaabus.io.mqttproto import MqttProtocol, State
 from aaabus.node import mqttmessages as mm
 from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
@@ -140,30 +136,6 @@ class ConnectionHost(Protocol):
         ...
 
 
-class _Answers:
-    """The connection's answers in the order of the packets they answer: a slot is reserved
-    when the packet arrives and filled when its batch is durable; the filled prefix is sent."""
-
-    __slots__ = ("_slots",)
-
-    def __init__(self) -> None:
-        self._slots: deque[list[bytes | None]] = deque()
-
-    def reserve(self) -> list[bytes | None]:
-        slot: list[bytes | None] = [None]
-        self._slots.append(slot)
-        return slot
-
-    def ready(self) -> list[bytes]:
-        out: list[bytes] = []
-        slots = self._slots
-        while slots and slots[0][0] is not None:
-            data = slots.popleft()[0]
-            if data:
-                out.append(data)
-        return out
-
-
 class MqttConnection(asyncio.Protocol):
     """One accepted socket (see the module docstring)."""
 
@@ -195,18 +167,15 @@ class MqttConnection(asyncio.Protocol):
         self._reading_paused = False
         self._writing_paused = False
         self._out: list[bytes] = []  # written this turn of the loop, not sent yet
-        self._answers: _Answers | None = None  # set once the client id is claimed
+        self._claimed = False  # the client id is claimed: the end closes its session
         self._accepted = False  # CONNACK sent
         self._open_op: Callable[[], Any] | None = None  # what opens the session (roaming: again)
         # Delivery (created at CONNACK: an idle waiting connection carries none of it).
         self._granted: dict[str, int] = {}
         # 5.0 options of the filters that have any: filter -> (bits, subscription identifier).
         self._subopts: dict[str, tuple[int, int]] = {}
-        self._inbound2: set[int] = set()  # QoS 2 packet ids of a clean session awaiting PUBREL
-        self._inflight: dict[int, int] = {}  # packet id -> backlog seq awaiting the device
-        self._outstanding: deque[int] = deque()  # seqs handed to the device, in order
-        self._done: set[int] = set()
-        self._acked = 0  # every item up to this one is the device's
+        # The QoS flows and the answers' order; what the CONNECT settles is added to it.
+        self.flows = QosFlows(self.proto, host.inflight)
         self._ack_sent = 0  # the acked value last committed or being committed
         self._acking = False
         self._next = 1  # the next backlog seq to send
@@ -218,17 +187,11 @@ class MqttConnection(asyncio.Protocol):
         self._fetching = False
         # What the CONNECT settled (aaabus.io.mqtt5conn); 3.1.1's fixed rules until then.
         self.terms = Terms(True, 0, 0, host.inflight)
-        self._window = host.inflight  # QoS 1/2 deliveries unacknowledged at once
         self._max_out = 0  # the device's Maximum Packet Size (0: none)
         self._told_too_large = False
-        self._aliases: TopicAliases | None = None  # 5.0 only, as the three below
-        self._in_window: InboundWindow | None = None
         self._out_aliases: OutboundAliases | None = None  # only if the device allows them
         self._expiry_changed = False  # by the device's DISCONNECT
         self._will_delay = 0  # 5.0's Will Delay Interval, seconds
-        # Inbound QoS 2 state in memory (a session that ends with its connection and was not
-        # resumed: a resumed one's is in the store, where its last connection left it).
-        self._volatile = True
 
     @property
     def v5(self) -> bool:
@@ -245,8 +208,8 @@ class MqttConnection(asyncio.Protocol):
             "address": self.address,
             "keep_alive": self.keep_alive,
             "clean": self.clean,
-            "inflight": len(self._inflight),
-            "backlog": max(0, self._heard - self._acked),
+            "inflight": self.flows.in_flight,
+            "backlog": max(0, self._heard - self.flows.acked),
         }
 
     # -- asyncio callbacks ---------------------------------------------------------------------
@@ -392,7 +355,7 @@ class MqttConnection(asyncio.Protocol):
         self.deadline = time.monotonic() + self.silence
         if self.deadline < before:
             self.host.deadline_sooner(self)  # a keep-alive shorter than the CONNECT deadline
-        self._answers = _Answers()
+        self._claimed = True
         sessions, cid, clean, user = self.host.sessions, self.client_id, self.clean, self.user
         stored = self._has_record = self.host.stored(cid)
         # Roaming: a clean CONNECT asks the store too, where the id's session may be arriving
@@ -420,7 +383,9 @@ class MqttConnection(asyncio.Protocol):
             return
         # 5.0: a session resumed by a connection with expiry 0 is in the store until it ends.
         self._has_record = not self.clean or outcome.present
-        self._volatile = self.clean and not outcome.present
+        # Inbound QoS 2 state in memory for a session that ends with its connection and was
+        # not resumed; a resumed one's is in the store, where its last connection left it.
+        self.flows.volatile = self.clean and not outcome.present
         self.host.stored_changed(self.client_id, self.user, self._has_record)
         self._granted = dict(outcome.filters)
         self._subopts = dict(outcome.options)
@@ -448,7 +413,7 @@ class MqttConnection(asyncio.Protocol):
     def roam_refused(self, code: int, why: str) -> None:
         """Roaming: this CONNECT gets no session (loop thread): CONNACK ``code`` (5.0 reason,
         said in the device's version), then close. Never accepted: no will, nothing to write."""
-        self._answers = None
+        self._claimed = False
         self._write(self.proto.refuse(code))
         self.end(why, answered=True)
 
@@ -459,13 +424,10 @@ class MqttConnection(asyncio.Protocol):
         self.terms = terms
         self.clean = terms.ends  # the session ends with the connection
         self.keep_alive = terms.keep_alive
-        self._window = terms.window
         self._max_out = terms.max_out
-        if self.v5:
-            self._aliases = TopicAliases(self.host.topic_aliases)
-            self._in_window = InboundWindow(self.host.inflight)
-            if terms.aliases_out:
-                self._out_aliases = OutboundAliases(terms.aliases_out)
+        self.flows.settle(terms.window, self.host.inflight, self.host.topic_aliases)
+        if self.v5 and terms.aliases_out:
+            self._out_aliases = OutboundAliases(terms.aliases_out)
 
     def _credentials_refused(self) -> int:
         """The CONNACK reason of a CONNECT whose credentials are refused: 5.0 tells "bad user
@@ -474,20 +436,6 @@ class MqttConnection(asyncio.Protocol):
         if self.v5 and self.user is not None and self.host.credentials is not None:
             return mc.BAD_CREDENTIALS
         return mc.NOT_AUTHORIZED
-
-    def _inbound(self, packet: mc.Publish) -> str:
-        """A 5.0 PUBLISH's topic name (its alias resolved) and its place in our Receive
-        Maximum; raises :class:`MqttProtocolError` (0x94, 0x93, 0x82)."""
-        if self._aliases is None or self._in_window is None:
-            return packet.topic
-        topic = self._aliases.resolve(packet)
-        self._in_window.received(packet.qos, packet.packet_id)
-        return topic
-
-    def _inbound_done(self, qos: int, packet_id: int) -> None:
-        """The server's last answer to the device's PUBLISH ``packet_id`` is produced."""
-        if self._in_window is not None:
-            self._in_window.finished(qos, packet_id)
 
     def _disconnected(self, packet: mc.Disconnect) -> None:
         """The device's DISCONNECT: 5.0 may change the session's expiry. A change from 0 is a
@@ -574,15 +522,9 @@ class MqttConnection(asyncio.Protocol):
     # -- PUBLISH from the device ---------------------------------------------------------------
 
     def _publish(self, packet: mc.Publish) -> None:
-        host, sessions, cid = self.host, self.host.sessions, self.client_id
-        topic, payload, qos, retain, pid = (
-            packet.topic,
-            packet.payload,
-            packet.qos,
-            packet.retain,
-            packet.packet_id,
-        )
-        topic = self._inbound(packet)  # 5.0: the alias resolved, the Receive Maximum kept
+        host, sessions, cid, flows = self.host, self.host.sessions, self.client_id, self.flows
+        payload, qos, retain, pid = packet.payload, packet.qos, packet.retain, packet.packet_id or 0
+        topic = flows.arrive(packet)  # 5.0: the alias resolved, the Receive Maximum kept
         props = mm.message_props(packet.properties, time.time()) if packet.properties else None
         if props is not None and mm.bad_payload(props, payload):
             self._refuse_publish(packet, mc.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
@@ -590,15 +532,11 @@ class MqttConnection(asyncio.Protocol):
         if not host.may_publish(self, topic):  # the ACL (aaabus.mqtt.acl), and $ topics
             self._refuse_publish(packet, mc.NOT_AUTHORIZED, f"not authorized on {topic[:60]!r}")
             return
-        qos2_id: int | None = None
-        if qos == 2:
-            if self._volatile:
-                if pid in self._inbound2:  # a retransmission: published already
-                    self._answer_now(self.proto.ack(mc.PUBREC, pid or 0))
-                    return
-                self._inbound2.add(pid or 0)
-            else:
-                qos2_id = pid
+        step = flows.publish(qos, pid) if qos else Step(Do.PUBLISH)
+        if step.do is Do.ANSWERED:  # a QoS 2 retransmission: published already
+            self._flush_answers()
+            return
+        qos2_id = pid if step.do is Do.PUBLISH_ONCE else None
         user = accounted(self.user)
 
         def op() -> Any:  # the retained bounds are kept in there (publish_now)
@@ -607,8 +545,6 @@ class MqttConnection(asyncio.Protocol):
         if qos == 0:
             self._call(op, self._ignore_refusal)
             return
-        kind = mc.PUBACK if qos == 1 else mc.PUBREC
-        slot = self._reserve()
 
         def answered(outcome: Any) -> None:
             # publish_now's False: no subscriber matched (0x10, a success; 3.1.1 says 0).
@@ -616,20 +552,16 @@ class MqttConnection(asyncio.Protocol):
             if isinstance(outcome, str):
                 host.refused(self.address, f"client {cid!r}: retained message refused: {outcome}")
                 code = mc.QUOTA_EXCEEDED
-            slot[0] = self.proto.ack(kind, pid or 0, code)
-            if qos == 1 or code >= 0x80:  # a QoS 2 flow refused ends at PUBREC
-                self._inbound_done(qos, pid or 0)
+            flows.published(step, qos, pid, code)
 
-        self._call(op, answered, slot)
+        self._call(op, answered, step.slot)
 
     def _refuse_publish(self, packet: mc.Publish, code: int, why: str) -> None:
         """Do not publish ``packet``: a 5.0 device is told ``code`` in its PUBACK/PUBREC (a
         QoS 2 flow then ends there: nothing awaits a PUBREL), a 3.1.1 device is not told."""
         self.host.refused(self.address, f"client {self.client_id!r}: PUBLISH refused: {why}")
-        if packet.qos:
-            kind = mc.PUBACK if packet.qos == 1 else mc.PUBREC
-            self._answer_now(self.proto.ack(kind, packet.packet_id or 0, code))
-            self._inbound_done(packet.qos, packet.packet_id or 0)
+        self.flows.refuse(packet, code)
+        self._flush_answers()
 
     def _ignore_refusal(self, outcome: Any) -> None:
         if isinstance(outcome, str):
@@ -638,60 +570,51 @@ class MqttConnection(asyncio.Protocol):
     # -- acknowledgements from the device ------------------------------------------------------
 
     def _acknowledged(self, packet: mc.Ack) -> None:
-        pid, kind = packet.packet_id, packet.kind
-        if kind == mc.PUBREL:
-            self._release(pid)
+        if packet.kind == mc.PUBREL:
+            self._release(packet.packet_id)
             return
-        seq = self._inflight.get(pid)
-        if seq is None:
-            return  # unknown id (a late duplicate): nothing to do
-        if kind == mc.PUBREC and packet.code < 0x80:  # 5.0: a PUBREC >= 0x80 ends the flow
-            cid, sessions = self.client_id, self.host.sessions
+        flows = self.flows
+        step = flows.acknowledged(packet)
+        if step.do is Do.RECEIVE:
+            cid, sessions, seq, pid = self.client_id, self.host.sessions, step.seq, packet.packet_id
 
             def then(_outcome: Any) -> None:
-                if self._inflight.get(pid) == seq:
-                    self._write(self.proto.ack(mc.PUBREL, pid))
+                self._write(flows.received(seq, pid).data)
 
             self._call(lambda: sessions.received_now(cid, seq), then)
-            return
-        del self._inflight[pid]
-        self._finished(seq)
-        self._pump()
+        elif step.do is Do.SEND_PUBREL:
+            self._write(step.data)
+        elif step.do is Do.FINISH:
+            self._finished(step.seq)
+            self._pump()
 
     def _release(self, pid: int) -> None:
         """PUBREL of an inbound QoS 2 flow: PUBCOMP (after the store forgets it, persistent)."""
-        self._inbound_done(2, pid)  # the PUBCOMP is produced below or when this is durable
-        if self._volatile:
-            self._inbound2.discard(pid)
-            self._answer_now(self.proto.ack(mc.PUBCOMP, pid))
+        flows = self.flows
+        step = flows.release(pid)
+        if step.do is Do.ANSWERED:
+            self._flush_answers()
             return
         cid, sessions = self.client_id, self.host.sessions
-        slot = self._reserve()
-
-        def then(_outcome: Any) -> None:
-            slot[0] = self.proto.ack(mc.PUBCOMP, pid)
-
-        self._call(lambda: sessions.release_now(cid, pid), then, slot)
+        self._call(
+            lambda: sessions.release_now(cid, pid),
+            lambda _outcome: flows.released(step, pid),
+            step.slot,
+        )
 
     def _finished(self, seq: int) -> None:
-        """Item ``seq`` is the device's: advance the cumulative ack over the finished prefix
-        (QoS 1 and 2 flows finish in order, QoS 0 at once) and commit it soon."""
-        self._done.add(seq)
-        outstanding, done = self._outstanding, self._done
-        while outstanding and outstanding[0] in done:
-            self._acked = outstanding.popleft()
-            done.discard(self._acked)
-        if self._acked > self._ack_sent and not self._acking:
+        """Item ``seq`` is the device's: commit the cumulative ack soon if it moved."""
+        if self.flows.finished(seq) and self.flows.acked > self._ack_sent and not self._acking:
             self._commit_ack()
 
     def _commit_ack(self) -> None:
         self._acking = True
-        self._ack_sent = acked = self._acked
+        self._ack_sent = acked = self.flows.acked
         cid, sessions = self.client_id, self.host.sessions
 
         def then(_outcome: Any) -> None:
             self._acking = False
-            if self._acked > self._ack_sent and not self.ended:
+            if self.flows.acked > self._ack_sent and not self.ended:
                 self._commit_ack()
 
         # Lazy: a crash before it is durable only resends what the device had (QoS 1 allows
@@ -811,7 +734,7 @@ class MqttConnection(asyncio.Protocol):
         self._pump()
 
     def _room(self) -> bool:
-        return len(self._inflight) < self._window and not self._writing_paused
+        return self.flows.room() and not self._writing_paused
 
     def _pump(self) -> None:
         """Send what waits in memory while there is room, then ask the store for the rest."""
@@ -828,9 +751,9 @@ class MqttConnection(asyncio.Protocol):
         a time, once at least half the window is free (a read: the batch writes nothing)."""
         if not self._accepted or self.ended or self._fetching or not self._gap or self._ahead:
             return
-        window = self._window
-        free = window - len(self._inflight)
-        if (free < max(1, window // 2) and self._inflight) or self._writing_paused:
+        window, in_flight = self.flows.window, self.flows.in_flight
+        free = window - in_flight
+        if (free < max(1, window // 2) and in_flight) or self._writing_paused:
             return
         self._fetching = True
         cid, sessions, after = self.client_id, self.host.sessions, self._next - 1
@@ -856,7 +779,7 @@ class MqttConnection(asyncio.Protocol):
     def _send(self, item: Delivery) -> None:
         seq = item.seq
         self._next = seq + 1
-        self._outstanding.append(seq)
+        self.flows.handed(seq)
         if item.qos < 0:
             self._finished(seq)
             return
@@ -873,8 +796,7 @@ class MqttConnection(asyncio.Protocol):
         self.host.published_out += not item.release  # for $SYS (a PUBREL resend is no message)
         pid = packet_id(seq)
         if item.release and qos:
-            self._inflight[pid] = seq
-            self._write(self.proto.ack(mc.PUBREL, pid))
+            self._write(self.flows.resend_release(seq, pid).data)
             return
         name, aliases = item.topic, self._out_aliases
         if aliases is not None:  # a 5.0 device that allows topic aliases: one test for others
@@ -889,7 +811,7 @@ class MqttConnection(asyncio.Protocol):
             return
         self._write(data)
         if qos:
-            self._inflight[pid] = seq
+            self.flows.sent(seq, pid, qos)
         else:
             self._finished(seq)
 
@@ -899,7 +821,7 @@ class MqttConnection(asyncio.Protocol):
         self,
         fn: Callable[[], Any],
         then: Callable[[Any], None],
-        slot: list[bytes | None] | None = None,
+        slot: Slot | None = None,
         *,
         lazy: bool = False,
     ) -> None:
@@ -927,18 +849,16 @@ class MqttConnection(asyncio.Protocol):
 
         self.host.op(self, fn, done, lazy=lazy)
 
-    def _reserve(self) -> list[bytes | None]:
-        assert self._answers is not None
-        return self._answers.reserve()
+    def _reserve(self) -> Slot:
+        return self.flows.reserve()
 
     def _answer_now(self, data: bytes) -> None:
-        self._reserve()[0] = data
+        self.flows.answer(data)
         self._flush_answers()
 
     def _flush_answers(self) -> None:
-        if self._answers is not None:
-            for data in self._answers.ready():
-                self._write(data)
+        for data in self.flows.ready():
+            self._write(data)
 
     def _write(self, data: bytes) -> None:
         """Queue ``data`` for the socket: what one turn of the loop sends a device leaves in
@@ -996,7 +916,7 @@ class MqttConnection(asyncio.Protocol):
                 self._linger(transport)
             else:
                 transport.close()  # sends what is queued first
-        connected = self._answers is not None
+        connected = self._claimed
         self.host.forget(self)
         if not connected:
             return
@@ -1021,5 +941,5 @@ class MqttConnection(asyncio.Protocol):
 
         self._expiry_at_close()
         # What the device finished: its shared subscriptions' groups take back the rest.
-        finished = (self._acked, frozenset(self._done))
+        finished = (self.flows.acked, self.flows.finished_set())
         host.op(self, lambda: sessions.close_now(cid, will, now, finished, user=user), then)
