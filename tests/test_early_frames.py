@@ -27,7 +27,13 @@ from aaabus.node.inprocess import InProcessBus
 from aaabus.node.server import AgentServer
 from aaabus.testing.fuzz import FakePeer
 from aaabus.wire.codec import encode_note
-from aaabus.wire.linkframes import DURABLE_FRAME, TENTATIVE_FRAME, encode_data
+from aaabus.wire.linkframes import (
+    DURABLE_FRAME,
+    TENTATIVE_FRAME,
+    encode_ack,
+    encode_data,
+    encode_state,
+)
 from aaabus.wire.message import Message
 from tests.support.agents import Inc
 from tests.support.topics import wait_until
@@ -306,10 +312,44 @@ def _received_from_0(server: AgentServer) -> int:
     return server.call(read, TIMEOUT)
 
 
+def _links(server: AgentServer) -> EarlyLinks:
+    assert server.channel is not None
+    return server.channel.links
+
+
 def _heard(server: AgentServer) -> list[Any]:
     heard: list[Any] = []
     server.add_listener(lambda _sender, note: heard.append(note))
     return heard
+
+
+def test_a_peers_link_state_is_compared_before_the_acknowledgements_read_after_it(
+    lone_server: AgentServer,
+) -> None:
+    """A link state says what the peer had delivered when it was taken; an acknowledgement it
+    sends after it may cover more (it delivered more since). Acknowledgements are lazy work, which
+    a group runs before its other inputs: compared after them, the state made this server name a
+    peer that lost nothing ("server 0's store is older than server 1 remembers"), as it did
+    under ``perf torture``."""
+    server = lone_server
+    for n in range(3):  # queued for server 0, which is not there yet
+        server.send(AgentId.server_of(0), Inc(n), TIMEOUT)
+    peer = _peer(server, 0)
+    try:
+        wait_until("server 0 is up", lambda: _links(server).ups == 1, TIMEOUT)
+        server.call(lambda: None, TIMEOUT)  # after the resend its coming up ran
+        # One write, so one read: the state taken when server 0 had delivered one of the
+        # three, then its acknowledgement of all three.
+        state, ack = encode_state("D0", 0, 0, 1), encode_ack("D0", 3)
+        peer.send_raw(peer.cipher.wrap_frame(state) + peer.cipher.wrap_frame(ack))
+        wait_until(
+            "server 0 acknowledged all three",
+            lambda: server.status(TIMEOUT)["queues"]["outgoing"].get("0") == 0,
+            TIMEOUT,
+        )
+    finally:
+        peer.close()
+    assert server.status(TIMEOUT)["diverged"] == []
 
 
 def test_a_tentative_frame_is_committed_only_after_its_notice(lone_server: AgentServer) -> None:
