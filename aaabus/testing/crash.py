@@ -305,6 +305,15 @@ class Faulted:
     exit_codes: dict[int, int | None] = field(default_factory=dict)
     #: The thread stacks and last output of each server that did not stop (see stop_all).
     stuck: dict[int, list[str]] = field(default_factory=dict)
+    #: Lines in which a server named a store older than its peers remember
+    #: (:meth:`aaabus.core.channel.Channel.compare_state`): no store is lost in these
+    #: schedules (a kill keeps what was committed), so each is a false alarm or a lost commit.
+    diverged: list[str] = field(default_factory=list)
+
+    def hear(self, line: str) -> None:
+        """A server's output line (its reader thread): kept if it names a store older."""
+        if "store is older than" in line:
+            self.diverged.append(line)
 
     def bad_exits(self) -> dict[int, int | None]:
         return {sid: code for sid, code in self.exit_codes.items() if code != 0}
@@ -348,6 +357,11 @@ class CrashOutcome:
         if faulted.bad_exits():
             stuck = stuck_note(faulted, workdir)
             self.problems.append(f"servers did not exit 0 on SIGTERM: {faulted.bad_exits()}{stuck}")
+        if faulted.diverged:
+            self.problems.append(
+                f"{len(faulted.diverged)} line(s) named a store older than its peers remember, "
+                f"though none was lost: {faulted.diverged[0]}"
+            )
 
     def checked(self, report: Report, whose: str = "") -> None:
         """Add the checker's findings in ``report`` (one of the run, or one of each subscriber,
@@ -381,8 +395,8 @@ def run_under_faults(
 ) -> Faulted:
     """Start ``servers`` of ``config`` (stores under ``storage``), begin ``traffic``, apply
     ``faults`` from then on, and stop every process with one SIGTERM, also on error."""
-    bus = Bus(config, servers, storage)
     done = Faulted()
+    bus = Bus(config, servers, storage, sink=done.hear)
     try:
         bus.start(timeout=60)
         if traffic is not None:
