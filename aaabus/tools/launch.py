@@ -22,7 +22,7 @@ from types import TracebackType
 
 from aaabus.config.admin_port import ADMIN_PORT_OFFSET
 from aaabus.errors import LaunchError
-from aaabus.tools.readiness import READY_LINE
+from aaabus.tools.readiness import READY_LINE, REPLICA_READY_LINE
 
 
 class ServerProcess:
@@ -42,9 +42,11 @@ class ServerProcess:
         log_level: str = "WARNING",
         cwd: str | os.PathLike[str] | None = None,
         preexec: Callable[[], None] | None = None,
+        replica: int | None = None,
     ) -> None:
         """``preexec``: run in the child between fork and exec (a benchmark raising the
-        process's file limit: only async-signal-safe work, such as ``setrlimit``)."""
+        process's file limit: only async-signal-safe work, such as ``setrlimit``).
+        ``replica``: run that replica of ``server_id`` rather than the server itself."""
         self.config = str(config)
         self.server_id = server_id
         self.storage = str(storage)
@@ -53,6 +55,7 @@ class ServerProcess:
         self.log_level = log_level
         self.cwd = cwd
         self.preexec = preexec
+        self.replica = replica
         self.proc: subprocess.Popen[str] | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self._ready = threading.Event()
@@ -79,6 +82,7 @@ class ServerProcess:
             self.storage,
             "--log-level",
             self.log_level,
+            *(() if self.replica is None else ("--replica", str(self.replica))),
         ]
 
     def start(self) -> ServerProcess:
@@ -104,7 +108,10 @@ class ServerProcess:
         return self
 
     def _relay(self, proc: subprocess.Popen[str]) -> None:
-        ready = READY_LINE.format(id=self.server_id)
+        if self.replica is None:
+            ready = READY_LINE.format(id=self.server_id)
+        else:
+            ready = REPLICA_READY_LINE.format(id=self.server_id, index=self.replica)
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
