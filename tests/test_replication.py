@@ -24,7 +24,7 @@ from aaabus.core.store import LOG_DIR, open_store
 from aaabus.errors import AaabusError, WireError
 from aaabus.model.ids import TOPICS_STAMP
 from aaabus.tools.client import Client
-from aaabus.tools.launch import ServerProcess
+from aaabus.tools.launch import Bus, ServerProcess
 from tests.support.harness import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.slow
@@ -297,3 +297,16 @@ def test_a_replica_refuses_another_server(tmp_path: Path, make_config: Callable[
         )
         with processes(server(config, 0, tmp_path / "s0")):
             wait_until(lambda: caught_up(config), 30, "the real primary to be followed")
+
+
+def test_the_launcher_starts_the_replicas(tmp_path: Path, make_config: Callable[..., Path]) -> None:
+    """``aaabus launch`` (the launcher's Bus) starts each server's replicas beside it, in
+    ``s<id>r<index>``; with sync 1 the server boots only once its replica follows it."""
+    config, _port = replicated_config(make_config)
+    with Bus(config, [0], tmp_path / "store", cwd=REPO_ROOT) as bus:
+        assert set(bus.replicas) == {(0, 1)}
+        assert bus.replicas[(0, 1)].is_ready()
+        write_content(config, "launched", 3)
+        assert caught_up(config)
+    assert (tmp_path / "store" / "s0r1" / LOG_DIR).is_dir()
+    same_store(tmp_path / "store" / "s0", tmp_path / "store" / "s0r1", 3)

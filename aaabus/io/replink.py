@@ -81,12 +81,28 @@ class ReplicaLink(Link):
         sock.settimeout(None)
         return link
 
-    def send_many(self, payloads: list[bytes]) -> None:
-        """Send ``payloads`` in order, in one write."""
+    def wrap(self, payloads: list[bytes]) -> bytes:
+        """The bytes that carry ``payloads``, in order (each gets the next sequence number: the
+        caller writes them in the order it wrapped them)."""
         cipher = self._cipher
         if cipher is None:
             raise WireError("replication link is not authenticated")
-        self.sock.sendall(b"".join([cipher.wrap_frame(p) for p in payloads]))
+        return b"".join([cipher.wrap_frame(p) for p in payloads])
+
+    def send_many(self, payloads: list[bytes]) -> None:
+        """Send ``payloads`` in order, in one write."""
+        self.sock.sendall(self.wrap(payloads))
+
+    def send_now(self, data: bytes) -> int:
+        """Write what the socket takes of ``data`` without blocking; how many bytes it took."""
+        try:
+            return self.sock.send(data, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return 0
+
+    def send_all(self, data: bytes) -> None:
+        """Write all of ``data`` (blocking)."""
+        self.sock.sendall(data)
 
     def receive_bytes(self) -> bytes:
         """The next payload; ``ConnectionResetError`` at the end of the stream."""

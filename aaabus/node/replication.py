@@ -41,16 +41,25 @@ DIAL_TIMEOUT_S = 5.0
 
 
 class _Outbox:
-    """Messages queued by the committing thread for one replica's writer thread."""
+    """The bytes queued for one replica, and who writes them.
 
-    def __init__(self) -> None:
+    The committing thread wraps its messages (their sequence numbers are taken under the lock,
+    in queue order) and, when nothing is queued or being written, writes them itself without
+    blocking (``MSG_DONTWAIT``): a commit's records reach the replica without waking a thread.
+    What the socket does not take at once is queued for the writer thread
+    (``aaabus-repl-<id>.<index>``), which writes with blocking writes. One writer at a time
+    (``_writing``), so the bytes reach the socket in sequence order."""
+
+    def __init__(self, link: ReplicaLink) -> None:
+        self._link = link
         self._cond = threading.Condition()
-        self._items: deque[list[bytes]] = deque()
+        self._items: deque[bytes] = deque()
         self._bytes = 0
+        self._writing = False
         self.closed = False
 
     def put(self, messages: list[bytes], size: int) -> None:
-        """Committing thread (or a link thread attaching): never blocks."""
+        """Committing thread (or a link thread attaching): never blocks on the socket."""
         with self._cond:
             if self.closed:
                 return
@@ -58,22 +67,45 @@ class _Outbox:
                 # The replica cannot keep up: drop it; it reconnects and catches up from what
                 # it has, rather than this server holding its log a second time in memory.
                 self.closed = True
-            else:
-                self._items.append(messages)
-                self._bytes += size
+                self._cond.notify()
+                return
+            data = self._link.wrap(messages)
+            if self._items or self._writing:
+                self._items.append(data)
+                self._bytes += len(data)
+                self._cond.notify()
+                return
+            self._writing = True
+        try:
+            sent = self._link.send_now(data)
+        except OSError:
+            sent = len(data)  # the link is gone: the writer and the reader find out
+            self.close()
+        with self._cond:
+            self._writing = False
+            if sent < len(data):
+                self._items.appendleft(data[sent:])
+                self._bytes += len(data) - sent
             self._cond.notify()
 
-    def take(self) -> list[bytes] | None:
-        """Writer thread: everything queued, in order (None once closed)."""
+    def write(self) -> bool:
+        """Writer thread: write what is queued (blocking); False once closed."""
         with self._cond:
-            while not self._items and not self.closed:
+            while (not self._items or self._writing) and not self.closed:
                 self._cond.wait()
             if self.closed:
-                return None
-            out = [m for batch in self._items for m in batch]
+                return False
+            data = b"".join(self._items)
             self._items.clear()
             self._bytes = 0
-            return out
+            self._writing = True
+        try:
+            self._link.send_all(data)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify()
+        return True
 
     def close(self) -> None:
         with self._cond:
@@ -186,7 +218,7 @@ class ReplicationLinks:
             log.warning("%s: its store is ahead of this server's; it starts again empty", where)
             link.send_many([WIPE])
             since = Z64
-        outbox = _Outbox()
+        outbox = _Outbox(link)
         reader = threading.Thread(
             target=self._read_acks,
             args=(rep.index, link, outbox),
@@ -197,13 +229,10 @@ class ReplicationLinks:
         try:
             caught = self.shipper.attach(rep.index, since, self._storage, outbox.put)
             log.info("%s: connected, catching up from %s to %s", where, since.hex(), caught.hex())
-            while True:
-                messages = outbox.take()
-                if messages is None:
-                    if not self._stop.is_set():
-                        raise OSError("the replica fell too far behind or stopped answering")
-                    return
-                link.send_many(messages)
+            while outbox.write():
+                pass
+            if not self._stop.is_set():
+                raise OSError("the replica fell too far behind, or its link ended")
         finally:
             outbox.close()
             link.close()

@@ -63,6 +63,11 @@ class ServerProcess:
         self._terminated = False
 
     @property
+    def name(self) -> str:
+        """``s<id>``, or ``s<id>r<index>`` for a replica: what prefixes its relayed lines."""
+        return f"s{self.server_id}" if self.replica is None else f"s{self.server_id}r{self.replica}"
+
+    @property
     def pid(self) -> int:
         if self.proc is None:
             raise RuntimeError("not started")
@@ -119,7 +124,7 @@ class ServerProcess:
             if line == ready:
                 self._ready.set()
             if self.sink is not None:
-                self.sink(f"s{self.server_id}| {line}")
+                self.sink(f"{self.name}| {line}")
         proc.stdout.close()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -181,7 +186,9 @@ class ServerProcess:
 
 
 class Bus:
-    """Several server processes of one config, started together and always stopped together.
+    """Several server processes of one config, started together and always stopped together,
+    with the replicas the config gives them (``<replica>``: stores ``s<id>r<index>`` beside
+    ``s<id>``, :attr:`replicas`).
 
     Use as a context manager: leaving the block stops every process, also on error or Ctrl-C.
     """
@@ -211,6 +218,28 @@ class Bus:
             )
             for sid in server_ids
         }
+        from aaabus.config.reader import load_config
+
+        specs = load_config(config).servers
+        #: Replica processes, by (server id, replica index).
+        self.replicas = {
+            (sid, rep.index): ServerProcess(
+                config,
+                sid,
+                root / f"s{sid}r{rep.index}",
+                env=env,
+                sink=sink,
+                log_level=log_level,
+                cwd=cwd,
+                replica=rep.index,
+            )
+            for sid in self.servers
+            for rep in specs[sid].replicas
+        }
+
+    def _processes(self) -> list[ServerProcess]:
+        # Replicas first: a server whose commits wait for its replicas boots once they listen.
+        return [*self.replicas.values(), *self.servers.values()]
 
     def __getitem__(self, server_id: int) -> ServerProcess:
         return self.servers[server_id]
@@ -222,10 +251,10 @@ class Bus:
 
         ensure_secret(secret_path(load_config(self.config)))
         try:
-            for proc in self.servers.values():
+            for proc in self._processes():
                 proc.start()
             deadline = time.monotonic() + timeout
-            for proc in self.servers.values():
+            for proc in self._processes():
                 proc.wait_ready(max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.stop()
@@ -233,9 +262,16 @@ class Bus:
         return self
 
     def stop(self, timeout: float = 15.0) -> dict[int, int | None]:
+        """Stop every process; the servers' exit statuses. Servers first: their last commits
+        still reach their replicas."""
         for proc in self.servers.values():
             proc.terminate()  # all at once, so that they stop in parallel
-        return {sid: proc.stop(timeout) for sid, proc in self.servers.items()}
+        codes = {sid: proc.stop(timeout) for sid, proc in self.servers.items()}
+        for proc in self.replicas.values():
+            proc.terminate()
+        for proc in self.replicas.values():
+            proc.stop(timeout)
+        return codes
 
     def __enter__(self) -> Bus:
         return self.start()
