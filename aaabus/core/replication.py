@@ -48,7 +48,7 @@ from typing import Any
 
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import Z64
-from aaabus.errors import WireError
+from aaabus.errors import StoreError, WireError
 
 log = logging.getLogger("aaabus.replication")
 
@@ -371,7 +371,8 @@ class Follower:
 
     def receive(self, payload: bytes) -> bytes | None:
         """Apply one message; returns the acknowledgement to send, if any. WireError for a
-        message that makes no sense (the link is then closed; the store is left consistent)."""
+        message that makes no sense (the link is then closed; the store is left consistent),
+        StoreError when the store cannot be written (the replica must stop)."""
         kind = payload[:1]
         if kind == RECORDS:
             decode_records(payload, self._records)
@@ -411,17 +412,24 @@ class Follower:
         records, self._records = self._records, {}
         txn = object()
         storage = self.storage
-        storage.tpc_begin(txn, tid)
+        try:
+            storage.tpc_begin(txn, tid)
+        except OSError as exc:
+            raise _write_failed(storage, exc) from None
         try:
             storage.store_replicated(txn, records, forget)
             storage.tpc_vote(txn)
+        except OSError as exc:
+            storage.tpc_abort(txn)
+            raise _write_failed(storage, exc) from None
         except BaseException:
             storage.tpc_abort(txn)
             raise
         self._voted = (txn, tid)
 
     def settle(self) -> None:
-        """Finish the commit voted last: kept, as a primary keeps a voted block after a crash."""
+        """Finish the commit voted last: kept, as a primary keeps a voted block after a crash
+        (tpc_finish does no I/O, the vote wrote and synced: it cannot fail)."""
         voted, self._voted = self._voted, None
         if voted is not None:
             self.storage.tpc_finish(voted[0])
@@ -430,3 +438,13 @@ class Follower:
     def close(self) -> None:
         self.settle()
         self.storage.close()
+
+
+def _write_failed(storage: LogStorage, exc: OSError) -> StoreError:
+    """A replica whose disk fails stops (one line), as a server does: acknowledging nothing
+    more is all it can do right, and retrying would acknowledge nothing either."""
+    reason = exc.strerror or str(exc)
+    return StoreError(
+        f"replica store {storage.getName()} cannot be written ({reason}); nothing unwritten "
+        "was acknowledged: free space or fix the disk, then restart the replica"
+    )

@@ -169,8 +169,4 @@ class ReplicaServer:
                 log.warning("%s: primary link lost (%s); waiting for it", self.name, exc)
         finally:
             link.close()
-            try:
-                follower.settle()
-            except OSError as exc:
-                self.failure = f"{self.name}: its store failed a write ({exc})"
-                self.stopped.set()
+            follower.settle()
