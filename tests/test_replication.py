@@ -156,6 +156,16 @@ def test_replica_that_starts_late_or_comes_back_catches_up(
         write_content(config, "before", 15)
         figures = replica_figures(config)["replicas"]["1"]
         assert not figures["connected"] and figures["behind_commits"] is None
+        shown = subprocess.run(
+            [sys.executable, "-m", "aaabus", "status", str(config), "--id", "0"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO_ROOT,
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "server 0 replica 1 (127.0.0.1:" in shown.stdout
+        assert "NOT connected" in shown.stdout and "lag unknown" in shown.stdout
         with processes(replica_of_0(config, tmp_path / "r1")):
             # An empty replica gets the whole store.
             wait_until(lambda: caught_up(config), 30, "the late replica to catch up")

@@ -188,3 +188,24 @@ def test_a_commit_waits_for_its_sync_replica_and_fails_when_the_server_stops(
     with pytest.raises(POSKeyError):
         pair.primary.load(p64(0))  # aborted, never current
     pair.close()
+
+
+def test_the_lag_and_the_wait_are_metrics(tmp_path: Path) -> None:
+    from aaabus.node.metrics import _replication_metrics
+
+    pair = Pair(tmp_path, sync=0)
+    pair.attach()
+    pair.commit({0: b"root"})
+    pair.detach()
+    pair.commit({1: b"one"})
+    pair.commit({2: b"two"})
+    found = {
+        (family.name, tuple(sample.labels.values())): sample.value
+        for family in _replication_metrics("0", pair.shipper.figures())
+        for sample in family.samples
+    }
+    assert found[("aaabus_replica_connected", ("0", "1"))] == 0
+    assert found[("aaabus_replica_lag_commits", ("0", "1"))] == 2
+    assert found[("aaabus_replica_lag_bytes", ("0", "1"))] > 0
+    assert found[("aaabus_replication_waiting_seconds", ("0",))] == 0
+    pair.close()
