@@ -320,3 +320,29 @@ def test_the_launcher_starts_the_replicas(tmp_path: Path, make_config: Callable[
         assert caught_up(config)
     assert (tmp_path / "store" / "s0r1" / LOG_DIR).is_dir()
     same_store(tmp_path / "store" / "s0", tmp_path / "store" / "s0r1", 3)
+
+
+def test_silent_connections_do_not_keep_the_primary_out(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """Connections that never authenticate hold at most 4 handshakes, each for at most 5 s;
+    more are closed at once, and the primary gets in once they expire."""
+    import socket
+
+    config, port = replicated_config(make_config)
+    replica = replica_of_0(config, tmp_path / "r1")
+    silent: list[socket.socket] = []
+    with processes(replica):
+        try:
+            for _ in range(10):
+                silent.append(socket.create_connection(("127.0.0.1", port), timeout=5))
+            wait_until(
+                lambda: any("handshakes under way" in line for line in replica.lines),
+                10,
+                "the replica's line about refused connections",
+            )
+            with processes(server(config, 0, tmp_path / "s0")):
+                wait_until(lambda: caught_up(config), 30, "the primary to get in")
+        finally:
+            for sock in silent:
+                sock.close()

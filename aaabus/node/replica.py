@@ -8,8 +8,9 @@ it opens as server N's store with everything the primary had acknowledged. It ac
 commit once it is on its disk. One primary connection at a time: a newer one (a primary that
 restarted) replaces the current one.
 
-Threads: ``aaabus-replica-<N>.<K>`` accepts and authenticates (5 s deadline each, one at a
-time), ``aaabus-replica-<N>.<K>-link`` serves the current connection and owns the store.
+Threads: ``aaabus-replica-<N>.<K>`` accepts; one ``aaabus-replica-<N>.<K>-link`` thread per
+connection authenticates it (5 s deadline, at most 4 at once: more are closed) and, for its
+primary, serves it, owning the store while it does (a newer one closes it and waits for it).
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ from aaabus.node.replication import MAX_FRAME
 log = logging.getLogger("aaabus.replica")
 
 HANDSHAKE_S = 5.0
+#: Connections authenticating at once; more are closed at once.
+MAX_HANDSHAKES = 4
+REFUSAL_LOG_S = 10.0
 
 
 class ReplicaServer:
@@ -74,6 +78,7 @@ class ReplicaServer:
         self._lock = threading.Lock()
         self._current: tuple[ReplicaLink, threading.Thread] | None = None
         self._acceptor: threading.Thread | None = None
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         #: Set when the replica stops on its own (its store failed); ``failure`` says why.
         self.stopped = threading.Event()
         self.failure: str | None = None
@@ -117,39 +122,61 @@ class ReplicaServer:
     def _accept(self) -> None:
         listener = self._listener
         assert listener is not None
+        refused_at = 0.0
         while not self._stop.is_set():
             try:
                 sock, peer = listener.accept()
             except OSError:
                 return  # closed by stop()
-            try:
-                link = ReplicaLink.answer(
-                    sock, self._key, self.server_id, MAX_FRAME, time.monotonic() + HANDSHAKE_S
-                )
-            except (AaabusError, WireError, OSError) as exc:
-                log.warning("%s: refused a connection from %s:%s (%s)", self.name, *peer[:2], exc)
+            if not self._handshakes.acquire(blocking=False):
+                # Unauthenticated connections hold at most MAX_HANDSHAKES threads, each for at
+                # most HANDSHAKE_S: a flood delays its primary's next connection by that, no more.
                 sock.close()
+                if time.monotonic() - refused_at > REFUSAL_LOG_S:
+                    refused_at = time.monotonic()
+                    log.warning(
+                        "%s: %d handshakes under way; refusing connections (from %s:%s)",
+                        self.name,
+                        MAX_HANDSHAKES,
+                        *peer[:2],
+                    )
                 continue
-            thread = threading.Thread(
-                target=self._serve,
-                args=(link,),
+            threading.Thread(
+                target=self._admit,
+                args=(sock, peer),
                 name=f"aaabus-replica-{self.server_id}.{self.index}-link",
                 daemon=True,
-            )
-            self._replace((link, thread))
-            if self._stop.is_set():
-                link.close()
-                return
-            thread.start()
+            ).start()
 
-    def _replace(self, new: tuple[ReplicaLink, threading.Thread] | None) -> None:
-        """Close the current connection and wait for its thread: one owner of the store."""
+    def _admit(self, sock: socket.socket, peer: tuple[str, int]) -> None:
+        """A connection's thread: authenticate it, then (its primary's) serve it."""
+        try:
+            link = ReplicaLink.answer(
+                sock, self._key, self.server_id, MAX_FRAME, time.monotonic() + HANDSHAKE_S
+            )
+        except (AaabusError, WireError, OSError) as exc:
+            log.warning("%s: refused a connection from %s:%s (%s)", self.name, *peer[:2], exc)
+            sock.close()
+            return
+        finally:
+            self._handshakes.release()
+        if self._replace((link, threading.current_thread())):
+            self._serve(link)
+
+    def _replace(self, new: tuple[ReplicaLink, threading.Thread] | None) -> bool:
+        """Make ``new`` the connection served (None: none); close the current one and wait for
+        its thread, so that one thread at a time owns the store. False (``new`` closed) once
+        the replica stops."""
         with self._lock:
+            if new is not None and self._stop.is_set():
+                new[0].close()
+                return False
             old, self._current = self._current, new
         if old is not None:
             old[0].close()
-            if old[1].is_alive():
+            if old[1].is_alive() and old[1] is not threading.current_thread():
                 old[1].join()
+        return True
 
     def _serve(self, link: ReplicaLink) -> None:
         follower = self.follower
