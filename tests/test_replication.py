@@ -346,3 +346,34 @@ def test_silent_connections_do_not_keep_the_primary_out(
         finally:
             for sock in silent:
                 sock.close()
+
+
+def test_a_key_file_without_the_replicas_key_is_one_line(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """A server key file made before the server had replicas lacks the key of its link with
+    itself: the replica (and the server) refuse to start in one line saying how to remake it."""
+    from aaabus.config.secret import write_server_keys
+
+    (port,) = free_ports(1)
+    config = make_config(
+        extra={
+            0: f'<replica index="1" port="{port}"/><property name="aaabus.secret" value="s0.key"/>'
+        }
+    )
+    write_server_keys(tmp_path / "s0.key", tmp_path / "bus.key", 0, [0])
+    for extra in (("--replica", "1"), ()):
+        proc = subprocess.run(
+            [
+                *(sys.executable, "-m", "aaabus", "server", "--id", "0", *extra),
+                *("--config", str(config), "--storage", str(tmp_path / "store")),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO_ROOT,
+        )
+        assert proc.returncode == 2, proc.stderr
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1 and "has no key for its replicas" in lines[0], proc.stderr
+        assert "aaabus secret --server 0" in lines[0]

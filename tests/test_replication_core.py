@@ -209,3 +209,24 @@ def test_the_lag_and_the_wait_are_metrics(tmp_path: Path) -> None:
     assert found[("aaabus_replica_lag_bytes", ("0", "1"))] > 0
     assert found[("aaabus_replication_waiting_seconds", ("0",))] == 0
     pair.close()
+
+
+def test_a_replicated_server_key_file_holds_the_key_of_its_link_with_itself(
+    tmp_path: Path,
+) -> None:
+    from aaabus.config.secret import (
+        ensure_secret,
+        link_key,
+        load_secret,
+        load_server_keys,
+        write_server_keys,
+    )
+
+    ensure_secret(tmp_path / "bus.key")
+    bus_key = load_secret(tmp_path / "bus.key")
+    write_server_keys(tmp_path / "s1.key", tmp_path / "bus.key", 1, [0, 1], replicated=True)
+    write_server_keys(tmp_path / "plain.key", tmp_path / "bus.key", 1, [0, 1])
+    keys = load_server_keys(tmp_path / "s1.key", 1, [0])
+    assert keys.link_key(1) == link_key(bus_key, 1, 1) != link_key(bus_key, 0, 1)
+    with pytest.raises(KeyError):
+        load_server_keys(tmp_path / "plain.key", 1, [0]).link_key(1)
