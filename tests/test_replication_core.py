@@ -34,6 +34,8 @@ class Pair:
         self.primary.shipper = self.shipper
         self.connected = False
         self.messages = 0
+        #: While set, the replica applies what it receives but its acknowledgements are lost.
+        self.mute = False
 
     def _wipe(self) -> None:
         shutil.rmtree(self.replica_dir)
@@ -42,7 +44,7 @@ class Pair:
         for message in messages:
             self.messages += 1
             answer = self.follower.receive(message)
-            if answer is not None:
+            if answer is not None and not self.mute:
                 self.shipper.acked(1, answer[1:])
 
     def attach(self) -> bytes:
@@ -70,7 +72,11 @@ class Pair:
                 serial = Z64
             storage.store(oid, serial, data, "", txn)
         storage.write_side(txn, side or {}, list(forget))
-        storage.tpc_vote(txn)
+        try:
+            storage.tpc_vote(txn)
+        except BaseException:
+            storage.tpc_abort(txn)  # what ZODB's transaction manager does
+            raise
         return storage.tpc_finish(txn)
 
     def close(self) -> None:
@@ -230,3 +236,38 @@ def test_a_replicated_server_key_file_holds_the_key_of_its_link_with_itself(
     assert keys.link_key(1) == link_key(bus_key, 1, 1) != link_key(bus_key, 0, 1)
     with pytest.raises(KeyError):
         load_server_keys(tmp_path / "plain.key", 1, [0]).link_key(1)
+
+
+def test_a_commit_cut_short_by_a_stop_is_aborted_at_the_replica_too(tmp_path: Path) -> None:
+    """The replica voted it, its acknowledgement never came, the server stops: the replica
+    gets the ABORT before the links close, and does not keep a commit its server never made."""
+    pair = Pair(tmp_path, sync=1)
+    pair.attach()
+    pair.commit({0: b"root"})
+    before = pair.follower.position()
+    pair.mute = True
+    failed: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            pair.commit({7: b"never acknowledged"})
+        except OSError as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=commit, name="test-commit")
+    thread.start()
+    pause = threading.Event()
+    for _ in range(500):
+        if pair.shipper.figures()["waiting_s"] is not None:
+            break
+        pause.wait(0.01)
+    assert pair.follower.position() > before  # voted at the replica
+    pair.shipper.close()
+    pair.shipper.quiesce(10)
+    thread.join(10)
+    assert failed
+    assert pair.follower.position() == before
+    pair.primary.shipper = None
+    pair.close()
+    assert p64(7) not in contents(tmp_path / "replica")[0]
+    assert contents(tmp_path / "replica")[0] == contents(tmp_path / "primary")[0]

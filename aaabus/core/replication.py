@@ -164,6 +164,8 @@ class Shipper:
         self._pending: tuple[bytes, list[bytes], tuple[int, int], tuple[int, int]] | None = None
         #: When the commit waiting now started to wait (None: none waits).
         self._waiting_since: float | None = None
+        #: The commit whose wait :meth:`close` cut short, until its ABORT is shipped.
+        self._abandoned: bytes | None = None
         self.waits = 0
 
     # -- the committing thread -------------------------------------------------------------
@@ -196,6 +198,7 @@ class Shipper:
             try:
                 while self._count(tid) < self.sync:
                     if self._closed:
+                        self._abandoned = tid
                         raise OSError(
                             f"server {self.server_id} stopped while a commit waited for its "
                             "replicas; it was not acknowledged"
@@ -228,6 +231,9 @@ class Shipper:
             if pending is None or pending[0] != tid:
                 return
             self._pending = None
+            if self._abandoned == tid:
+                self._abandoned = None
+                self._cond.notify_all()
             message = ABORT + tid
             for rep in self._replicas.values():
                 if rep.send is not None:
@@ -312,6 +318,15 @@ class Shipper:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+
+    def quiesce(self, timeout: float) -> None:
+        """After :meth:`close`: wait (at most ``timeout``) until the commit whose wait was cut
+        short has shipped its ABORT, so that the replicas mark it aborted before the links
+        close rather than keep it as a commit this server never made."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while self._abandoned is not None and time.monotonic() < deadline:
+                self._cond.wait(deadline - time.monotonic())
 
     # -- figures (any thread) ------------------------------------------------------------------
 

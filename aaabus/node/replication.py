@@ -155,6 +155,7 @@ class ReplicationLinks:
         join the threads."""
         self._stop.set()
         self.shipper.close()
+        self.shipper.quiesce(1.0)
         with self._lock:
             links = list(self._links.values())
         for link in links:
