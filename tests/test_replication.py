@@ -6,6 +6,7 @@ replica configurations are one line and a non-zero exit."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -377,3 +378,47 @@ def test_a_key_file_without_the_replicas_key_is_one_line(
         lines = proc.stderr.strip().splitlines()
         assert len(lines) == 1 and "has no key for its replicas" in lines[0], proc.stderr
         assert "aaabus secret --server 0" in lines[0]
+
+
+def test_a_server_stopped_while_a_commit_waits_stops_and_says_so(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """SIGTERM while a commit waits for a stopped replica: the server does not hang, says what
+    it did not acknowledge, and the replica (once it continues) marks that commit aborted as
+    the server did: both stores hold the same."""
+    config, _port = replicated_config(make_config, sync=1)
+    replica = replica_of_0(config, tmp_path / "r1")
+    primary = server(config, 0, tmp_path / "s0")
+    with processes(replica, primary):
+        write_content(config, "kept", 3)
+        os.kill(replica.pid, signal.SIGSTOP)
+        try:
+
+            def publish() -> None:
+                with contextlib.suppress(AaabusError), Client(config, 0, timeout=20) as other:
+                    other.publish("lost/1", "never acknowledged", retain=True)
+
+            thread = threading.Thread(target=publish, name="test-publish", daemon=True)
+            thread.start()
+            wait_until(
+                lambda: (replica_figures(config)["waiting_s"] or 0) >= 1.0,
+                30,
+                "server 0 to report a commit waiting for its replica",
+            )
+            primary.terminate()
+            assert primary.proc is not None
+            primary.proc.wait(30)  # it stops (TimeoutExpired if it hangs)
+        finally:
+            os.kill(replica.pid, signal.SIGCONT)
+        wait_until(
+            lambda: any("stopped while a commit waited" in line for line in primary.lines),
+            10,
+            "the server's last line",
+        )
+        thread.join(30)
+    same_store(tmp_path / "s0", tmp_path / "r1", 3)
+    store = open_store("log", tmp_path / "r1", 0)
+    try:
+        assert store.agents[(0, TOPICS_STAMP)].figures()["retained"] == 3
+    finally:
+        store.close()

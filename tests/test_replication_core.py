@@ -16,6 +16,7 @@ from ZODB.utils import p64
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import Z64
 from aaabus.core.replication import WIPE, Follower, Shipper
+from aaabus.errors import ReplicationStopped
 
 
 def side_key(n: int) -> bytes:
@@ -175,7 +176,7 @@ def test_a_commit_waits_for_its_sync_replica_and_fails_when_the_server_stops(
     def commit() -> None:
         try:
             pair.commit({0: b"root"})
-        except OSError as exc:
+        except ReplicationStopped as exc:
             failed.append(exc)
 
     thread = threading.Thread(target=commit, name="test-commit")
@@ -251,7 +252,7 @@ def test_a_commit_cut_short_by_a_stop_is_aborted_at_the_replica_too(tmp_path: Pa
     def commit() -> None:
         try:
             pair.commit({7: b"never acknowledged"})
-        except OSError as exc:
+        except ReplicationStopped as exc:
             failed.append(exc)
 
     thread = threading.Thread(target=commit, name="test-commit")

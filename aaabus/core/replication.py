@@ -48,7 +48,7 @@ from typing import Any
 
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import Z64
-from aaabus.errors import StoreError, WireError
+from aaabus.errors import ReplicationStopped, StoreError, WireError
 
 log = logging.getLogger("aaabus.replication")
 
@@ -185,7 +185,8 @@ class Shipper:
                     rep.send(messages, size)
 
     def wait(self, tid: bytes) -> None:
-        """Return once ``sync`` attached replicas acknowledged ``tid``; OSError if closed."""
+        """Return once ``sync`` attached replicas acknowledged ``tid``; ReplicationStopped (a
+        FatalError: the vote fails, the commit is aborted, the engine stops) once closed."""
         if self.sync == 0:
             return
         with self._cond:
@@ -199,9 +200,10 @@ class Shipper:
                 while self._count(tid) < self.sync:
                     if self._closed:
                         self._abandoned = tid
-                        raise OSError(
-                            f"server {self.server_id} stopped while a commit waited for its "
-                            "replicas; it was not acknowledged"
+                        raise ReplicationStopped(
+                            f"server {self.server_id} stopped while a commit waited for "
+                            f"{self.sync} replica(s) to have it (aaabus.replication.sync); it was "
+                            "not acknowledged: start its replicas, or set the setting to 0"
                         )
                     now = time.monotonic()
                     if now >= warn_at:
@@ -325,8 +327,12 @@ class Shipper:
         close rather than keep it as a commit this server never made."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._abandoned is not None and time.monotonic() < deadline:
-                self._cond.wait(deadline - time.monotonic())
+            # A waiting commit first wakes to find the shipper closed (then it is abandoned),
+            # then its abort ships the ABORT (then it is not any more).
+            while (self._waiting_since is not None or self._abandoned is not None) and (
+                time.monotonic() < deadline
+            ):
+                self._cond.wait(max(0.0, min(0.05, deadline - time.monotonic())))
 
     # -- figures (any thread) ------------------------------------------------------------------
 

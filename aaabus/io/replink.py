@@ -116,6 +116,10 @@ class ReplicaLink(Link):
         """Write all of ``data`` (blocking)."""
         self.sock.sendall(data)
 
+    def buffered(self) -> bool:
+        """Whether a whole frame is already read and waiting (the next receive won't block)."""
+        return bool(self._frames)
+
     def receive_bytes(self) -> bytes:
         """The next payload; ``ConnectionResetError`` at the end of the stream."""
         cipher = self._cipher

@@ -184,10 +184,22 @@ class ReplicaServer:
         try:
             link.send_many([hello(self.index, follower.position())])
             log.info("%s: primary connected; it has %s", self.name, follower.position().hex())
+            acks: list[bytes] = []
+            deaf = False
             while True:
                 answer = follower.receive(link.receive_bytes())
                 if answer is not None:
-                    link.send_many([answer])
+                    acks.append(answer)
+                if acks and not link.buffered():
+                    # What was read in one go is applied before it is acknowledged in one
+                    # write: an ABORT that followed a commit is applied even if the primary
+                    # is gone by the time its acknowledgement would go.
+                    if not deaf:
+                        try:
+                            link.send_many(acks)
+                        except OSError:
+                            deaf = True  # read on to the end: an ABORT may still be there
+                    acks = []
         except StoreError as exc:
             self.failure = str(exc)
             self.stopped.set()

@@ -630,6 +630,14 @@ class AgentServer:
         self.replication = ReplicationLinks(self.server_id, replicas, sync, key, storage)
         self.replication.start()
 
+    def interrupt(self) -> None:
+        """Any thread, a signal handler included: a commit waiting for this server's replicas
+        fails now (it was never acknowledged), so that a start or a stop stuck on replicas that
+        are gone ends."""
+        replication = self.replication
+        if replication is not None:
+            replication.shipper.close()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop taking frames, finish the group in flight, stop the engine, close the store.
 

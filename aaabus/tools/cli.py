@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from aaabus.errors import AaabusError
+from aaabus.errors import AaabusError, ReplicationStopped
 from aaabus.tools.readiness import READY_LINE, REPLICA_READY_LINE
 from aaabus.tools.topiccmds import add_parsers as add_topic_commands
 
@@ -90,8 +90,13 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     _dump_threads_on_sigusr1()
     stop = threading.Event()
 
+    starting: list[AgentServer] = []
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
+        if starting:
+            # A boot commit waiting for replicas that are not there would never end the start.
+            starting[0].interrupt()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
@@ -103,9 +108,15 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
         # not by AgentServer (several share a process in simulations and tests).
         gc.set_threshold(*config.setting(args.id, "aaabus.gc.thresholds"))
         server = AgentServer(config, args.id, storage=args.storage, endpoints=True)
+        starting.append(server)
         server.start()
     except AaabusError as exc:
         return _fail(prog, exc)
+    except ReplicationStopped as exc:  # stopped while its boot waited for its replicas
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        starting.clear()
     # What boot built (modules, configuration, the agents loaded) lives as long as the process:
     # out of the collector's sight, full collections only walk what came since. Collected
     # first, so that no garbage cycle of the boot is frozen with it (never to be freed).
