@@ -69,6 +69,7 @@ __all__ = [
     "OutsideReactionError",
     "PassStopped",
     "ReactionFailed",
+    "ReplicationStopped",
     "RequestRefused",
     "SecretError",
     "ServerBusy",
