@@ -69,6 +69,7 @@ __all__ = [
     "OutsideReactionError",
     "PassStopped",
     "ReactionFailed",
+    "ReplicationStopped",
     "RequestRefused",
     "SecretError",
     "ServerBusy",
@@ -338,3 +339,8 @@ class MqttProtocolError(AaabusError):
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class ReplicationStopped(FatalError):
+    """A commit was waiting for its server's synchronous replicas (issue 42) when the server
+    stopped: it was never acknowledged, and the server stops with it."""

@@ -25,6 +25,7 @@ def _cmd_pingpong(args: argparse.Namespace) -> int:
             payload=args.payload,
             warmup=args.warmup,
             properties=_properties(args.property),
+            replicas=args.replicas,
         )
         if not args.json:
             runs = ", ".join(f"{k} {v:.3f} ms" for k, v in compared["p50_ms"].items())
@@ -40,6 +41,7 @@ def _cmd_pingpong(args: argparse.Namespace) -> int:
         workdir=args.workdir,
         properties=_properties(args.property),
         breakdown=args.breakdown,
+        replicas=args.replicas,
     )
     rtts = result.pop("rtts_ns")
     if not args.json:
@@ -157,6 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--breakdown",
         action="store_true",
         help="trace every hop; breakdown_us: where one hop's p50 time goes (see perf/README.md)",
+    )
+    pp.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="give every server N replicas (issue 42; sync: --property aaabus.replication.sync)",
     )
     pp.set_defaults(func=_cmd_pingpong)
     st = sub.add_parser("stream", help="one-way persistent throughput, end to end")

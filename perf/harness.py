@@ -15,7 +15,7 @@ from xml.etree import ElementTree
 from defusedxml.ElementTree import parse as safe_parse
 
 from aaabus.config.reader import BusConfig, load_config
-from aaabus.tools.launch import Bus
+from aaabus.tools.launch import Bus, free_port_base
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,10 +25,19 @@ def with_services(
     dst: Path,
     services: Mapping[int, Sequence[tuple[str, str]]],
     properties: Mapping[str, str] | None = None,
+    replicas: int = 0,
 ) -> Path:
-    """Copy config ``src`` to ``dst`` adding boot services per server and global properties."""
+    """Copy config ``src`` to ``dst`` adding boot services per server and global properties,
+    and ``replicas`` ``<replica>`` elements to every server (on free ports of 127.0.0.1)."""
     tree = safe_parse(str(src))
     root = tree.getroot()
+    servers = root.findall("server")
+    if replicas:
+        base = free_port_base(replicas * len(servers))
+        for n, server in enumerate(servers):
+            for k in range(replicas):
+                port = str(base + n * replicas + k)
+                ElementTree.SubElement(server, "replica", {"index": str(k + 1), "port": port})
     for name, value in (properties or {}).items():
         for old in [p for p in root.findall("property") if p.get("name") == name]:
             root.remove(old)

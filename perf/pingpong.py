@@ -39,8 +39,12 @@ def run(
     timeout: float = 600.0,
     properties: dict[str, str] | None = None,
     breakdown: bool = False,
+    replicas: int = 0,
 ) -> dict[str, Any]:
     """Launch every server of ``config``, run one ping-pong test, stop everything.
+
+    ``replicas``: give every server that many replicas (their own processes; how many are
+    synchronous is ``aaabus.replication.sync``, default 1).
 
     With ``breakdown``, the servers trace every hop (``aaabus.trace``) and the result gets
     ``breakdown_us`` (see :func:`hop_breakdown`); tracing costs a few µs per hop."""
@@ -67,6 +71,7 @@ def run(
             work / "a3.xml",
             {0: [("perf.agents.pingpong:bench_service", json.dumps(args))]},
             props,
+            replicas,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
             result = wait_for_file(out, bus, timeout)
@@ -76,6 +81,7 @@ def run(
     # Network hops one way to the farthest responder: 1 inside a domain, +1 per router crossed.
     result["hops"] = max((len(topology.route(0, r)) for r in responders), default=0)
     result["servers"] = len(ids)
+    result["replicas"] = replicas
     result["config"] = str(config)
     return result
 

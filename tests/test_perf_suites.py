@@ -72,6 +72,19 @@ def test_pingpong_through_routers_reports_hops(tmp_path: Path) -> None:
     assert out["servers"] == 10 and out["hops"] == 3 and out["rounds"] == 20
 
 
+def test_pingpong_with_a_sync_replica_per_server(tmp_path: Path) -> None:
+    """``--replicas 1``: every server gets a replica process (issue 42), whose store then holds
+    the run's commits (kept with --workdir)."""
+    work = tmp_path / "work"
+    out = perf(
+        *("pingpong", "--config", shipped(tmp_path, "flat", 2), "--test", "remote"),
+        *("--rounds", "30", "--warmup", "5", "--replicas", "1", "--workdir", str(work), "--json"),
+    )
+    assert out["replicas"] == 1 and out["rounds"] == 30 and out["rtt_ms"]["p50"] > 0
+    for sid in (0, 1):
+        assert any((work / "store" / f"s{sid}r1" / "log").glob("*.seg")), sid
+
+
 def test_pingpong_compares_store_kinds_interleaved(tmp_path: Path) -> None:
     config = shipped(tmp_path, "flat", 1)
     args = ["--config", config, "--rounds", "20", "--warmup", "5", "--repeat", "1", "--json"]

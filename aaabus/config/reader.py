@@ -9,6 +9,7 @@ The dialect follows the ``a3servers.xml`` file of the industrial kernel, adapted
         <network domain="D0" port="16300"/>
         <service class="package.module:attr" [args="..."]/>
         <property name="..." value="..."/>                  <!-- this server only -->
+        <replica index="1" [hostname="127.0.0.1"] port="16400"/>  <!-- a copy of its store -->
       </server>
     </config>
 
@@ -43,6 +44,7 @@ __all__ = [
     "BusConfig",
     "DomainConfig",
     "NetworkConfig",
+    "ReplicaConfig",
     "ServerConfig",
     "ServiceConfig",
     "load_config",
@@ -95,6 +97,18 @@ class ServiceConfig:
 
 
 @dataclass(frozen=True)
+class ReplicaConfig:
+    """A ``<replica>`` element: replica ``index`` of its server, a process of its own that keeps
+    a copy of the server's store and listens for its primary on ``hostname:port``
+    (:mod:`aaabus.node.replica`)."""
+
+    index: int
+    hostname: str
+    port: int
+    line: int
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """A ``<server>`` element with its networks, services and own properties."""
 
@@ -105,6 +119,19 @@ class ServerConfig:
     services: tuple[ServiceConfig, ...]
     properties: Mapping[str, str]
     line: int
+    #: Its replicas, in document order (none: the server's store is on its own disk only).
+    replicas: tuple[ReplicaConfig, ...] = ()
+
+    def replica(self, index: int) -> ReplicaConfig:
+        """Replica ``index``, or a :class:`ConfigError` listing the ones that exist."""
+        for rep in self.replicas:
+            if rep.index == index:
+                return rep
+        known = ", ".join(str(r.index) for r in self.replicas) or "none"
+        raise ConfigError(
+            f"server {self.name} (id {self.id}) has no replica {index} (replicas: {known}); add "
+            f'<replica index="{index}" port="..."/> to it or fix --replica'
+        )
 
     @property
     def domains(self) -> tuple[str, ...]:
@@ -282,11 +309,14 @@ _ALLOWED_ATTRS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "network": (("domain", "port"), ()),
     "service": (("class",), ("args",)),
     "property": (("name", "value"), ()),
+    "replica": (("index", "port"), ("hostname",)),
 }
 _CHILDREN = {
     "config": ("domain", "server", "property"),
-    "server": ("network", "service", "property"),
+    "server": ("network", "service", "property", "replica"),
 }
+#: Replica indexes: small, so that a replica's index fits in a byte wherever it travels.
+MAX_REPLICA_INDEX = 255
 
 
 class _Checker:
@@ -402,7 +432,7 @@ class _Checker:
         port = int(stripped) if _UINT_RE.match(stripped) else None
         if port is None or not 1 <= port <= 65535:
             raise self.error(
-                f"<network> port={text!r} is not an integer in 1..65535; use a free TCP port "
+                f"<{elem.tag}> port={text!r} is not an integer in 1..65535; use a free TCP port "
                 'such as port="16300"',
                 elem.line,
             )
@@ -429,6 +459,7 @@ class _Checker:
         networks: list[NetworkConfig] = []
         services: list[ServiceConfig] = []
         prop_elems: list[_Element] = []
+        replicas: dict[int, ReplicaConfig] = {}
         seen: dict[str, int] = {}
         for child in elem.children:
             if child.tag == "network":
@@ -454,6 +485,15 @@ class _Checker:
                 networks.append(NetworkConfig(dname, self.port(child, nattrs["port"]), child.line))
             elif child.tag == "service":
                 services.append(self.service(child))
+            elif child.tag == "replica":
+                rep = self.replica(child, attrs.get("hostname", DEFAULT_HOSTNAME))
+                if rep.index in replicas:
+                    raise self.error(
+                        f"server {name} has two replicas of index {rep.index} (lines "
+                        f"{replicas[rep.index].line} and {rep.line}); give each its own index",
+                        rep.line,
+                    )
+                replicas[rep.index] = rep
             else:
                 prop_elems.append(child)
         return ServerConfig(
@@ -464,7 +504,41 @@ class _Checker:
             services=tuple(services),
             properties=self.properties(prop_elems, f"server {name}"),
             line=elem.line,
+            replicas=tuple(replicas.values()),
         )
+
+    def replica(self, elem: _Element, server_host: str) -> ReplicaConfig:
+        attrs = self.attrs(elem)
+        self.children(elem)
+        text = attrs["index"].strip()
+        if not _UINT_RE.match(text) or not 1 <= int(text) <= MAX_REPLICA_INDEX:
+            raise self.error(
+                f"<replica> index={attrs['index']!r} is not an integer in "
+                f'1..{MAX_REPLICA_INDEX}; number a server\'s replicas from 1, e.g. index="1"',
+                elem.line,
+            )
+        return ReplicaConfig(
+            index=int(text),
+            hostname=attrs.get("hostname", server_host),
+            port=self.port(elem, attrs["port"]),
+            line=elem.line,
+        )
+
+    def sync_counts(self, servers: Mapping[int, ServerConfig], props: Mapping[str, str]) -> None:
+        """Each server with replicas asks for at most as many synchronous ones as it has."""
+        name = "aaabus.replication.sync"
+        for srv in servers.values():
+            if not srv.replicas:
+                continue
+            text = srv.properties.get(name, props.get(name))
+            sync = settings.parse(name, text) if text is not None else settings.find(name).default
+            if sync > len(srv.replicas):
+                raise self.error(
+                    f"server {srv.name} asks for {sync} synchronous replica(s) "
+                    f"({name}) but has {len(srv.replicas)} <replica>; add replicas or lower "
+                    "the setting",
+                    srv.line,
+                )
 
     def config(self, root: _Element) -> BusConfig:
         if root.tag != "config":
@@ -523,6 +597,17 @@ class _Checker:
                         net.line,
                     )
                 endpoints[key] = (srv, net)
+            for rep in srv.replicas:
+                key = (rep.hostname, rep.port)
+                if key in endpoints:
+                    osrv, onet = endpoints[key]
+                    raise self.error(
+                        f"port {rep.port} on host {rep.hostname} is used twice (server "
+                        f"{osrv.name} at line {onet.line} and replica {rep.index} of server "
+                        f"{srv.name}); give each replica its own port",
+                        rep.line,
+                    )
+                endpoints[key] = (srv, NetworkConfig("", rep.port, rep.line))
             servers[srv.id] = srv
             names[srv.name] = srv
         if not servers:
@@ -532,6 +617,7 @@ class _Checker:
                 root.line,
             )
         props = self.properties([e for e in root.children if e.tag == "property"], "the bus")
+        self.sync_counts(servers, props)
         return BusConfig(path=self.path, domains=domains, servers=servers, properties=props)
 
 

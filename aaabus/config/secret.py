@@ -274,11 +274,15 @@ def write_server_keys(
     bus_key_file: str | os.PathLike[str],
     server_id: int,
     peers: Iterable[int],
+    *,
+    replicated: bool = False,
 ) -> None:
     """Create ``path`` (mode 0600, exclusive) holding server ``server_id``'s keys: its links to
-    ``peers``, its admin keys, the bus identity. Raises :class:`SecretError` (one line)."""
+    ``peers``, its admin keys, the bus identity, and with ``replicated`` the key of its link
+    with itself, which it and its replicas prove to each other (:mod:`aaabus.io.replink`).
+    Raises :class:`SecretError` (one line)."""
     keys = ServerKeys.from_bus_key(load_secret(bus_key_file), server_id)
-    write_secret(path, keys.server_key_text(p for p in peers if p != server_id))
+    write_secret(path, keys.server_key_text(p for p in peers if p != server_id or replicated))
 
 
 def write_tool_key(

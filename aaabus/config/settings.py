@@ -177,6 +177,18 @@ SETTINGS: tuple[Setting, ...] = (
         "MB since the last pack (0: never pack; the file then grows forever).",
     ),
     Setting(
+        "aaabus.replication.sync",
+        integer(0, 255),
+        1,
+        "For a server with `<replica>` elements: how many of its replicas must have a commit on "
+        "their disk before it counts as durable (its frames leave, its PUBACKs and "
+        "acknowledgements go). Any replicas will do, the first to answer. A replica that does not "
+        'answer makes the server wait, never drop the guarantee (docs/architecture.md, "Replicas '
+        "and failover\"). `0`: asynchronous shipping, a commit is durable on the server's own "
+        "disk alone and the replicas follow as fast as they can (a failover may lose its last "
+        "commits). At most the number of replicas (`aaabus check`).",
+    ),
+    Setting(
         "aaabus.secret",
         file_name,
         "bus.key",

@@ -313,6 +313,11 @@ class Store:
     def abort(self) -> None:
         self.tm.abort()
 
+    @property
+    def storage(self) -> Any:
+        """The ZODB storage under the database (a LogStorage, a FileStorage...)."""
+        return self._db.storage
+
     def durable_at_vote(self, txn: Any) -> bool:
         """Whether ``txn`` is durable once the storage voted it (the log store writes and syncs
         in its vote: see aaabus.core.effects); False for stores that finish later."""

@@ -77,6 +77,10 @@ class _Collector(Collector):
         up = GaugeMetricFamily("aaabus_up", "1 when the server answers.", labels=["server"])
         up.add_metric([labels["server"]], 1)
         yield up
+        if "replication" in status:
+            yield from _replication_metrics(labels["server"], status["replication"])
+        if status.get("partial"):
+            return  # the engine is inside a commit waiting for replicas: only their figures
         for path, name, text in _COUNTERS:
             counter = CounterMetricFamily(name, text, labels=["server"])
             counter.add_metric([labels["server"]], _dig(status, path))
@@ -107,6 +111,41 @@ class _Collector(Collector):
         for domain, size in status["clocks"].items():
             clocks.add_metric([labels["server"], domain], size)
         yield clocks
+
+
+def _replication_metrics(server: str, figures: dict[str, Any]) -> Iterator[Metric]:
+    """A primary's replicas (aaabus.node.replication): connected, how far behind, and how long
+    the commit waiting for them (if one does) has waited."""
+    waiting = GaugeMetricFamily(
+        "aaabus_replication_waiting_seconds",
+        "How long the commit waiting for its synchronous replicas has waited (0: none waits).",
+        labels=["server"],
+    )
+    waiting.add_metric([server], figures["waiting_s"] or 0.0)
+    yield waiting
+    families = {
+        "connected": GaugeMetricFamily(
+            "aaabus_replica_connected",
+            "1 when the replica's link is up.",
+            labels=["server", "replica"],
+        ),
+        "behind_commits": GaugeMetricFamily(
+            "aaabus_replica_lag_commits",
+            "Commits of this server the replica has not acknowledged yet.",
+            labels=["server", "replica"],
+        ),
+        "behind_bytes": GaugeMetricFamily(
+            "aaabus_replica_lag_bytes",
+            "Bytes of commits of this server the replica has not acknowledged yet.",
+            labels=["server", "replica"],
+        ),
+    }
+    for index, rep in figures["replicas"].items():
+        for key, family in families.items():
+            value = rep[key]
+            if value is not None:  # the lag is unknown until its first acknowledgement
+                family.add_metric([server, index], float(value))
+    yield from families.values()
 
 
 def _dig(status: dict[str, Any], path: tuple[str, ...]) -> float:

@@ -30,6 +30,7 @@ from aaabus.config.trust import policy_for
 from aaabus.core.channel import Channel
 from aaabus.core.engine import Engine
 from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
+from aaabus.core.logstorage import LogStorage
 from aaabus.core.store import STORE_KINDS, Store, open_store
 from aaabus.core.trace import Tracer
 from aaabus.errors import AaabusError, ConfigError, ServiceFailed
@@ -43,6 +44,7 @@ from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
 from aaabus.node.mailboxes import MailboxDesk
 from aaabus.node.mqttbridge import BridgeSettings, MqttBridge, forget_now
 from aaabus.node.mqttsessions import MqttSessions, RetainedBounds
+from aaabus.node.replication import ReplicationLinks
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
 from aaabus.topics.representative import TopicRepresentative
@@ -201,6 +203,8 @@ class AgentServer:
             RetainedBounds(mqtt("retained"), mqtt("retained_bytes"), mqtt("retained_total")),
         )
         self.mqtt: MqttListener | None = None
+        #: The links to this server's replicas (None: it has none).
+        self.replication: ReplicationLinks | None = None
         self.bridge: MqttBridge | None = None
         self.channel: Channel | None = None
         self.network: Network | None = None
@@ -229,6 +233,7 @@ class AgentServer:
             pack_every=self.pack_every,
         )
         try:
+            self._start_replication(self.store)
             self.engine = Engine(
                 self.store,
                 self.server_id,
@@ -602,6 +607,37 @@ class AgentServer:
     def failure(self) -> BaseException | None:
         return self.engine.failure if self.engine is not None else None
 
+    def _start_replication(self, store: Store) -> None:
+        """With ``<replica>`` elements: ship every commit of ``store`` to the replicas, and make
+        it durable only once ``aaabus.replication.sync`` of them have it (issue 42)."""
+        replicas = self.spec.replicas
+        if not replicas:
+            return
+        storage = store.storage
+        if not isinstance(storage, LogStorage):
+            raise ConfigError(
+                f"server {self.server_id} has replicas but aaabus.store is {self.store_kind!r}: "
+                "only the log store is replicated; set aaabus.store=log"
+            )
+        try:
+            key = self.keys.link_key(self.server_id)
+        except KeyError:
+            raise ConfigError(
+                f"the key file of server {self.server_id} has no key for its replicas; make it "
+                f"again with `aaabus secret --server {self.server_id} --config a3.xml --out FILE`"
+            ) from None
+        sync: int = self.config.setting(self.server_id, "aaabus.replication.sync")
+        self.replication = ReplicationLinks(self.server_id, replicas, sync, key, storage)
+        self.replication.start()
+
+    def interrupt(self) -> None:
+        """Any thread, a signal handler included: a commit waiting for this server's replicas
+        fails now (it was never acknowledged), so that a start or a stop stuck on replicas that
+        are gone ends."""
+        replication = self.replication
+        if replication is not None:
+            replication.shipper.close()
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop taking frames, finish the group in flight, stop the engine, close the store.
 
@@ -622,9 +658,17 @@ class AgentServer:
                 if self.network is not None:
                     self.network.stop(timeout)
                     self.network = None
+                replication = self.replication
+                if replication is not None and replication.figures()["waiting_s"] is not None:
+                    # A commit waits for replicas that do not answer: fail it (it was never
+                    # acknowledged) rather than wait for them to stop.
+                    replication.stop()
                 if self.engine is not None:
                     self.engine.stop(timeout)
             finally:
+                if self.replication is not None:
+                    self.replication.stop()
+                    self.replication = None
                 if self.store is not None:
                     self.store.close()
                     self.store = None

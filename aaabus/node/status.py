@@ -37,6 +37,18 @@ class FigureSource(Protocol):
     def figures(self, timeout: float) -> dict[str, Any]: ...
 
 
+class ReplicationSource(Protocol):
+    """A primary's replication links (:class:`aaabus.node.replication.ReplicationLinks`): their
+    figures, read under their own lock on the caller's thread, never the engine's."""
+
+    def figures(self) -> dict[str, Any]: ...
+
+
+#: How long a status waits for the engine's figures before it looks whether a commit waits for
+#: its replicas: the engine is then inside that commit, and the answer comes without them.
+WAITING_ENGINE_S = 0.5
+
+
 class MqttSource(FigureSource, Protocol):
     """The MQTT listener: its figures, and the details the console lists."""
 
@@ -72,6 +84,8 @@ class StatusSource(Protocol):
     def mqtt(self) -> MqttSource | None: ...
     @property
     def bridge(self) -> FigureSource | None: ...
+    @property
+    def replication(self) -> ReplicationSource | None: ...
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T: ...
 
 
@@ -90,7 +104,6 @@ def server_status(
     channel = server.channel
     if engine is None or channel is None:
         raise AdminError(f"server {server.server_id} is not started")
-    network = server.network
     me = server.server_id
 
     def read() -> dict[str, Any]:
@@ -148,7 +161,24 @@ def server_status(
         return figures
 
     mqtt = server.mqtt
-    snapshot = server.call(read_detail if detail else read, timeout)
+    replication = server.replication
+    future = engine.call(read_detail if detail else read)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            snapshot = future.result(min(WAITING_ENGINE_S, max(0.0, deadline - time.monotonic())))
+            break
+        except TimeoutError:
+            shipping = None if replication is None else replication.figures()
+            if shipping is not None and (shipping["waiting_s"] or 0.0) >= WAITING_ENGINE_S:
+                # The engine is inside a commit that waits for replicas (aaabus.replication.sync):
+                # say so, with their figures, rather than nothing; ``partial``: no engine figures.
+                return {**_identity(server), "partial": True, "replication": shipping}
+            if time.monotonic() >= deadline:
+                raise
+    shipping = None if replication is None else replication.figures()
+    if shipping is not None:
+        snapshot["replication"] = shipping
     if mqtt is not None:
         snapshot["mqtt"] = mqtt.figures(timeout)
         if detail:
@@ -160,8 +190,19 @@ def server_status(
     bridge = server.bridge
     if bridge is not None:
         snapshot["bridge"] = bridge.figures(timeout)
+    return {
+        **_identity(server),
+        "gc": _collector_figures(),
+        "threads": threading.active_count(),
+        **snapshot,
+    }
+
+
+def _identity(server: StatusSource) -> dict[str, Any]:
+    """What a status says of any running server, read without the engine."""
+    me = server.server_id
+    network = server.network
     spec = server.spec
-    neighbours = server.topology.neighbours(me)
     return {
         "id": me,
         "name": spec.name,
@@ -171,10 +212,9 @@ def server_status(
         "domains": list(spec.domains),
         "router": server.topology.is_router(me),
         "store": server.store_kind,
-        "links": {str(p): network is not None and network.is_up(p) for p in neighbours},
-        "gc": _collector_figures(),
-        "threads": threading.active_count(),
-        **snapshot,
+        "links": {
+            str(p): network is not None and network.is_up(p) for p in server.topology.neighbours(me)
+        },
     }
 
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any, NoReturn
 
-from aaabus.errors import AaabusError
-from aaabus.tools.readiness import READY_LINE
+from aaabus.errors import AaabusError, ReplicationStopped
+from aaabus.tools.readiness import READY_LINE, REPLICA_READY_LINE
 from aaabus.tools.topiccmds import add_parsers as add_topic_commands
 
 
@@ -63,7 +63,16 @@ def _server_parser(prog: str) -> _Parser:
     parser = _Parser(prog=prog, description="Run one agent server of a bus in the foreground.")
     parser.add_argument("--id", type=int, required=True, help="server id, as in the config")
     parser.add_argument("--config", required=True, help="the bus description (a3.xml)")
-    parser.add_argument("--storage", help="storage directory (default: ./s<id>)")
+    parser.add_argument(
+        "--storage", help="storage directory (default: ./s<id>, a replica's ./s<id>r<index>)"
+    )
+    parser.add_argument(
+        "--replica",
+        type=int,
+        metavar="INDEX",
+        help="run replica INDEX of server --id (a <replica> of it in the config) instead of "
+        "the server itself: it keeps a copy of the server's store",
+    )
     parser.add_argument(
         "--log-level",
         default=os.environ.get("AAABUS_LOG", "WARNING"),
@@ -81,20 +90,33 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
     _dump_threads_on_sigusr1()
     stop = threading.Event()
 
+    starting: list[AgentServer] = []
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
+        if starting:
+            # A boot commit waiting for replicas that are not there would never end the start.
+            starting[0].interrupt()
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if args.replica is not None:
+        return _run_replica(args, prog, stop)
     try:
         config = load_config(args.config)
         # The collector is the process's: set here, by the process that runs one server, and
         # not by AgentServer (several share a process in simulations and tests).
         gc.set_threshold(*config.setting(args.id, "aaabus.gc.thresholds"))
         server = AgentServer(config, args.id, storage=args.storage, endpoints=True)
+        starting.append(server)
         server.start()
     except AaabusError as exc:
         return _fail(prog, exc)
+    except ReplicationStopped as exc:  # stopped while its boot waited for its replicas
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        starting.clear()
     # What boot built (modules, configuration, the agents loaded) lives as long as the process:
     # out of the collector's sight, full collections only walk what came since. Collected
     # first, so that no garbage cycle of the boot is frozen with it (never to be freed).
@@ -117,6 +139,29 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
         return 1
     if failure is not None:
         print(f"{prog}: error: server {args.id} stopped: {failure}", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+def _run_replica(args: argparse.Namespace, prog: str, stop: threading.Event) -> int:
+    """``aaabus-server --id N --replica K``: a replica of server N (aaabus.node.replica), which
+    prints the ready line of server N once it listens for its primary."""
+    from aaabus.config.reader import load_config
+    from aaabus.node.replica import ReplicaServer
+
+    try:
+        config = load_config(args.config)
+        replica = ReplicaServer(config, args.id, args.replica, args.storage)
+        replica.start()
+    except AaabusError as exc:
+        return _fail(prog, exc)
+    sys.stdout.write(REPLICA_READY_LINE.format(id=args.id, index=args.replica) + "\n")
+    sys.stdout.flush()
+    while not stop.is_set() and not replica.stopped.is_set():
+        stop.wait(0.2)
+    replica.stop()
+    if replica.failure is not None:
+        print(f"{prog}: error: {replica.failure}", file=sys.stderr, flush=True)
         return 1
     return 0
 
@@ -201,7 +246,10 @@ def _cmd_secret(args: argparse.Namespace) -> int:
             raise ConfigError("--server needs --config a3.xml (the servers it links to)")
         config = load_config(args.config)
         config.server(args.server)  # unknown id: one line
-        write_server_keys(args.out, args.bus_key, args.server, config.servers)
+        replicated = bool(config.server(args.server).replicas)
+        write_server_keys(
+            args.out, args.bus_key, args.server, config.servers, replicated=replicated
+        )
     elif args.out is None:
         sys.stdout.write(make_secret())
     else:
@@ -333,6 +381,10 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
             state = "busy" if st.get("busy") else "down"
             rows.append((str(st["id"]), "", state) + ("",) * (len(head) - 3))
             continue
+        if st.get("partial"):
+            # Its engine is inside a commit that waits for its replicas (see the lines below).
+            rows.append((str(st["id"]), st["name"], "waiting") + ("",) * (len(head) - 3))
+            continue
         queues, msgs = st["queues"], st["messages"]
         outgoing = ",".join(f"{p}:{n}" for p, n in queues["outgoing"].items()) or "-"
         rows.append((
@@ -342,9 +394,35 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
             "+".join(f"{k}x{k}" for k in st["clocks"].values()), _storage(st),
         ))  # fmt: skip
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
-    return "\n".join(
+    lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )
+    ]
+    return "\n".join(lines + [line for st in servers for line in _replica_lines(st)])
+
+
+def _replica_lines(st: dict[str, Any]) -> list[str]:
+    """One line per replica of a primary: connected or not, how far behind."""
+    shipping = st.get("replication")
+    if not shipping:
+        return []
+    lines = []
+    if shipping["waiting_s"] is not None:
+        lines.append(
+            f"server {st['id']}: a commit has waited {shipping['waiting_s']:.1f} s for "
+            f"{shipping['sync']} replica(s); nothing is acknowledged meanwhile"
+        )
+    for index, rep in shipping["replicas"].items():
+        state = "connected" if rep["connected"] else "NOT connected"
+        behind = (
+            "lag unknown (no acknowledgement yet)"
+            if rep["behind_commits"] is None
+            else f"behind {rep['behind_commits']} commit(s), {_size(rep['behind_bytes'])}"
+        )
+        lines.append(
+            f"server {st['id']} replica {index} ({rep['address']}): {state} for "
+            f"{_duration(rep['for_s'])}, {behind}"
+        )
+    return lines
 
 
 def _storage(st: dict[str, Any]) -> str:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from aaabus.config.admin_port import ADMIN_PORT_OFFSET
 from aaabus.errors import LaunchError
-from aaabus.tools.readiness import READY_LINE
+from aaabus.tools.readiness import READY_LINE, REPLICA_READY_LINE
 
 
 class ServerProcess:
@@ -41,9 +41,11 @@ class ServerProcess:
         log_level: str = "WARNING",
         cwd: str | os.PathLike[str] | None = None,
         preexec: Callable[[], None] | None = None,
+        replica: int | None = None,
     ) -> None:
         """``preexec``: run in the child between fork and exec (a benchmark raising the
-        process's file limit: only async-signal-safe work, such as ``setrlimit``)."""
+        process's file limit: only async-signal-safe work, such as ``setrlimit``).
+        ``replica``: run that replica of ``server_id`` rather than the server itself."""
         self.config = str(config)
         self.server_id = server_id
         self.storage = str(storage)
@@ -52,11 +54,17 @@ class ServerProcess:
         self.log_level = log_level
         self.cwd = cwd
         self.preexec = preexec
+        self.replica = replica
         self.proc: subprocess.Popen[str] | None = None
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
         self._ready = threading.Event()
         self._reader: threading.Thread | None = None
         self._terminated = False
+
+    @property
+    def name(self) -> str:
+        """``s<id>``, or ``s<id>r<index>`` for a replica: what prefixes its relayed lines."""
+        return f"s{self.server_id}" if self.replica is None else f"s{self.server_id}r{self.replica}"
 
     @property
     def pid(self) -> int:
@@ -78,6 +86,7 @@ class ServerProcess:
             self.storage,
             "--log-level",
             self.log_level,
+            *(() if self.replica is None else ("--replica", str(self.replica))),
         ]
 
     def start(self) -> ServerProcess:
@@ -103,7 +112,10 @@ class ServerProcess:
         return self
 
     def _relay(self, proc: subprocess.Popen[str]) -> None:
-        ready = READY_LINE.format(id=self.server_id)
+        if self.replica is None:
+            ready = READY_LINE.format(id=self.server_id)
+        else:
+            ready = REPLICA_READY_LINE.format(id=self.server_id, index=self.replica)
         assert proc.stdout is not None
         for raw in proc.stdout:
             line = raw.rstrip("\n")
@@ -111,7 +123,7 @@ class ServerProcess:
             if line == ready:
                 self._ready.set()
             if self.sink is not None:
-                self.sink(f"s{self.server_id}| {line}")
+                self.sink(f"{self.name}| {line}")
         proc.stdout.close()
 
     def wait_ready(self, timeout: float = 30.0) -> None:
@@ -173,7 +185,9 @@ class ServerProcess:
 
 
 class Bus:
-    """Several server processes of one config, started together and always stopped together.
+    """Several server processes of one config, started together and always stopped together,
+    with the replicas the config gives them (``<replica>``: stores ``s<id>r<index>`` beside
+    ``s<id>``, :attr:`replicas`).
 
     Use as a context manager: leaving the block stops every process, also on error or Ctrl-C.
     """
@@ -203,6 +217,28 @@ class Bus:
             )
             for sid in server_ids
         }
+        from aaabus.config.reader import load_config
+
+        specs = load_config(config).servers
+        #: Replica processes, by (server id, replica index).
+        self.replicas = {
+            (sid, rep.index): ServerProcess(
+                config,
+                sid,
+                root / f"s{sid}r{rep.index}",
+                env=env,
+                sink=sink,
+                log_level=log_level,
+                cwd=cwd,
+                replica=rep.index,
+            )
+            for sid in self.servers
+            for rep in specs[sid].replicas
+        }
+
+    def _processes(self) -> list[ServerProcess]:
+        # Replicas first: a server whose commits wait for its replicas boots once they listen.
+        return [*self.replicas.values(), *self.servers.values()]
 
     def __getitem__(self, server_id: int) -> ServerProcess:
         return self.servers[server_id]
@@ -214,10 +250,10 @@ class Bus:
 
         ensure_secret(secret_path(load_config(self.config)))
         try:
-            for proc in self.servers.values():
+            for proc in self._processes():
                 proc.start()
             deadline = time.monotonic() + timeout
-            for proc in self.servers.values():
+            for proc in self._processes():
                 proc.wait_ready(max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.stop()
@@ -225,9 +261,16 @@ class Bus:
         return self
 
     def stop(self, timeout: float = 15.0) -> dict[int, int | None]:
+        """Stop every process; the servers' exit statuses. Servers first: their last commits
+        still reach their replicas."""
         for proc in self.servers.values():
             proc.terminate()  # all at once, so that they stop in parallel
-        return {sid: proc.stop(timeout) for sid, proc in self.servers.items()}
+        codes = {sid: proc.stop(timeout) for sid, proc in self.servers.items()}
+        for proc in self.replicas.values():
+            proc.terminate()
+        for proc in self.replicas.values():
+            proc.stop(timeout)
+        return codes
 
     def __enter__(self) -> Bus:
         return self.start()

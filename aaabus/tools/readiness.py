@@ -5,3 +5,7 @@ waits for it. Both import it from here so that neither imports the other.
 """
 
 READY_LINE = "AgentServer#{id} started"
+
+#: What a replica of a server (``aaabus-server --id N --replica K``) prints once it listens for
+#: its primary.
+REPLICA_READY_LINE = "AgentServer#{id} replica {index} started"

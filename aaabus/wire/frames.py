@@ -33,6 +33,10 @@ Handshake (mutual challenge-response over a shared key; never pickle)
     tool's scope (:mod:`aaabus.config.scopes`), which the acceptor uses to pick the key and
     which every MAC covers: a tool cannot claim more than its key's scope, nor a tool pass for
     a server or a server for a tool. An acceptor takes only the roles it was built for.
+    :data:`ROLE_REPLICA` (255) is a server shipping its log to one of its own replicas
+    (:mod:`aaabus.node.replication`): both ends then have the same id, which only that role
+    allows, and the key is the server's link with itself (``link_key(N, N)``), which opens no
+    link between two servers.
 
     Both sides refuse a message of another ``VERSION`` with one line naming both versions (the
     connector on reading the CHALLENGE, the acceptor on reading the ANSWER): a server or tool
@@ -68,6 +72,7 @@ from aaabus.errors import AuthError, FrameTooLarge, WireError
 
 __all__ = [
     "MAGIC",
+    "ROLE_REPLICA",
     "ROLE_SERVER",
     "VERSION",
     "AcceptorHandshake",
@@ -88,6 +93,8 @@ MAGIC = b"AAAB"
 VERSION = 3
 #: The ``role`` of a connector that is a server opening a link; tools' roles are their scopes.
 ROLE_SERVER = 0
+#: The ``role`` of a server connecting to a replica of its own (the acceptor has the same id).
+ROLE_REPLICA = 255
 NONCE_BYTES = 32
 MAC_BYTES = 32
 #: Largest frame a peer may send before it has authenticated: the biggest handshake message is 79
@@ -453,7 +460,7 @@ class AcceptorHandshake(_Handshake):
                     f"wrong server: the peer wanted server {acceptor_id}, this is {self.my_id}"
                 )
             )
-        if connector_id == self.my_id or (
+        if (connector_id == self.my_id and role != ROLE_REPLICA) or (
             self._allowed is not None and connector_id not in self._allowed
         ):
             raise self._fail(

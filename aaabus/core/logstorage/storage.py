@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zope.interface
 from ZODB.interfaces import IMultiCommitStorage, IStorage, IStorageCurrentRecordIteration
@@ -56,6 +56,17 @@ logger = logging.getLogger("aaabus.logstorage")
 _RH = RECORD_HEAD.size
 _pack_record = RECORD_HEAD.pack
 _BODY_AT = BLOCK_HEAD.size
+
+
+class Shipper(Protocol):
+    """Where a primary's commits go to its replicas (:class:`aaabus.core.replication.Shipper`).
+    Called by the committing thread, commit lock held."""
+
+    def ship(self, tid: bytes, records: dict[bytes, bytes], forget: list[bytes]) -> None: ...
+
+    def wait(self, tid: bytes) -> None: ...
+
+    def aborted(self, tid: bytes) -> None: ...
 
 
 @zope.interface.implementer(IStorage, IStorageCurrentRecordIteration, IMultiCommitStorage)
@@ -114,6 +125,9 @@ class LogStorage:
         #: The write error that left the commit head in an unknown state: no commit after it.
         self._failed: OSError | None = None
         self._closed = False
+        #: Set on a primary with replicas (aaabus.core.replication): each vote ships its block's
+        #: records before the local write and waits for the replicas' acknowledgements after.
+        self.shipper: Shipper | None = None
         self._compactor = Compactor(self._log, live_ratio=live_ratio, gc=gc)
         if compact and not read_only:
             self._log.on_change = self._compactor.wake
@@ -433,6 +447,10 @@ class LogStorage:
             placed.append((oid, body_len, length))
             body_len += _RH + length
         total = BLOCK_OVERHEAD + body_len
+        shipper = self.shipper
+        if shipper is not None:
+            # Before the local write, so that the replicas' writes and syncs overlap ours.
+            shipper.ship(tid, self._tdata, self._forget)
         head = log.commit_head
         if head is None or head.sealed or head.end + total + RESERVE > head.size:
             head = log.commit_head = log.head_for(head, total)  # errors here wrote nothing
@@ -444,6 +462,8 @@ class LogStorage:
             # The head's tail is now unknown (part of the block may be on disk): no further
             # commit may append after it. Reopening recovers from what the disk holds.
             self._failed = exc
+            if shipper is not None:
+                shipper.aborted(tid)  # the replicas must not keep what this disk may not have
             raise
         log.appended += total
         # When this vote began, its write ended and its sync ended (``perf_counter_ns``): the
@@ -452,6 +472,11 @@ class LogStorage:
         base = position(head.seq, offset + _BODY_AT)
         self._placed = [(oid, base + rel, length) for oid, rel, length in placed]
         self._voted_head = head
+        if shipper is not None:
+            # Durable only once the replicas the sync setting asks for have it on disk too. If
+            # the wait is cut short (the server stops), tpc_abort marks the block aborted here
+            # and at the replicas.
+            shipper.wait(tid)
 
     def voted(self, transaction: Any) -> bool:
         """Whether ``transaction`` (what ``tpc_begin`` got: a ZODB connection passes its
@@ -496,8 +521,42 @@ class LogStorage:
                         self._name,
                         exc,
                     )
+            if head is not None and self.shipper is not None:
+                self.shipper.aborted(self._tid)
         finally:
             self._end_transaction()
+
+    # -- replication (aaabus.core.replication) -------------------------------------------------
+
+    def store_replicated(
+        self, transaction: Any, records: dict[bytes, bytes], forget: Iterable[bytes]
+    ) -> None:
+        """A replica's copy of its primary's commit, in the open ``transaction`` (begun with the
+        primary's tid): ``records`` (ZODB objects and side records alike) are stored as they
+        are, without the serial check the primary made, and ``forget`` leaves the index."""
+        if transaction is not self._txn:
+            raise StorageTransactionError(self, transaction)
+        self._tdata.update(records)
+        self._forget.extend(forget)
+
+    def snapshot_since(
+        self, tid: bytes, then: Callable[[bytes, dict[bytes, bytes], list[bytes]], None]
+    ) -> None:
+        """Call ``then(last tid, records, side keys)`` with what a replica that has every commit
+        up to ``tid`` lacks: the current records committed after ``tid`` and every side key
+        held now. Read and called under the index lock, so it is one commit's state and the
+        caller starts following the commits exactly after it. Commits finish after it (the
+        records are read from the page cache, or the disk)."""
+        log = self._log
+        with log.lock:
+            wanted = [(oid, pos, length) for oid, (pos, length, t) in log.index.items() if t > tid]
+            records: dict[bytes, bytes] = {}
+            for oid, pos, length in wanted:
+                data = log.read(pos, length)
+                if data is None:
+                    raise AssertionError("an index entry points into a recycled segment")
+                records[oid] = data
+            then(log.last_tid, records, [oid for oid in log.index if is_side(oid)])
 
     def _end_transaction(self) -> None:
         self._txn = None

@@ -1,0 +1,471 @@
+"""A server's log shipped to its replicas, without sockets (issue 42).
+
+What travels is each commit's records, not the log's bytes: the primary's vote hands its records
+(ZODB objects and side records, with the side keys it forgets) to :meth:`Shipper.ship` before its
+own write, the replica stores them in a commit of the same tid in its own log store, and the
+primary's vote returns only once the replicas the sync setting asks for have acknowledged it
+(:meth:`Shipper.wait`). The replica's store runs its own compactor: segments, recycling and
+copies are each side's business, so nothing of the compactor has to travel. Why records and
+not blocks: docs/architecture.md, "Replicas and failover".
+
+Catch-up: a replica says the last tid it has (``HELLO``); the primary answers with every current
+record committed after it and the list of its side keys (``CATCHUP``), read under its index lock
+in one go (:meth:`aaabus.core.logstorage.LogStorage.snapshot_since`), and from then on the
+replica follows every commit. An empty replica gets the whole store that way; a replica that
+has a tid the primary never reached (another history) is told to start empty (``WIPE``). Objects
+the primary's garbage collector dropped meanwhile stay unreachable on the replica, whose own
+collector drops them; side keys the primary no longer holds are forgotten by the replica.
+
+Messages (payloads of authenticated frames, :mod:`aaabus.io.replink`), integers big-endian::
+
+    HELLO    replica -> primary   b"H" index(1) tid(8)       the last tid on its disk
+    ACK      replica -> primary   b"A" tid(8)                 that commit is on its disk
+    RECORDS  primary -> replica   b"R" (oid(8) len(4) data)*  records of the commit that follows
+    COMMIT   primary -> replica   b"T" tid(8) key(8)*         store the records (tid), forget keys
+    CATCHUP  primary -> replica   b"C" tid(8) key(8)*         store them at tid, keep only keys
+    ABORT    primary -> replica   b"X" tid(8)                 the commit just shipped is aborted
+    WIPE     primary -> replica   b"W"                        start again from an empty store
+
+A replica votes (writes and syncs) a COMMIT, acknowledges it, and finishes it when the next
+message comes or the connection ends (a vote ends committed unless an ABORT follows it, as on
+the primary, where a crash between vote and finish keeps the block).
+
+Threads: :class:`Shipper` is shared by the committing thread (``ship``, ``wait``, ``aborted``)
+and one link thread per replica (``attach``, ``acked``, ``detach``), under one condition;
+:class:`Follower` belongs to the replica's link thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.logstorage.format import Z64
+from aaabus.errors import ReplicationStopped, StoreError, WireError
+
+log = logging.getLogger("aaabus.replication")
+
+HELLO, ACK, RECORDS, COMMIT, CATCHUP, ABORT, WIPE = (bytes([c]) for c in b"HARTCXW")
+_TID = struct.Struct(">8s")
+_REC = struct.Struct(">8sI")
+#: Records per RECORDS message are cut at about this many bytes (a catch-up may be the store).
+CHUNK_BYTES = 1 << 20
+#: A commit waiting longer than this for its acknowledgements is logged (then every 10 s).
+WAIT_WARN_S = 1.0
+WAIT_REPEAT_S = 10.0
+#: What one replica's outgoing queue may hold before the replica is dropped (it comes back
+#: and catches up): a replica that cannot keep up must not make its primary hold its log twice.
+MAX_QUEUED_BYTES = 256 << 20
+
+
+def hello(index: int, tid: bytes) -> bytes:
+    return HELLO + bytes([index]) + tid
+
+
+def ack(tid: bytes) -> bytes:
+    return ACK + tid
+
+
+def encode_records(records: dict[bytes, bytes]) -> list[bytes]:
+    """RECORDS messages for ``records``, each about :data:`CHUNK_BYTES` at most."""
+    out: list[bytes] = []
+    parts: list[bytes] = [RECORDS]
+    size = 0
+    for oid, data in records.items():
+        parts.append(_REC.pack(oid, len(data)))
+        parts.append(data)
+        size += _REC.size + len(data)
+        if size >= CHUNK_BYTES:
+            out.append(b"".join(parts))
+            parts, size = [RECORDS], 0
+    if size:
+        out.append(b"".join(parts))
+    return out
+
+
+def encode_end(kind: bytes, tid: bytes, keys: Iterable[bytes]) -> bytes:
+    return b"".join([kind, tid, *keys])
+
+
+def decode_records(payload: bytes, into: dict[bytes, bytes]) -> None:
+    """Add the records of a RECORDS message to ``into``; WireError if it does not tile."""
+    view = memoryview(payload)
+    at, end = 1, len(payload)
+    while at < end:
+        if end - at < _REC.size:
+            raise WireError("replication: a record header is cut short")
+        oid, length = _REC.unpack_from(view, at)
+        at += _REC.size
+        if end - at < length:
+            raise WireError("replication: a record is longer than its message")
+        into[oid] = bytes(view[at : at + length])
+        at += length
+
+
+def decode_end(payload: bytes) -> tuple[bytes, list[bytes]]:
+    """(tid, keys) of a COMMIT or CATCHUP message."""
+    if len(payload) < 9 or (len(payload) - 9) % 8:
+        raise WireError(f"replication: a {payload[:1]!r} message of {len(payload)} bytes")
+    return payload[1:9], [payload[i : i + 8] for i in range(9, len(payload), 8)]
+
+
+def decode_tid(payload: bytes, size: int) -> bytes:
+    if len(payload) != size:
+        raise WireError(f"replication: a {payload[:1]!r} message of {len(payload)} bytes")
+    return payload[-8:]
+
+
+# -- the primary's side --------------------------------------------------------------------------
+
+
+@dataclass
+class _Replica:
+    """What the primary knows of one replica (guarded by the Shipper's condition)."""
+
+    index: int
+    address: str
+    send: Callable[[list[bytes], int], None] | None = None
+    #: Last tid acknowledged (zero: none since this process started).
+    acked: bytes = Z64
+    #: The primary's (commits, bytes) counters at the last acknowledged commit; None: unknown.
+    acked_at: tuple[int, int] | None = None
+    #: Commits sent and not acknowledged yet: (tid, commits, bytes) counters after each.
+    inflight: deque[tuple[bytes, int, int]] = field(default_factory=deque)
+    since: float = field(default_factory=time.monotonic)
+
+
+class Shipper:
+    """The primary's side: ships each commit to the attached replicas and waits for ``sync``
+    of them to have it on disk.
+
+    ``replicas``: index -> address (for the figures and the log lines). A replica is *attached*
+    by its link thread once caught up (:meth:`attach`): only attached replicas count, so with no
+    replica attached a commit waits, logging every :data:`WAIT_REPEAT_S`, until one is (or the
+    shipper is closed, which fails the waiting vote: the commit is aborted, never acknowledged).
+    """
+
+    def __init__(self, server_id: int, replicas: dict[int, str], sync: int) -> None:
+        self.server_id = server_id
+        self.sync = sync
+        self._cond = threading.Condition()
+        self._replicas = {i: _Replica(i, addr) for i, addr in replicas.items()}
+        self._closed = False
+        #: Commits and bytes shipped since the process started.
+        self._commits = 0
+        self._bytes = 0
+        #: The commit voted last, until the next: (tid, messages, counters before and after).
+        self._pending: tuple[bytes, list[bytes], tuple[int, int], tuple[int, int]] | None = None
+        #: When the commit waiting now started to wait (None: none waits).
+        self._waiting_since: float | None = None
+        #: The commit whose wait :meth:`close` cut short, until its ABORT is shipped.
+        self._abandoned: bytes | None = None
+        self.waits = 0
+
+    # -- the committing thread -------------------------------------------------------------
+
+    def ship(self, tid: bytes, records: dict[bytes, bytes], forget: list[bytes]) -> None:
+        messages = [*encode_records(records), encode_end(COMMIT, tid, forget)]
+        size = sum(len(m) for m in messages)
+        with self._cond:
+            before = (self._commits, self._bytes)
+            self._commits += 1
+            self._bytes += size
+            after = (self._commits, self._bytes)
+            self._pending = (tid, messages, before, after)
+            for rep in self._replicas.values():
+                if rep.send is not None:
+                    rep.inflight.append((tid, *after))
+                    rep.send(messages, size)
+
+    def wait(self, tid: bytes) -> None:
+        """Return once ``sync`` attached replicas acknowledged ``tid``; ReplicationStopped (a
+        FatalError: the vote fails, the commit is aborted, the engine stops) once closed."""
+        if self.sync == 0:
+            return
+        with self._cond:
+            if self._count(tid) >= self.sync:
+                return
+            start = time.monotonic()
+            self._waiting_since = start
+            self.waits += 1
+            warn_at = start + WAIT_WARN_S
+            try:
+                while self._count(tid) < self.sync:
+                    if self._closed:
+                        self._abandoned = tid
+                        raise ReplicationStopped(
+                            f"server {self.server_id} stopped while a commit waited for "
+                            f"{self.sync} replica(s) to have it (aaabus.replication.sync); it was "
+                            "not acknowledged: start its replicas, or set the setting to 0"
+                        )
+                    now = time.monotonic()
+                    if now >= warn_at:
+                        log.warning(
+                            "server %s: a commit has waited %.1f s for %d replica(s) to have it "
+                            "on disk (aaabus.replication.sync); nothing is acknowledged "
+                            "meanwhile: %s",
+                            self.server_id,
+                            now - start,
+                            self.sync,
+                            self._describe(),
+                        )
+                        warn_at = now + WAIT_REPEAT_S
+                    self._cond.wait(max(0.0, warn_at - now))
+            finally:
+                self._waiting_since = None
+            if time.monotonic() >= start + WAIT_WARN_S:
+                log.warning(
+                    "server %s: the commit that waited for its replicas is durable after %.1f s",
+                    self.server_id,
+                    time.monotonic() - start,
+                )
+
+    def aborted(self, tid: bytes) -> None:
+        with self._cond:
+            pending = self._pending
+            if pending is None or pending[0] != tid:
+                return
+            self._pending = None
+            if self._abandoned == tid:
+                self._abandoned = None
+                self._cond.notify_all()
+            message = ABORT + tid
+            for rep in self._replicas.values():
+                if rep.send is not None:
+                    while rep.inflight and rep.inflight[-1][0] == tid:
+                        rep.inflight.pop()
+                    rep.send([message], len(message))
+
+    def _count(self, tid: bytes) -> int:
+        return sum(
+            1 for rep in self._replicas.values() if rep.send is not None and rep.acked >= tid
+        )
+
+    def _describe(self) -> str:
+        now = time.monotonic()
+        return "; ".join(
+            f"replica {rep.index} ({rep.address}) "
+            + (
+                f"connected, last acknowledged {rep.acked.hex()}"
+                if rep.send is not None
+                else f"not connected for {now - rep.since:.0f} s"
+            )
+            for rep in self._replicas.values()
+        )
+
+    # -- the link threads -------------------------------------------------------------------
+
+    def attach(
+        self,
+        index: int,
+        since: bytes,
+        storage: LogStorage,
+        send: Callable[[list[bytes], int], None],
+    ) -> bytes:
+        """Catch replica ``index`` (which has every commit up to ``since``) up and follow the
+        commits from then on: the catch-up and every later commit go to ``send(messages,
+        size)``, in order (``send`` must not block: it queues). Returns the tid of the catch-up,
+        which the replica acknowledges like a commit."""
+        caught: list[bytes] = []
+
+        def follow(last: bytes, records: dict[bytes, bytes], side: list[bytes]) -> None:
+            # Under the store's index lock: no commit finishes between the snapshot and this.
+            with self._cond:
+                rep = self._replicas[index]
+                pending = self._pending
+                later = pending if pending is not None and pending[0] > last else None
+                messages = [*encode_records(records), encode_end(CATCHUP, last, side)]
+                rep.inflight.clear()
+                rep.inflight.append((last, *(later[2] if later else self._counters())))
+                rep.send = send
+                rep.since = time.monotonic()
+                send(messages, sum(len(m) for m in messages))
+                if later is not None:
+                    # Voted but not finished, so not in the snapshot; shipped before we attached.
+                    rep.inflight.append((later[0], *later[3]))
+                    send(later[1], sum(len(m) for m in later[1]))
+                caught.append(last)
+
+        storage.snapshot_since(since, follow)
+        return caught[0]
+
+    def acked(self, index: int, tid: bytes) -> None:
+        with self._cond:
+            rep = self._replicas[index]
+            if tid > rep.acked:
+                rep.acked = tid
+            while rep.inflight and rep.inflight[0][0] <= tid:
+                done = rep.inflight.popleft()
+                rep.acked_at = (done[1], done[2])
+            self._cond.notify_all()
+
+    def detach(self, index: int) -> None:
+        with self._cond:
+            rep = self._replicas[index]
+            if rep.send is not None:
+                rep.since = time.monotonic()
+            rep.send = None
+            rep.inflight.clear()
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        """Stop waiting: a vote waiting now fails (its commit is aborted, unacknowledged)."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def quiesce(self, timeout: float) -> None:
+        """After :meth:`close`: wait (at most ``timeout``) until the commit whose wait was cut
+        short has shipped its ABORT, so that the replicas mark it aborted before the links
+        close rather than keep it as a commit this server never made."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            # A waiting commit first wakes to find the shipper closed (then it is abandoned),
+            # then its abort ships the ABORT (then it is not any more).
+            while (self._waiting_since is not None or self._abandoned is not None) and (
+                time.monotonic() < deadline
+            ):
+                self._cond.wait(max(0.0, min(0.05, deadline - time.monotonic())))
+
+    # -- figures (any thread) ------------------------------------------------------------------
+
+    def _counters(self) -> tuple[int, int]:
+        return (self._commits, self._bytes)
+
+    def figures(self) -> dict[str, Any]:
+        """``sync``, whether a commit waits (and since how long), and per replica: connected,
+        how far behind in commits and bytes (None before its first acknowledgement since this
+        server started), the last tid it acknowledged."""
+        with self._cond:
+            now = time.monotonic()
+            replicas = {}
+            for rep in self._replicas.values():
+                at = rep.acked_at
+                replicas[str(rep.index)] = {
+                    "address": rep.address,
+                    "connected": rep.send is not None,
+                    "for_s": round(now - rep.since, 3),
+                    "behind_commits": None if at is None else self._commits - at[0],
+                    "behind_bytes": None if at is None else self._bytes - at[1],
+                    "acknowledged": rep.acked.hex(),
+                }
+            waiting = self._waiting_since
+            return {
+                "sync": self.sync,
+                "waiting_s": None if waiting is None else round(now - waiting, 3),
+                "waits": self.waits,
+                "replicas": replicas,
+            }
+
+
+# -- the replica's side --------------------------------------------------------------------------
+
+
+class Follower:
+    """The replica's side: applies its primary's messages to its own log store.
+
+    ``open_store()`` opens (creating) the replica's store; ``wipe()`` empties its directory (the
+    store closed). One thread (the replica's link thread) calls everything.
+    """
+
+    def __init__(self, open_store: Callable[[], LogStorage], wipe: Callable[[], None]) -> None:
+        self._open = open_store
+        self._wipe = wipe
+        self.storage = open_store()
+        self._records: dict[bytes, bytes] = {}
+        #: The transaction voted last, finished when the next message comes (or the link ends).
+        self._voted: tuple[object, bytes] | None = None
+        self.applied = 0
+
+    def position(self) -> bytes:
+        """The last tid on disk (a voted, unfinished commit included)."""
+        if self._voted is not None:
+            return self._voted[1]
+        return self.storage.lastTransaction()
+
+    def receive(self, payload: bytes) -> bytes | None:
+        """Apply one message; returns the acknowledgement to send, if any. WireError for a
+        message that makes no sense (the link is then closed; the store is left consistent),
+        StoreError when the store cannot be written (the replica must stop)."""
+        kind = payload[:1]
+        if kind == RECORDS:
+            decode_records(payload, self._records)
+            return None
+        if kind == ABORT:
+            tid = decode_tid(payload, 9)
+            voted = self._voted
+            if voted is not None and voted[1] == tid:
+                self._voted = None
+                self.storage.tpc_abort(voted[0])
+            return None
+        self.settle()
+        if kind == COMMIT:
+            tid, forget = decode_end(payload)
+            self._vote(tid, forget)
+            return ack(tid)
+        if kind == CATCHUP:
+            tid, keep = decode_end(payload)
+            held = set(keep)
+            mine = self.storage.side_records()
+            stale = [key for key in mine if key not in held]
+            if self._records or tid > self.storage.lastTransaction():
+                self._vote(tid, stale)
+                self.settle()
+            else:
+                self.storage.forget_side(stale)
+            return ack(tid)
+        if kind == WIPE:
+            self._records.clear()
+            self.storage.close()
+            self._wipe()
+            self.storage = self._open()
+            return None
+        raise WireError(f"replication: unknown message {kind!r}")
+
+    def _vote(self, tid: bytes, forget: list[bytes]) -> None:
+        records, self._records = self._records, {}
+        txn = object()
+        storage = self.storage
+        try:
+            storage.tpc_begin(txn, tid)
+        except OSError as exc:
+            raise _write_failed(storage, exc) from None
+        try:
+            storage.store_replicated(txn, records, forget)
+            storage.tpc_vote(txn)
+        except OSError as exc:
+            storage.tpc_abort(txn)
+            raise _write_failed(storage, exc) from None
+        except BaseException:
+            storage.tpc_abort(txn)
+            raise
+        self._voted = (txn, tid)
+
+    def settle(self) -> None:
+        """Finish the commit voted last: kept, as a primary keeps a voted block after a crash
+        (tpc_finish does no I/O, the vote wrote and synced: it cannot fail)."""
+        voted, self._voted = self._voted, None
+        if voted is not None:
+            self.storage.tpc_finish(voted[0])
+            self.applied += 1
+
+    def close(self) -> None:
+        self.settle()
+        self.storage.close()
+
+
+def _write_failed(storage: LogStorage, exc: OSError) -> StoreError:
+    """A replica whose disk fails stops (one line), as a server does: acknowledging nothing
+    more is all it can do right, and retrying would acknowledge nothing either."""
+    reason = exc.strerror or str(exc)
+    return StoreError(
+        f"replica store {storage.getName()} cannot be written ({reason}); nothing unwritten "
+        "was acknowledged: free space or fix the disk, then restart the replica"
+    )

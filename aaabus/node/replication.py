@@ -1,0 +1,252 @@
+"""A primary's links to its replicas (issue 42): the socket side of :mod:`aaabus.core.replication`.
+
+One thread per replica, ``aaabus-repl-<id>.<index>``, dials the replica's address
+(``<replica hostname port>`` in ``a3.xml``), authenticates (:mod:`aaabus.io.replink`), reads
+the replica's HELLO, has the :class:`~aaabus.core.replication.Shipper` catch it up, and then
+writes whatever the shipper queues for it; a second thread per connection,
+``aaabus-repl-<id>.<index>-acks``, reads its acknowledgements. When the connection ends the
+replica is detached and redialled (backoff from 50 ms to 2 s). The committing thread only ever
+queues (:class:`_Outbox`), never writes a socket: a slow replica never stalls a commit by its
+socket, only by the acknowledgements the sync setting waits for.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from typing import Any
+
+from aaabus.config.reader import ReplicaConfig
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.logstorage.format import Z64
+from aaabus.core.replication import (
+    ACK,
+    HELLO,
+    MAX_QUEUED_BYTES,
+    WIPE,
+    Shipper,
+    decode_tid,
+)
+from aaabus.errors import AaabusError, WireError
+from aaabus.io.backoff import Backoff
+from aaabus.io.replink import ReplicaLink
+
+log = logging.getLogger("aaabus.replication")
+
+#: Largest replication frame either side takes: a RECORDS message holds at least one whole
+#: record, and a record is as large as one object of the store (authenticated peers only).
+MAX_FRAME = 1 << 30
+DIAL_TIMEOUT_S = 5.0
+
+
+class _Outbox:
+    """The bytes queued for one replica, and who writes them.
+
+    The committing thread wraps its messages (their sequence numbers are taken under the lock,
+    in queue order) and, when nothing is queued or being written, writes them itself without
+    blocking (``MSG_DONTWAIT``): a commit's records reach the replica without waking a thread.
+    What the socket does not take at once is queued for the writer thread
+    (``aaabus-repl-<id>.<index>``), which writes with blocking writes. One writer at a time
+    (``_writing``), so the bytes reach the socket in sequence order."""
+
+    def __init__(self, link: ReplicaLink) -> None:
+        self._link = link
+        self._cond = threading.Condition()
+        self._items: deque[bytes] = deque()
+        self._bytes = 0
+        self._writing = False
+        self.closed = False
+
+    def put(self, messages: list[bytes], size: int) -> None:
+        """Committing thread (or a link thread attaching): never blocks on the socket."""
+        with self._cond:
+            if self.closed:
+                return
+            if self._bytes + size > MAX_QUEUED_BYTES:
+                # The replica cannot keep up: drop it; it reconnects and catches up from what
+                # it has, rather than this server holding its log a second time in memory.
+                self.closed = True
+                self._cond.notify()
+                return
+            data = self._link.wrap(messages)
+            if self._items or self._writing:
+                self._items.append(data)
+                self._bytes += len(data)
+                self._cond.notify()
+                return
+            self._writing = True
+        try:
+            sent = self._link.send_now(data)
+        except OSError:
+            sent = len(data)  # the link is gone: the writer and the reader find out
+            self.close()
+        with self._cond:
+            self._writing = False
+            if sent < len(data):
+                self._items.appendleft(data[sent:])
+                self._bytes += len(data) - sent
+            self._cond.notify()
+
+    def write(self) -> bool:
+        """Writer thread: write what is queued (blocking); False once closed."""
+        with self._cond:
+            while (not self._items or self._writing) and not self.closed:
+                self._cond.wait()
+            if self.closed:
+                return False
+            data = b"".join(self._items)
+            self._items.clear()
+            self._bytes = 0
+            self._writing = True
+        try:
+            self._link.send_all(data)
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify()
+        return True
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify()
+
+
+class ReplicationLinks:
+    """The links of server ``server_id`` to its ``replicas``; ``key``: its link with itself."""
+
+    def __init__(
+        self,
+        server_id: int,
+        replicas: tuple[ReplicaConfig, ...],
+        sync: int,
+        key: bytes,
+        storage: LogStorage,
+    ) -> None:
+        self.server_id = server_id
+        self._replicas = replicas
+        self._key = key
+        self._storage = storage
+        self.shipper = Shipper(
+            server_id, {r.index: f"{r.hostname}:{r.port}" for r in replicas}, sync
+        )
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._links: dict[int, ReplicaLink] = {}
+        self._threads: list[threading.Thread] = []
+
+    def start(self) -> None:
+        """Attach to the store (every later vote ships and, with ``sync`` > 0, waits) and start
+        dialling the replicas."""
+        self._storage.shipper = self.shipper
+        for rep in self._replicas:
+            thread = threading.Thread(
+                target=self._run,
+                args=(rep,),
+                name=f"aaabus-repl-{self.server_id}.{rep.index}",
+                daemon=True,
+            )
+            self._threads.append(thread)
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Any thread: fail a vote that waits (its commit is not acknowledged), close the links,
+        join the threads."""
+        self._stop.set()
+        self.shipper.close()
+        self.shipper.quiesce(1.0)
+        with self._lock:
+            links = list(self._links.values())
+        for link in links:
+            link.close()
+        for thread in self._threads:
+            thread.join(timeout)
+        self._storage.shipper = None
+
+    def figures(self) -> dict[str, Any]:
+        return self.shipper.figures()
+
+    # -- one replica's thread ------------------------------------------------------------------
+
+    def _run(self, rep: ReplicaConfig) -> None:
+        backoff = Backoff(0.05, 2.0)
+        where = f"replica {rep.index} of server {self.server_id} ({rep.hostname}:{rep.port})"
+        told = False
+        while not self._stop.is_set():
+            try:
+                link = ReplicaLink.dial(
+                    (rep.hostname, rep.port),
+                    self._key,
+                    self.server_id,
+                    timeout=DIAL_TIMEOUT_S,
+                    max_frame=MAX_FRAME,
+                )
+            except (AaabusError, WireError, OSError) as exc:
+                if not told:
+                    log.warning("%s: not reachable (%s); dialling it again", where, exc)
+                    told = True
+                self._stop.wait(backoff.next_delay())
+                continue
+            with self._lock:
+                self._links[rep.index] = link
+            try:
+                self._serve(rep, link, where)
+            except (AaabusError, WireError, OSError) as exc:
+                if not self._stop.is_set():
+                    log.warning("%s: link lost (%s); dialling it again", where, exc)
+            finally:
+                self.shipper.detach(rep.index)
+                with self._lock:
+                    self._links.pop(rep.index, None)
+                link.close()
+            told = False
+            backoff.reset()
+            self._stop.wait(backoff.next_delay())
+
+    def _serve(self, rep: ReplicaConfig, link: ReplicaLink, where: str) -> None:
+        greeting = link.receive_bytes()
+        if greeting[:1] != HELLO or len(greeting) != 10:
+            raise WireError(f"expected a HELLO, got {len(greeting)} bytes")
+        if greeting[1] != rep.index:
+            raise WireError(
+                f"the process there is replica {greeting[1]}, not {rep.index}: fix its "
+                "--replica or the <replica> port"
+            )
+        since = greeting[2:]
+        if since > self._storage.lastTransaction():
+            # Its store holds a commit this one never made (another history): copy it whole.
+            log.warning("%s: its store is ahead of this server's; it starts again empty", where)
+            link.send_many([WIPE])
+            since = Z64
+        outbox = _Outbox(link)
+        reader = threading.Thread(
+            target=self._read_acks,
+            args=(rep.index, link, outbox),
+            name=f"aaabus-repl-{self.server_id}.{rep.index}-acks",
+            daemon=True,
+        )
+        reader.start()
+        try:
+            caught = self.shipper.attach(rep.index, since, self._storage, outbox.put)
+            log.info("%s: connected, catching up from %s to %s", where, since.hex(), caught.hex())
+            while outbox.write():
+                pass
+            if not self._stop.is_set():
+                raise OSError("the replica fell too far behind, or its link ended")
+        finally:
+            outbox.close()
+            link.close()
+            reader.join()
+
+    def _read_acks(self, index: int, link: ReplicaLink, outbox: _Outbox) -> None:
+        try:
+            while True:
+                payload = link.receive_bytes()
+                if payload[:1] != ACK:
+                    raise WireError(f"expected an ACK, got {payload[:1]!r}")
+                self.shipper.acked(index, decode_tid(payload, 9))
+        except (AaabusError, WireError, OSError):
+            pass  # the writer sees the outbox closed and reports the loss
+        finally:
+            outbox.close()
