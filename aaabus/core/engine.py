@@ -45,17 +45,16 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from aaabus.config.trust import TrustPolicy
 from aaabus.core.effects import TransactionEffects
 from aaabus.core.factory import AgentBox, Factory
 from aaabus.core.failpoints import Failpoints
-from aaabus.core.group import MAX_GROUP_FAILURES, Group, Steps, to_the_end
-from aaabus.core.sends import NOT_FOLDED, Build, Entry, Sends
+from aaabus.core.group import MAX_GROUP_FAILURES, EngineStats, Group, Steps, to_the_end
+from aaabus.core.sends import NOT_FOLDED, Build, Channel, Entry, Sends
 from aaabus.core.turn import Input, Turn, Turns
 from aaabus.errors import DependencyLost, EngineStopped, StoreWriteFailed
 from aaabus.model.agent import Agent
@@ -84,60 +83,6 @@ __all__ = [
 log = logging.getLogger("aaabus.engine")
 
 T = TypeVar("T")
-
-
-class Channel(Protocol):
-    """What the engine needs from the channel side for messages to other servers.
-
-    Every method runs on the engine's turn, inside the current group's transaction.
-    """
-
-    def knows(self, server: int) -> bool:
-        """Whether ``server`` is part of the bus."""
-        ...
-
-    def send(self, message: Message) -> None:
-        """Hold ``message`` for the next :meth:`seal` (same transaction)."""
-        ...
-
-    def seal(self) -> None:
-        """End of an event: stamp all its held sends as one clock event and queue them
-        persistently for their next hops (same transaction)."""
-        ...
-
-    def before_commit(self, turn: Turn) -> Iterator[object]:
-        """The group is about to commit: wait for what it depends on, send what may leave
-        early (see :mod:`aaabus.core.early`); ``DependencyLost`` replays the group.
-
-        A generator: what it yields sets the group aside until :meth:`Engine.resume`; it
-        yields only if ``turn.may_set_aside`` (a holder that comes back to the group: see
-        :meth:`Engine.submit_many`), and waits where it is otherwise."""
-        ...
-
-
-class EngineStats:
-    """Counters of the engine's groups; read by other threads without locking (ints are atomic).
-
-    ``reactions``, ``sent`` and ``errors`` count committed work only: a group that aborts takes
-    its counts back with its other effects (``reactions`` are added when the group commits), so
-    that once a bus is idle the notifications sent by all servers equal those delivered by all
-    servers. ``commits`` and ``aborts`` count attempts.
-    """
-
-    def __init__(self) -> None:
-        self.reactions = 0
-        self.sent = 0
-        self.commits = 0
-        self.aborts = 0
-        self.errors = 0
-        #: Inputs consumed without a reaction because their body did not decode (garbage from
-        #: a peer, a type not registered here, a field of the wrong type): each is logged with
-        #: its reason, the last one kept here, and its sender told (ExceptionNotification).
-        self.dead_letters = 0
-        self.last_dead_letter = ""
-        self.commit_ns = 0
-        self.commit_total_ns = 0
-        self.started = time.time()
 
 
 class Engine:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import cloudpickle
 from persistent import Persistent
@@ -27,7 +27,12 @@ from aaabus.model.notifications import (
 from aaabus.wire.codec import is_pickle
 
 if TYPE_CHECKING:
-    from aaabus.core.engine import Engine
+    from aaabus.config.trust import TrustPolicy
+    from aaabus.core.effects import TransactionEffects
+    from aaabus.core.failpoints import Failpoints
+    from aaabus.core.store import Store
+    from aaabus.model.notifications import Notification
+    from aaabus.wire.codec import Codec
 
 log = logging.getLogger("aaabus.engine")
 
@@ -68,6 +73,26 @@ def _importable(cls: type) -> bool:
     return obj is cls
 
 
+class _Sender(Protocol):
+    def send_from(self, sender: AgentId, to: AgentId, note: Notification) -> None: ...
+
+
+class Core(Protocol):
+    """What the factory uses of the engine it serves (:class:`aaabus.core.engine.Engine`)."""
+
+    server_id: int
+    store: Store
+    trust: TrustPolicy
+    codec: Codec
+    effects: TransactionEffects
+    failpoints: Failpoints
+    #: The agent reacting now (the sender of what is sent).
+    current: AgentId
+
+    @property
+    def sends(self) -> _Sender: ...
+
+
 def _forget_initialised(agent: Agent) -> None:
     agent.__dict__.pop(_INITIALISED, None)
 
@@ -76,7 +101,7 @@ class Factory:
     """The agents of one engine's store: the factory's reactions, loading an agent for its
     reaction (``on_init(False)`` first if needed), boxes of agents that came by value."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Core) -> None:
         self._engine = engine
         self.id = AgentId.factory(engine.server_id)
         # Agents that came by value: unpickled once per boot (their box holds the durable copy).

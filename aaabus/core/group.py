@@ -12,11 +12,11 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Generator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from aaabus.core.factory import ERROR_REPORTS
-from aaabus.core.sends import Handed
-from aaabus.core.turn import Input, Turn
+from aaabus.core.factory import ERROR_REPORTS, Factory
+from aaabus.core.sends import Channel, Handed, Sends
+from aaabus.core.turn import Input, Turn, Turns
 from aaabus.errors import BadBody, DependencyLost, EngineStopped, ReactionFailed
 from aaabus.model.context import running
 from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
@@ -24,7 +24,11 @@ from aaabus.model.notifications import ExceptionNotification, Notification
 from aaabus.wire.message import Message
 
 if TYPE_CHECKING:
-    from aaabus.core.engine import Engine
+    from aaabus.core.effects import TransactionEffects
+    from aaabus.core.failpoints import Failpoints
+    from aaabus.core.store import Store
+    from aaabus.core.trace import Tracer
+    from aaabus.wire.codec import Codec
 
 log = logging.getLogger("aaabus.engine")
 
@@ -33,6 +37,56 @@ Steps = Generator[object, None, None]
 
 #: Consecutive failures of one group (outside agent code) before the engine gives up.
 MAX_GROUP_FAILURES = 3
+
+
+class EngineStats:
+    """Counters of the engine's groups; read by other threads without locking (ints are atomic).
+
+    ``reactions``, ``sent`` and ``errors`` count committed work only: a group that aborts takes
+    its counts back with its other effects (``reactions`` are added when the group commits), so
+    that once a bus is idle the notifications sent by all servers equal those delivered by all
+    servers. ``commits`` and ``aborts`` count attempts.
+    """
+
+    def __init__(self) -> None:
+        self.reactions = 0
+        self.sent = 0
+        self.commits = 0
+        self.aborts = 0
+        self.errors = 0
+        #: Inputs consumed without a reaction because their body did not decode (garbage from
+        #: a peer, a type not registered here, a field of the wrong type): each is logged with
+        #: its reason, the last one kept here, and its sender told (ExceptionNotification).
+        self.dead_letters = 0
+        self.last_dead_letter = ""
+        self.commit_ns = 0
+        self.commit_total_ns = 0
+        self.started = time.time()
+
+
+class Core(Protocol):
+    """What the group uses of the engine it serves (:class:`aaabus.core.engine.Engine`); the
+    engine is also what each input is applied to."""
+
+    server_id: int
+    store: Store
+    codec: Codec
+    effects: TransactionEffects
+    failpoints: Failpoints
+    channel: Channel | None
+    tracer: Tracer | None
+    stats: EngineStats
+    max_batch: int
+    max_group_s: float
+    #: The agent reacting now (the sender of what is sent).
+    current: AgentId
+
+    @property
+    def turns(self) -> Turns: ...
+    @property
+    def sends(self) -> Sends: ...
+    @property
+    def factory(self) -> Factory: ...
 
 
 def to_the_end(steps: Steps) -> None:
@@ -50,7 +104,7 @@ class Group:
     ``Engine.add_listener``).
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Core) -> None:
         self._engine = engine
         # System handlers (see Engine.handle): reserved stamp -> fn(sender, note), as reactions.
         self.handlers: dict[int, Callable[[AgentId, Any], None]] = {}

@@ -18,20 +18,24 @@ set of rules (see :meth:`Sends.fold`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import cloudpickle
 
-from aaabus.core.factory import ERROR_REPORTS
+from aaabus.core.factory import ERROR_REPORTS, Factory
 from aaabus.model.ids import FACTORY_STAMP, FIRST_USER_STAMP, SERVER_STAMP, AgentId
 from aaabus.model.notifications import AgentCreateRequest, Notification, UnknownAgent
 from aaabus.wire.codec import travels_by_name
 from aaabus.wire.message import Message
 
 if TYPE_CHECKING:
-    from aaabus.core.engine import Engine
+    from aaabus.core.effects import TransactionEffects
+    from aaabus.core.failpoints import Failpoints
+    from aaabus.core.store import Store
+    from aaabus.core.turn import Turn
     from aaabus.model.agent import Agent
+    from aaabus.wire.codec import Codec
 
 log = logging.getLogger("aaabus.engine")
 
@@ -40,6 +44,60 @@ Build = Callable[[tuple[Any, ...]], Any]
 #: How a folded notification enters its agent: ``entry(agent, sender, note)``, its result
 #: returned by :meth:`Sends.fold_now` (``Agent.react`` unless the fold names another).
 Entry = Callable[[Any, AgentId, Any], object]
+
+
+class Channel(Protocol):
+    """What the engine needs from the channel side for messages to other servers.
+
+    Every method runs on the engine's turn, inside the current group's transaction.
+    """
+
+    def knows(self, server: int) -> bool:
+        """Whether ``server`` is part of the bus."""
+        ...
+
+    def send(self, message: Message) -> None:
+        """Hold ``message`` for the next :meth:`seal` (same transaction)."""
+        ...
+
+    def seal(self) -> None:
+        """End of an event: stamp all its held sends as one clock event and queue them
+        persistently for their next hops (same transaction)."""
+        ...
+
+    def before_commit(self, turn: Turn) -> Iterator[object]:
+        """The group is about to commit: wait for what it depends on, send what may leave
+        early (see :mod:`aaabus.core.early`); ``DependencyLost`` replays the group.
+
+        A generator: what it yields sets the group aside until ``Engine.resume``; it yields
+        only if ``turn.may_set_aside`` (a holder that comes back to the group: see
+        ``Engine.submit_many``), and waits where it is otherwise."""
+        ...
+
+
+class _Chain(Protocol):
+    def chain_open(self) -> bool: ...
+    def chain_append(self, entry: Message | Handed) -> None: ...
+
+
+class Core(Protocol):
+    """What the sending side uses of the engine it serves (:class:`aaabus.core.engine.Engine`)."""
+
+    server_id: int
+    store: Store
+    codec: Codec
+    effects: TransactionEffects
+    failpoints: Failpoints
+    channel: Channel | None
+    #: The agent reacting now (the sender of what is sent).
+    current: AgentId
+
+    @property
+    def stats(self) -> object: ...
+    @property
+    def group(self) -> _Chain: ...
+    @property
+    def factory(self) -> Factory: ...
 
 
 class _NotFolded:
@@ -81,7 +139,7 @@ class Sends:
 
     __slots__ = ("_engine", "_flushers", "_folds", "_gathered", "_notified", "_observers")
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Core) -> None:
         self._engine = engine
         # Folded targets (see fold): stamp -> the notification types a send hands over at once.
         self._folds: dict[int, _Fold] = {}
