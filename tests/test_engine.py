@@ -116,11 +116,11 @@ def test_failure_inside_a_group_rolls_back_that_reaction_alone(
     def burst() -> None:
         # Everything lands in the input queue together, so the engine runs it as one group.
         for i in range(1, 6):
-            engine._context.send(counter, Inc(i))
-        engine._context.send(probe, Poke(faulty, Boom(probe)))
+            engine.sends.send(counter, Inc(i))
+        engine.sends.send(probe, Poke(faulty, Boom(probe)))
         for i in range(6, 11):
-            engine._context.send(counter, Inc(i))
-        engine._context.send(probe, Poke(counter, Weird()))
+            engine.sends.send(counter, Inc(i))
+        engine.sends.send(probe, Poke(counter, Weird()))
 
     server.call(burst)
     first, second = seen(inbox), seen(inbox)

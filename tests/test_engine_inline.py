@@ -15,6 +15,7 @@ import pytest
 
 from aaabus.core.engine import Engine
 from aaabus.core.store import Store, open_store
+from aaabus.core.turn import Turn
 from tests.support.topics import wait_until
 
 TIMEOUT = 10.0
@@ -226,7 +227,7 @@ def test_work_handed_over_while_a_group_runs_wakes_nobody_and_is_done_after_it(
     Lazy work is the exception, once: the engine thread asleep without a deadline must learn
     of it."""
     engine = Engine(store, 0, name="engine-wakes")
-    cond = engine._cond = CountingCondition()  # before the engine thread ever waits on it
+    cond = engine.turns._cond = CountingCondition()  # before the engine thread ever waits on it
     engine.start()
     try:
         assert cond.asleep.wait(TIMEOUT)  # the engine thread is idle, with no deadline
@@ -272,7 +273,7 @@ def test_lazy_work_due_while_another_group_runs_is_done_as_that_group_ends(store
     work to a periodic look that could make it twice as late as its delay."""
     engine = Engine(store, 0, name="engine-lazy-due")
     engine.lazy_delay_s = 0.05
-    cond = engine._cond = CountingCondition()
+    cond = engine.turns._cond = CountingCondition()
     engine.start()
     try:
         assert cond.sleeps.acquire(timeout=TIMEOUT)  # idle, no deadline
@@ -292,11 +293,12 @@ def test_lazy_work_due_while_another_group_runs_is_done_as_that_group_ends(store
 
 
 class Pausing:
-    """A channel whose next commit on the thread that armed it is set aside once (as the
+    """A channel whose next commit on a turn that may be set aside is set aside once (as the
     channel sets aside, on the network's I/O thread, a group waiting for a notice)."""
 
     def __init__(self) -> None:
-        self.armed_on: int | None = None
+        self.armed = False
+        self.refused: list[Turn] = []
 
     def knows(self, server: int) -> bool:
         return False
@@ -307,9 +309,12 @@ class Pausing:
     def seal(self) -> None:
         pass
 
-    def before_commit(self) -> Iterator[str]:
-        if threading.get_ident() == self.armed_on:
-            self.armed_on = None
+    def before_commit(self, turn: Turn) -> Iterator[str]:
+        if self.armed:
+            if not turn.may_set_aside:
+                self.refused.append(turn)
+                return
+            self.armed = False
             yield "aside"
 
 
@@ -318,7 +323,7 @@ def pausing(store: Store) -> Iterator[tuple[Engine, Pausing]]:
     channel = Pausing()
     engine = Engine(store, 0, channel=channel, name="engine-under-test")
     engine.start()
-    channel.armed_on = threading.get_ident()
+    channel.armed = True
     yield engine, channel
     engine.stop()
 
@@ -329,13 +334,16 @@ def test_a_group_set_aside_keeps_its_transaction_and_the_turn_until_resumed(
     engine, _ = pausing
     ran_on: list[str] = []
     committed: list[str] = []
-    assert engine.submit_many([writer("a", ran_on, committed)], run_here=True) == "aside"
+    assert (
+        engine.submit_many([writer("a", ran_on, committed)], run_here=True, set_aside=True)
+        == "aside"
+    )
     assert committed == [] and engine.stats.commits == 0
     # Its turn is held: what comes meanwhile waits for it, on no thread.
     assert engine.submit_many([writer("b", ran_on, committed)], run_here=True) is None
     # "b" is queued, not run: nobody may take the turn while "a" holds it.
-    with engine._cond:
-        assert len(engine._inbox) == 1 and engine._busy
+    with engine.turns._cond:
+        assert len(engine.turns._inbox) == 1 and engine.turns.held
     assert ran_on == [threading.current_thread().name]
     assert engine.resume() is None  # committed, the turn given back
     assert committed[0] == "a" and engine.store.queues["a"] == 1
@@ -349,8 +357,36 @@ def test_a_group_set_aside_and_cancelled_is_replayed_by_the_engine_thread(
     engine, _ = pausing
     ran_on: list[str] = []
     committed: list[str] = []
-    assert engine.submit_many([writer("a", ran_on, committed)], run_here=True) == "aside"
+    assert (
+        engine.submit_many([writer("a", ran_on, committed)], run_here=True, set_aside=True)
+        == "aside"
+    )
     engine.cancel("what it waited for is gone")
     assert engine.stats.aborts == 1 and "a" not in engine.store.queues
     wait_until("a replayed and committed", lambda: committed == ["a"], TIMEOUT)
     assert ran_on == [threading.current_thread().name, "engine-under-test"]
+
+
+def test_only_a_turn_that_may_set_a_group_aside_lets_it_wait_aside(
+    pausing: tuple[Engine, Pausing],
+) -> None:
+    """Whether a group may be set aside is the turn's to say, not the thread's: the same
+    thread, taking the turn without ``set_aside``, gets a group that waits where it runs (and
+    so does the engine thread's own turn); with it, the group is set aside."""
+    engine, channel = pausing
+    committed: list[str] = []
+    assert engine.submit_many([writer("a", [], committed)], run_here=True) is None
+    assert committed == ["a"]  # committed in place, never set aside
+    assert [turn.may_set_aside for turn in channel.refused] == [False]
+    assert channel.refused[0].holder == threading.current_thread().name
+    engine.submit(writer("b", [], committed))
+    wait_until("b committed", lambda: committed == ["a", "b"], TIMEOUT)
+    assert [turn.holder for turn in channel.refused] == [
+        threading.current_thread().name,
+        "engine-under-test",
+    ]
+    assert engine.submit_many([writer("c", [], committed)], run_here=True, set_aside=True) == (
+        "aside"
+    )
+    assert engine.resume() is None
+    assert committed == ["a", "b", "c"]

@@ -35,7 +35,6 @@ storage cost.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,6 +60,7 @@ if TYPE_CHECKING:
     from aaabus.core.engine import Engine
     from aaabus.core.trace import Tracer
     from aaabus.core.traffic import TrafficRecorder
+    from aaabus.core.turn import Turn
 
 log = logging.getLogger("aaabus.channel")
 
@@ -129,9 +129,6 @@ class Channel:
         #: delivered (:meth:`compare_state`): (peer, domain) -> the facts, for status views.
         #: Engine thread only (written by compare_state, read by depths).
         self.diverged: dict[tuple[int, str], list[str]] = {}
-        # The network's I/O thread (see on_read): there, a group waiting for a notice is set
-        # aside for the loop to resume, rather than waiting.
-        self._loop_ident: int | None = None
         # The open transaction's dependencies (connection -> last tentative position applied)
         # and the peers its frames already left for; both settled by the transaction's end.
         self._deps: dict[Incoming, int] = {}
@@ -281,16 +278,17 @@ class Channel:
         if self.early:
             self._vote.join()
 
-    def before_commit(self) -> Iterator[_NoticeWait]:
+    def before_commit(self, turn: Turn) -> Iterator[_NoticeWait]:
         """The group is about to commit (the engine's thread, or the network's I/O thread
-        running a group of the frames it just read: see :meth:`on_read`).
+        running a group of the frames it just read: see :meth:`on_read`), on ``turn``.
 
         First, wait until every tentative frame the group applied is durable at its sender
         (raises :class:`DependencyLost`: the group is replayed without the lost frames, with the
-        late ones parked until their notice). On the I/O thread the group does not wait: it
-        yields, and is set aside (transaction open, turn held) for the network's loop, which
-        reads the notice, to resume; on any other thread it waits for the I/O thread to read
-        the notice. Then, with early frames, the group's frames leave, each batch behind a
+        late ones parked until their notice). When its turn may set it aside (the network's
+        I/O thread took it in :meth:`on_read`) the group does not wait: it yields, and is set
+        aside (transaction open, turn held) for the network's loop, which reads the notice, to
+        resume; on any other turn it waits for the I/O thread to read the notice. Then, with
+        early frames, the group's frames leave, each batch behind a
         TENTATIVE frame, while ZODB prepares and the store writes and syncs: they hang on this
         group's durability alone, of which its notice will tell.
         """
@@ -298,7 +296,7 @@ class Channel:
         tracer = self.tracer
         transport = self.transport
         if deps:
-            if threading.get_ident() == self._loop_ident:
+            if turn.may_set_aside:
                 budget = self.notice_wait_s
                 deadline = time.monotonic() + budget
                 waiting: _NoticeWait | None = None
@@ -416,7 +414,6 @@ class Channel:
         it waits for a durability notice not yet read: the loop resumes it after each read
         (and once a connection went down, or at its ``deadline``) until it returns None.
         """
-        self._loop_ident = threading.get_ident()
         return self._frames_read(peer, payloads, loop=True)
 
     def _frames_read(self, peer: int, payloads: list[bytes], loop: bool) -> _NoticeWait | None:
@@ -471,7 +468,7 @@ class Channel:
         # notice: it is then set aside until the loop has read it, which saves handing the
         # frames to the engine thread and the notice after them.
         waits = waits and conn.durable < conn.received
-        waiting = self.engine.submit_many(inputs, acks, run_here=not waits or loop)
+        waiting = self.engine.submit_many(inputs, acks, run_here=not waits or loop, set_aside=loop)
         assert waiting is None or isinstance(waiting, _NoticeWait)
         return waiting
 

@@ -63,6 +63,7 @@ import transaction
 from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
 from zope.interface import implementer
 
+from aaabus.core.commitorder import sort_key
 from aaabus.errors import DependencyLost
 
 #: An engine input (see :meth:`aaabus.core.engine.Engine.submit`).
@@ -77,6 +78,8 @@ MAX_PARKED_BYTES = 64 << 20
 #: tentative frames are parked meanwhile, so that a sender whose syncs are slow holds up no
 #: group of this server, not even once per notice.
 LATE_FOR_S = 1.0
+
+_SORT_KEY = sort_key("early")
 
 
 class Incoming:
@@ -385,9 +388,9 @@ class EarlyVote:
         self.abort(txn)
 
     def sortKey(self) -> str:
-        # Before every other participant (a ZODB connection's key is its storage's name): its
-        # vote marks the end of ZODB's preparation, before the store's write.
-        return "\x00 aaabus.core.early"
+        # First in every phase (aaabus.core.commitorder): its vote marks the end of ZODB's
+        # preparation, before the store's write.
+        return _SORT_KEY
 
     def savepoint(self) -> _NoSavepoint:
         # What this manager holds (frames staged, dependencies) lives in the channel and is

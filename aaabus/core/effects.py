@@ -48,10 +48,14 @@ import transaction
 from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
 from zope.interface import implementer
 
+from aaabus.core.commitorder import sort_key
+
 log = logging.getLogger("aaabus.effects")
 
 Undo = Callable[..., object]
 Action = Callable[[], object]
+
+_SORT_KEY = sort_key("effects")
 
 
 @implementer(ISavepointDataManager)
@@ -189,10 +193,9 @@ class TransactionEffects:
         self.abort(txn)
 
     def sortKey(self) -> str:
-        # Sorted after every other participant (``transaction`` orders the two-phase commit by
-        # this key; a ZODB connection's key starts with its storage's name): our tpc_vote must
-        # come last, when the store has voted and nobody is left to veto.
-        return "\U0010ffff aaabus.core.effects"
+        # Last in every phase (aaabus.core.commitorder): our tpc_vote must come when the store
+        # has voted and nobody is left to veto.
+        return _SORT_KEY
 
     # -- ISavepointDataManager --------------------------------------------------------------------
 

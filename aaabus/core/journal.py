@@ -68,6 +68,7 @@ from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
 from zope.interface import implementer
 
 from aaabus.core.clock import DomainClock
+from aaabus.core.commitorder import sort_key
 from aaabus.errors import StoreError
 from aaabus.wire.linkframes import decode_data, encode_data
 from aaabus.wire.message import Message
@@ -98,6 +99,8 @@ _RUN_LEN = struct.Struct(">I")
 _STORED = b"\0" * 7 + b"\1"
 
 Undo = Callable[..., object]
+
+_SORT_KEY = sort_key("journal")
 
 
 def _key(kind: int, number: int, low: int) -> bytes:
@@ -477,9 +480,9 @@ class Journal:
         self.abort(txn)
 
     def sortKey(self) -> str:
-        # After the ZODB connection (its key starts with its storage's name) and before the
-        # effects, whose vote must come after the store's write.
-        return "\U0010fffe aaabus.core.journal"
+        # After the ZODB connection and before the effects, whose vote must come after the
+        # store's write (aaabus.core.commitorder).
+        return _SORT_KEY
 
     def voted(self) -> bool:
         """Whether the open commit is our own storage transaction and the storage voted it."""

@@ -42,13 +42,12 @@ from BTrees.OOBTree import OOBTree, OOTreeSet
 from persistent import Persistent
 
 from aaabus.errors import SessionLeft
-from aaabus.model.ids import TOPICS_STAMP, AgentId
+from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Publish, Subscribe, Unsubscribe
 from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept, message_props
 from aaabus.node.mqttshared import SHARE_PREFIX, SharedGroups, shares_in
 from aaabus.topics.mailbox import Mailbox
-from aaabus.topics.representative import TopicRepresentative
 
 __all__ = [
     "ANONYMOUS",
@@ -306,6 +305,8 @@ class MqttSessions:
         root: Callable[[], Any],
         send: Callable[[AgentId, Notification], None],
         retained: RetainedBounds | None = None,
+        *,
+        fold_to_rep: Callable[[Notification], object],
     ) -> None:
         self.server_id = server_id
         self.backlog = backlog
@@ -314,6 +315,7 @@ class MqttSessions:
         self._agents = agents
         self._root = root
         self._send = send
+        self._fold_to_rep = fold_to_rep
         #: The moves of roaming sessions (aaabus.mqtt.roaming), set by the server; None: off.
         self.roaming: RoamingHooks | None = None
         #: The shared subscriptions ($share/...) of this server's sessions; their handler
@@ -338,7 +340,8 @@ class MqttSessions:
 
     def _to_rep(self, note: Notification) -> bool:
         """Hand ``note`` to this server's topic representative, as ``#s.s.0``: by running its
-        reaction here and now, inside the operation.
+        reaction here and now, inside the operation, as the engine folds an agent's
+        publication (``fold_to_rep``: :meth:`aaabus.core.engine.Engine.fold_now`).
 
         Why not a message: one reaction and one queued record less per publication, on the
         path of every device's message. Why it is safe: the engine serialises everything, so
@@ -347,20 +350,12 @@ class MqttSessions:
         overtakes messages still queued for the representative (agents' publications, relays)
         cannot be causally after them: a device learns of a publication only once the
         representative has handled it. What the representative sends (to mailboxes, relays) is
-        queued as usual, from ``#s.s.0``.
+        queued as usual, from the representative itself.
 
         Returns, for a :class:`Publish`, whether a subscriber matched it (what routing found;
-        True when the representative is not there yet to say).
+        True when the representative is not there yet to say: the note was sent to it).
         """
-        rep = self._agents().get((self.server_id, TOPICS_STAMP))
-        sender = AgentId.server_of(self.server_id)
-        if isinstance(rep, TopicRepresentative):
-            if isinstance(note, Publish):
-                return rep.publish_from(sender, note)
-            rep.react(sender, note)
-        else:  # not created yet (a store from before topics): it will react in its turn
-            self._send(AgentId.topics_of(self.server_id), note)
-        return True
+        return self._fold_to_rep(note) is not False
 
     # -- engine thread -----------------------------------------------------------------------------
 

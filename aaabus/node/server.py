@@ -201,6 +201,7 @@ class AgentServer:
             lambda: self._require_store().conn.root(),
             self._send_from_server,
             RetainedBounds(mqtt("retained"), mqtt("retained_bytes"), mqtt("retained_total")),
+            fold_to_rep=self._fold_to_representative,
         )
         self.mqtt: MqttListener | None = None
         #: The links to this server's replicas (None: it has none).
@@ -258,7 +259,9 @@ class AgentServer:
             # An agent's publications and subscriptions are handled by the representative
             # inside the agent's reaction (Engine.fold): one reaction and two queued records
             # less per publication. Both kinds, so that their order is the agent's.
-            self.engine.fold(TOPICS_STAMP, (Publish, Subscribe, Unsubscribe))
+            self.engine.fold(
+                TOPICS_STAMP, (Publish, Subscribe, Unsubscribe), TopicRepresentative.folded
+            )
             if self.trace_dir is not None:
                 self.tracer = self.engine.tracer = Tracer(
                     self.trace_dir, self.server_id, self.engine.effects
@@ -463,6 +466,14 @@ class AgentServer:
 
     def _send_from_server(self, to: AgentId, note: Notification) -> None:
         self._require_engine().send(to, note)
+
+    def _fold_to_representative(self, note: Notification) -> object:
+        """Hand ``note`` to this server's topic representative as ``#s.s.0``, folded (engine
+        thread, in the group): what its :meth:`TopicRepresentative.folded` returned, or
+        ``NOT_FOLDED`` (it was sent as a message: the representative is not stored yet)."""
+        return self._require_engine().fold_now(
+            AgentId.topics_of(self.server_id), note, AgentId.server_of(self.server_id)
+        )
 
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T:
         """Run ``fn`` on the engine thread as ``#s.s.0`` (any calling thread); wait for its commit.

@@ -153,6 +153,16 @@ class TopicRepresentative(Agent):
 
     # -- publications ------------------------------------------------------------------------------
 
+    def folded(self, sender: AgentId, note: Notification) -> bool:
+        """``note`` handed over inside the reaction or operation that sends it (the server
+        folds notes to its representative: :meth:`aaabus.core.engine.Engine.fold`): as
+        :meth:`react`; returns, for a :class:`Publish`, whether a subscriber matched (see
+        :meth:`publish_from`), else True."""
+        if isinstance(note, Publish):
+            return self.publish_from(sender, note)
+        self.react(sender, note)
+        return True
+
     def publish_from(self, sender: AgentId, note: Publish) -> bool:
         """``sender`` publishes ``note`` (engine thread, in the reaction that handles it): to
         this server's subscribers, towards the servers with a matching subscription (every
