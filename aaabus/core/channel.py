@@ -414,9 +414,6 @@ class Channel:
         it waits for a durability notice not yet read: the loop resumes it after each read
         (and once a connection went down, or at its ``deadline``) until it returns None.
         """
-        return self._frames_read(peer, payloads, loop=True)
-
-    def _frames_read(self, peer: int, payloads: list[bytes], loop: bool) -> _NoticeWait | None:
         tracer = self.tracer
         if tracer is None:
             times = None
@@ -428,7 +425,6 @@ class Channel:
         acks = []
         links = self.links
         conn = links.connection(peer)
-        waits = False  # some frame of this read waits for a durability notice not yet here
         for payload in payloads:
             kind = payload[:1]
             if kind == DATA:
@@ -443,7 +439,6 @@ class Channel:
                     self._reset(peer, "it parked more frames than allowed, waiting for a notice")
                 elif not held:
                     inputs.append(item)
-                    waits = waits or conn.tentative
             elif payload == DURABLE_FRAME:
                 links.durable(conn)
             elif payload == TENTATIVE_FRAME:
@@ -464,11 +459,10 @@ class Channel:
                     acks.append(self._ack_input(peer, domain, upto))
                 else:  # garbage: refused by receive(), in its own input
                     inputs.append(_FrameInput(self, peer, payload, times, None, False))
-        # A group of these frames may run on the I/O thread even if it must wait for their
+        # A group of these frames runs on the I/O thread even if it must wait for their
         # notice: it is then set aside until the loop has read it, which saves handing the
         # frames to the engine thread and the notice after them.
-        waits = waits and conn.durable < conn.received
-        waiting = self.engine.submit_many(inputs, acks, run_here=not waits or loop, set_aside=loop)
+        waiting = self.engine.submit_many(inputs, acks, run_here=True, set_aside=True)
         assert waiting is None or isinstance(waiting, _NoticeWait)
         return waiting
 
