@@ -54,7 +54,7 @@ from aaabus.core.effects import TransactionEffects
 from aaabus.core.factory import AgentBox, Factory
 from aaabus.core.failpoints import Failpoints
 from aaabus.core.group import MAX_GROUP_FAILURES, EngineStats, Group, Steps, to_the_end
-from aaabus.core.sends import NOT_FOLDED, Build, Channel, Entry, Sends
+from aaabus.core.sends import NOT_FOLDED, Build, ChannelPort, Entry, Sends
 from aaabus.core.turn import Input, Turn, Turns
 from aaabus.errors import DependencyLost, EngineStopped, StoreWriteFailed
 from aaabus.model.agent import Agent
@@ -73,7 +73,7 @@ __all__ = [
     "NOT_FOLDED",
     "AgentBox",
     "Build",
-    "Channel",
+    "ChannelPort",
     "Engine",
     "EngineStats",
     "Input",
@@ -98,7 +98,7 @@ class Engine:
         store: Store,
         server_id: int,
         *,
-        channel: Channel | None = None,
+        channel: ChannelPort | None = None,
         max_batch: int = 64,
         max_group_s: float = 0.005,
         name: str | None = None,
@@ -201,7 +201,7 @@ class Engine:
 
         ``set_aside``: the caller comes back to a group that must wait before its commit (the
         network's I/O thread, which reads the durability notice the group waits for: see
-        :meth:`Channel.before_commit`): the group may then be set aside, and this returns what
+        :meth:`ChannelPort.before_commit`): the group may then be set aside, and this returns what
         the channel yielded; the group keeps its transaction and the turn until the caller
         :meth:`resume`-s it or :meth:`cancel`-s it, on this same thread. Without it, such a
         group waits where it runs.

@@ -15,7 +15,7 @@ from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from aaabus.core.factory import ERROR_REPORTS, Factory
-from aaabus.core.sends import Channel, Handed, Sends
+from aaabus.core.sends import ChannelPort, Handed, Sends
 from aaabus.core.turn import Input, Turn, Turns
 from aaabus.errors import BadBody, DependencyLost, EngineStopped, ReactionFailed
 from aaabus.model.context import running
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("aaabus.engine")
 
-#: The steps of a group: what it yields while it is set aside (see Channel.before_commit).
+#: The steps of a group: what it yields while it is set aside (see ChannelPort.before_commit).
 Steps = Generator[object, None, None]
 
 #: Consecutive failures of one group (outside agent code) before the engine gives up.
@@ -73,7 +73,7 @@ class Core(Protocol):
     codec: Codec
     effects: TransactionEffects
     failpoints: Failpoints
-    channel: Channel | None
+    channel: ChannelPort | None
     tracer: Tracer | None
     stats: EngineStats
     max_batch: int

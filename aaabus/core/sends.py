@@ -46,7 +46,7 @@ Build = Callable[[tuple[Any, ...]], Any]
 Entry = Callable[[Any, AgentId, Any], object]
 
 
-class Channel(Protocol):
+class ChannelPort(Protocol):
     """What the engine needs from the channel side for messages to other servers.
 
     Every method runs on the engine's turn, inside the current group's transaction.
@@ -88,7 +88,7 @@ class Core(Protocol):
     codec: Codec
     effects: TransactionEffects
     failpoints: Failpoints
-    channel: Channel | None
+    channel: ChannelPort | None
     #: The agent reacting now (the sender of what is sent).
     current: AgentId
 

@@ -32,7 +32,7 @@ class Turn:
     """The right to run one group, held by one thread; passed along with the group it runs.
 
     ``may_set_aside``: the holder comes back to a group that yields before its commit (see
-    :meth:`aaabus.core.engine.Channel.before_commit`); otherwise the group must wait where it
+    :meth:`aaabus.core.sends.ChannelPort.before_commit`); otherwise the group must wait where it
     is. ``holder`` names the thread, for logs and tests.
     """
 
