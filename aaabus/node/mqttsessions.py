@@ -117,9 +117,6 @@ def payload_bytes(payload: Any) -> bytes:
 class SessionRecord(Persistent):
     """One client id's session (see the module docstring)."""
 
-    #: Class defaults for records stored before these attributes existed.
-    user: str | None = None
-    clean = False
     #: Wall-clock time its device disconnected (None: connected, or never seen since boot).
     left_at: float | None = None
     #: Seconds the session outlives its device (MQTT 5.0's Session Expiry Interval, capped by
