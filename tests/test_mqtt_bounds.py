@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from aaabus import Client
-from aaabus.io.mqttauth import hash_password
+from aaabus.mqtt.auth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import (

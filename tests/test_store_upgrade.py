@@ -16,7 +16,7 @@ from BTrees.OOBTree import OOBTree, OOTreeSet
 from aaabus import AgentId, StoreError
 from aaabus.core import upgrades
 from aaabus.core.store import Store, ZodbQueues, open_store
-from aaabus.node.mqttsessions import SessionRecord
+from aaabus.mqtt.sessions import SessionRecord
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
 from aaabus.wire.frames import VERSION

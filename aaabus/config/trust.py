@@ -196,8 +196,8 @@ _OWN_IMPORTABLE = (
     "aaabus.core",
     "aaabus.wire",
     "aaabus.topics",
-    "aaabus.node.mqttsessions",
-    "aaabus.node.mqttroam",
+    "aaabus.mqtt.sessions",
+    "aaabus.mqtt.roaming",
     "aaabus.testing",
 )
 

@@ -19,7 +19,33 @@ from __future__ import annotations
 __all__ = ["RENAMED", "current_path", "current_tag", "old_modules"]
 
 #: Old dotted path (``module.Class``) -> the class's dotted path now.
-RENAMED: dict[str, str] = {}
+RENAMED: dict[str, str] = {
+    # Issue 45: MQTT became a package of its own. Its classes that are stored (sessions,
+    # retained ledger, roaming and shared-subscription records) or travel (the notifications
+    # of roaming and shared subscriptions).
+    "aaabus.node.mqttsessions.SessionRecord": "aaabus.mqtt.sessions.SessionRecord",
+    "aaabus.node.mqttsessions.RetainedLedger": "aaabus.mqtt.sessions.RetainedLedger",
+    "aaabus.node.mqttroam.AnchorRecord": "aaabus.mqtt.roaming.AnchorRecord",
+    "aaabus.node.mqttroam.Pending": "aaabus.mqtt.roaming.Pending",
+    "aaabus.node.mqttshared.ShareWake": "aaabus.mqtt.shared.ShareWake",
+    "aaabus.node.mqttshared.Member": "aaabus.mqtt.shared.Member",
+    "aaabus.node.mqttshared.Group": "aaabus.mqtt.shared.Group",
+    "aaabus.node.mqttshared.SharedTable": "aaabus.mqtt.shared.SharedTable",
+    "aaabus.node.roamnotes.Claim": "aaabus.mqtt.roamnotes.Claim",
+    "aaabus.node.roamnotes.Created": "aaabus.mqtt.roamnotes.Created",
+    "aaabus.node.roamnotes.Refused": "aaabus.mqtt.roamnotes.Refused",
+    "aaabus.node.roamnotes.Roam": "aaabus.mqtt.roamnotes.Roam",
+    "aaabus.node.roamnotes.Handover": "aaabus.mqtt.roamnotes.Handover",
+    "aaabus.node.roamnotes.SessionMoved": "aaabus.mqtt.roamnotes.SessionMoved",
+    "aaabus.node.roamnotes.MovedItems": "aaabus.mqtt.roamnotes.MovedItems",
+    "aaabus.node.roamnotes.Restored": "aaabus.mqtt.roamnotes.Restored",
+    "aaabus.node.roamnotes.Settled": "aaabus.mqtt.roamnotes.Settled",
+    "aaabus.node.roamnotes.Taken": "aaabus.mqtt.roamnotes.Taken",
+    "aaabus.node.roamnotes.AnchorSubscribe": "aaabus.mqtt.roamnotes.AnchorSubscribe",
+    "aaabus.node.roamnotes.AnchorUnsubscribe": "aaabus.mqtt.roamnotes.AnchorUnsubscribe",
+    "aaabus.node.roamnotes.Drop": "aaabus.mqtt.roamnotes.Drop",
+    "aaabus.node.roamnotes.Unregister": "aaabus.mqtt.roamnotes.Unregister",
+}
 
 
 def old_modules() -> frozenset[str]:

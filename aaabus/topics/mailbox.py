@@ -49,7 +49,7 @@ class Mailbox(Agent):
     push: str | None = None
     #: An agent to which everything received goes, as :class:`Forwarded`, instead of being
     #: kept (``None``, the class default: kept). Set on the mailbox of a roaming MQTT session
-    #: at its anchor server while another server holds the session (:mod:`aaabus.node.mqttroam`).
+    #: at its anchor server while another server holds the session (:mod:`aaabus.mqtt.roaming`).
     forward: AgentId | None = None
 
     def __init__(
@@ -132,7 +132,7 @@ class Mailbox(Agent):
 
     def withdraw(self, seq: int) -> Notification | None:
         """Take item ``seq`` back (None if the mailbox no longer holds it): an MQTT shared
-        subscription hands it to another member (:mod:`aaabus.node.mqttshared`). The reader
+        subscription hands it to another member (:mod:`aaabus.mqtt.shared`). The reader
         skips the gap as it skips acknowledged items; numbering goes on."""
         item = self.items.pop(seq, None)
         if item is None:

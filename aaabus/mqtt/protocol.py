@@ -26,7 +26,7 @@ import enum
 from typing import Any
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 
 __all__ = ["TRANSITIONS", "MqttProtocol", "State", "connack_code"]
 

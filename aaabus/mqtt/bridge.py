@@ -62,7 +62,7 @@ from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Subscribe, Unsubscribe
 from aaabus.model.topicnames import check_filter, check_topic
-from aaabus.node.mqttsessions import BRIDGE, MqttSessions, payload_bytes
+from aaabus.mqtt.sessions import BRIDGE, MqttSessions, payload_bytes
 from aaabus.topics.mailbox import Mailbox
 
 if TYPE_CHECKING:
