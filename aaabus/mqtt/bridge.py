@@ -62,14 +62,13 @@ from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Subscribe, Unsubscribe
 from aaabus.model.topicnames import check_filter, check_topic
+from aaabus.mqtt.port import EnginePort
 from aaabus.mqtt.sessions import BRIDGE, MqttSessions, payload_bytes
 from aaabus.topics.mailbox import Mailbox
 
 if TYPE_CHECKING:
     from paho.mqtt.client import Client, MQTTMessage
     from paho.mqtt.properties import Properties
-
-    from aaabus.core.engine import Engine
 
 __all__ = ["PUSH_KEY", "WINDOW", "BridgeSettings", "MqttBridge", "filters_meet", "forget_now"]
 
@@ -269,7 +268,7 @@ class MqttBridge:
         settings: BridgeSettings,
         sid: int,
         backlog: int,
-        engine: Engine,
+        engine: EnginePort,
         sessions: MqttSessions,
     ) -> None:
         self.settings = settings

@@ -66,6 +66,7 @@ from aaabus.mqtt import codec as mc
 from aaabus.mqtt.acl import Acl
 from aaabus.mqtt.auth import Credentials
 from aaabus.mqtt.connection import MqttConnection
+from aaabus.mqtt.port import EnginePort
 from aaabus.mqtt.roaming import NOT_AUTHORIZED, ROAM_KEY
 from aaabus.mqtt.sessions import (
     BOX_PREFIX,
@@ -119,10 +120,10 @@ def _tls_context(base: Path, cert: str, key: str | None) -> ssl.SSLContext:
 class MqttListener:
     """The MQTT port of server ``sid`` of ``cfg`` (see the module docstring).
 
-    From the server: its MQTT ``sessions`` and three engine entry points: ``run_batch(ops,
-    done)`` (:meth:`~aaabus.core.engine.Engine.run_batch`), ``observe(key, fn)`` and
-    ``unobserve(key)``. Raises :class:`ConfigError` at construction for a bad credentials
-    file, TLS files or a port in use.
+    From the server: its MQTT ``sessions`` and its engine, of which the listener uses
+    ``run_batch`` and ``observe`` (:class:`~aaabus.mqtt.port.EnginePort`). Raises
+    :class:`ConfigError` at construction for a bad credentials file, TLS files or a port in
+    use.
     """
 
     def __init__(
@@ -130,13 +131,12 @@ class MqttListener:
         cfg: BusConfig,
         sid: int,
         sessions: MqttSessions,
-        run_batch: Callable[..., None],
-        observe: Callable[[str, Callable[[list[object]], None]], None],
+        engine: EnginePort,
     ) -> None:
         self.server_id = sid
         self.sessions = sessions
-        self._run_batch = run_batch
-        self._observe = observe
+        self._run_batch = engine.run_batch
+        self._observe = engine.observe
 
         def setting(name: str) -> Any:
             return cfg.setting(sid, f"aaabus.mqtt.{name}")

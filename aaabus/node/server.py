@@ -282,8 +282,7 @@ class AgentServer:
                     self.config,
                     self.server_id,
                     self.mqtt_sessions,
-                    self.engine.run_batch,
-                    self.engine.observe,
+                    self.engine,
                 )
                 self.mqtt.start()
             if self.bridge_settings is not None:
