@@ -5,6 +5,7 @@ directly into a real store on disk (docs/architecture.md, Upgrades)."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,17 +18,20 @@ from aaabus import AgentId, StoreError
 from aaabus.core import upgrades
 from aaabus.core.store import Store, ZodbQueues, open_store
 from aaabus.mqtt.sessions import SessionRecord
+from aaabus.tools.launch import Bus
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
 from aaabus.wire.frames import VERSION
 from aaabus.wire.linkframes import encode_data
 from aaabus.wire.message import Message
-from tests.support.harness import REPO_ROOT
+from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.mqtt import Device
 
 ME = AgentId(0, 0, 16)
 PEER = 1
 DOMAIN = "D0"
 MAILBOX_KEY = (0, 90)
+FIXTURE = Path(__file__).parent / "fixtures" / "store_b267a4b"
 SUBSCRIBER = AgentId(0, 0, 91)
 
 
@@ -221,5 +225,39 @@ def test_a_drained_older_store_boots_and_records_the_new_version(tmp_path: Path)
     store = open_store("file", tmp_path / "s0", 0)
     try:
         assert store.record.wire_version == VERSION and store.record.__dict__.get("wire_version")
+    finally:
+        store.close()
+
+
+# -- a store written by the code of b267a4b (tests/fixtures/store_b267a4b) -----------------------
+
+
+def test_a_store_of_the_release_before_boots_and_its_mqtt_session_resumes(
+    tmp_path: Path, make_config: Any
+) -> None:
+    storage = tmp_path / "store"
+    (storage / "s0").mkdir(mode=0o700, parents=True)
+    data = storage / "s0" / "data.fs"
+    shutil.copyfile(FIXTURE / "data.fs", data)
+    data.chmod(0o600)
+    (port,) = free_ports(1)
+    props = {"aaabus.mqtt.port": str(port), "aaabus.mqtt.anonymous": "true"}
+    config = make_config(properties={**props, "aaabus.store": "file"})
+    bus = Bus(config, [0], storage, cwd=REPO_ROOT).start()
+    keeper, late = Device(port, "keeper", clean=False), Device(port, "late")
+    try:
+        assert keeper.connect() == (0, True)  # the session, stored under its old class path
+        assert keeper.receive(1) == [("plant/meter", b"42", 1, False)]  # kept while away
+        assert late.connect()[0] == 0
+        late.subscribe("plant/#", 1)
+        assert late.receive(1) == [("plant/state", b"on", 1, True)]  # the retained copy
+    finally:
+        keeper.close()
+        late.close()
+        bus.stop()
+    store = open_store("file", storage / "s0", 0)
+    try:
+        assert store.upgraded == []  # every step ran at the first boot
+        assert store.conn.root()[upgrades.SCHEMA_KEY] == upgrades.SCHEMA_VERSION
     finally:
         store.close()
