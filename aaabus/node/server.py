@@ -40,7 +40,8 @@ from aaabus.model.agent import Agent
 from aaabus.model.ids import SESSIONS_STAMP, SHARES_STAMP, TOPICS_STAMP, AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
-from aaabus.mqtt.bridge import BridgeSettings, MqttBridge, forget_now
+from aaabus.mqtt.bridge import MqttBridge, forget_now
+from aaabus.mqtt.bridgesettings import BridgeSettings
 from aaabus.mqtt.sessions import MqttSessions, RetainedBounds
 from aaabus.node.mailboxes import MailboxDesk
 from aaabus.node.status import server_status
