@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aaabus import Client
-from aaabus.io.mqttauth import hash_password
+from aaabus.mqtt.auth import hash_password
 from perf.aaabus_mqtt import mqtt_servers
 from perf.harness import cpu_seconds, rss_bytes, store_bytes
 

@@ -319,7 +319,7 @@ def test_commands_are_found_in_code_blocks_and_inline() -> None:
     ]
 
 
-LAYERS = ("model", "wire", "config", "core", "io", "node", "tools", "topics", "testing")
+LAYERS = ("model", "wire", "config", "core", "io", "mqtt", "node", "tools", "topics", "testing")
 
 
 def test_every_module_and_file_of_the_architecture_exists() -> None:
@@ -500,7 +500,7 @@ def test_the_architecture_lists_every_thread_a_server_starts(
     assert observed <= documented, f"threads missing from the table: {observed - documented}"
     # Nor does the table list a thread that is no longer started (but for the MQTT listener's,
     # which tests/test_mqtt*.py drive, and a stop request's, alive only while its server stops).
-    elsewhere = {"stop-#"} | {thread_kind(name) for name in thread_table("node.mqtt")}
+    elsewhere = {"stop-#"} | {thread_kind(name) for name in thread_table("mqtt.listener")}
     assert documented - observed <= elsewhere, f"never started: {documented - observed}"
 
 
@@ -511,7 +511,7 @@ def test_thread_names_and_the_table_compare_by_kind() -> None:
     assert thread_kind("Thread-7 (serve_forever)") == thread_kind("Thread-n (serve_forever)")
     assert thread_kind("mqtt-auth-0_1") == thread_kind("mqtt-auth-N_k") == "mqtt-auth-#_#"
     assert thread_kind("aaabus-logstore-compactor") == "aaabus-logstore-compactor"
-    assert "engine-N" in thread_table() and "engine-N" not in thread_table("node.mqtt")
+    assert "engine-N" in thread_table() and "engine-N" not in thread_table("mqtt.listener")
 
 
 def test_the_demo_banner_names_the_default_store() -> None:

@@ -272,30 +272,6 @@ def test_consumed_records_found_at_boot_are_forgotten(log_stores: Stores) -> Non
     assert sum(1 for key in index if is_side(key) and key[1] in (K_OUT, K_WAIT)) == 1
 
 
-def test_a_log_store_of_the_zodb_layout_moves_into_the_journal(log_stores: Stores) -> None:
-    store = log_stores(journal=False)
-    clock = with_domain(store)
-    peer = DomainClock(2, 1)
-    stamps = [peer.prepare_send(0) for _ in range(2)]
-    store.links.waiting(DOMAIN)[PEER, 2] = (1, stamps[1], message(2))
-    for n in range(3):
-        store.qin.put(message(n))
-        clock.prepare_send(1)
-        store.links.outgoing(PEER, DOMAIN)[n + 1] = frame(n + 1)
-    store.commit()
-    before = link_state(store)
-    store = log_stores()
-    assert store.journal is not None
-    assert link_state(store) == before
-    assert not store.queues and not store.conn.root()["qin"]
-    store = log_stores()
-    assert link_state(store) == before
-    assert store.links.outgoing(PEER, DOMAIN).items() is not None
-    assert [f for _seq, f in store.links.outgoing(PEER, DOMAIN).items()] == [
-        frame(n) for n in (1, 2, 3)
-    ]
-
-
 def test_a_run_partly_acknowledged_keeps_only_its_owed_frames(log_stores: Stores) -> None:
     store = log_stores()
     clock = with_domain(store)

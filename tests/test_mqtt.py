@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from aaabus import Client
-from aaabus.io.mqttauth import hash_password
+from aaabus.mqtt.auth import hash_password
 from aaabus.testing.topicload import Do, Received, TopicProbe
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports

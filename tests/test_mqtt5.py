@@ -2,7 +2,7 @@
 interval and clean start, CONNACK's limits, flow control both ways, maximum packet size, topic
 aliases, and the server's DISCONNECT reasons. Against real server processes, with three 5.0
 clients: paho-mqtt in 5.0 mode, gmqtt (asyncio) and the Debian mosquitto tools (-V mqttv5); raw
-sockets (packets from aaabus.io.mqttcodec) for what a library would not send."""
+sockets (packets from aaabus.mqtt.codec) for what a library would not send."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from aaabus import Client
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqttauth import hash_password
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.auth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import (

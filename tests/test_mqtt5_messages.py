@@ -5,7 +5,7 @@ retain-as-published, retain handling, subscription identifiers) and the payload 
 Against one bus of two real server processes in one domain, each with a listener, shared by the
 module's tests (each uses its own topics and client ids), with paho-mqtt in 5.0 mode, the Debian
 mosquitto tools (-V mqttv5) and raw 5.0 packets for exact reason codes; the pure functions of
-aaabus.node.mqttmessages below them."""
+aaabus.mqtt.messages below them."""
 
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from aaabus import Client
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
-from aaabus.io import mqttcodec as mc
 from aaabus.model.pubsub import MessageProps
-from aaabus.node import mqttmessages as mm
-from aaabus.node.mqttsessions import Delivery
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt import messages as mm
+from aaabus.mqtt.sessions import Delivery
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, TEST_TRUST, contiguous_free_base, free_ports
 from tests.support.mqtt import Device, Device5, RawDevice5, needs_tools, tool

@@ -1,4 +1,4 @@
-"""MQTT 5.0's connection-level rules in process (aaabus.io.mqtt5conn): what a CONNECT settles,
+"""MQTT 5.0's connection-level rules in process (aaabus.mqtt.terms): what a CONNECT settles,
 topic aliases and our Receive Maximum. The same rules against server processes and real
 clients: tests/test_mqtt5.py."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import (
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.terms import (
     InboundWindow,
     OutboundAliases,
     TopicAliases,

@@ -1,4 +1,4 @@
-"""MQTT access control (issue 32.2): the ACL file (aaabus.io.mqttacl), its checks on PUBLISH,
+"""MQTT access control (issue 32.2): the ACL file (aaabus.mqtt.acl), its checks on PUBLISH,
 SUBSCRIBE and will topics against a real server process, client-id ownership, and the
 listener's own ``$SYS`` topics."""
 
@@ -20,9 +20,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from aaabus import Client
 from aaabus.errors import ConfigError
-from aaabus.io.mqttacl import Acl, covers, overlaps
-from aaabus.io.mqttauth import hash_password
 from aaabus.model.topicnames import matches
+from aaabus.mqtt.acl import Acl, covers, overlaps
+from aaabus.mqtt.auth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import (

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from aaabus.errors import ConfigError
-from aaabus.io import mqttauth
-from aaabus.io.mqttauth import Credentials, hash_password, main
+from aaabus.mqtt import auth as mqttauth
+from aaabus.mqtt.auth import Credentials, hash_password, main
 
 
 def test_credentials_accept_the_right_password_only(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from aaabus import Client
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqttauth import hash_password
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.auth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import (

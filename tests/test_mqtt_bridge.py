@@ -27,7 +27,7 @@ from aaabus import Client
 from aaabus.config.reader import load_config
 from aaabus.errors import AaabusError
 from aaabus.model.ids import TOPICS_STAMP
-from aaabus.node.mqttbridge import filters_meet
+from aaabus.mqtt.bridgesettings import filters_meet
 from aaabus.node.server import AgentServer
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports

@@ -1,4 +1,4 @@
-"""The owned MQTT 3.1.1/5.0 codec (aaabus.io.mqttcodec): byte vectors written by hand from the
+"""The owned MQTT 3.1.1/5.0 codec (aaabus.mqtt.codec): byte vectors written by hand from the
 specifications, refusals with their codes, round trips of every packet type in both versions,
 what paho-mqtt sends, and a seeded fuzz of framing and decoding."""
 
@@ -18,8 +18,8 @@ from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqttcodec import (
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.codec import (
     CONNACK,
     CONNECT,
     PROPERTIES,

@@ -1,5 +1,5 @@
-"""The QoS flows of one MQTT connection, sans-IO (aaabus.io.mqttflows), driven without a socket:
-the device's bytes go through the protocol (aaabus.io.mqttproto), the flows say what to commit
+"""The QoS flows of one MQTT connection, sans-IO (aaabus.mqtt.flows), driven without a socket:
+the device's bytes go through the protocol (aaabus.mqtt.protocol), the flows say what to commit
 and what to write, the test completes the commits in the order it chooses and reads the bytes
 that would leave, for every QoS 1/2 flow in both directions, in 3.1.1 and 5.0."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqttflows import FLOWS, Do, Flow, QosFlows, Step
-from aaabus.io.mqttproto import MqttProtocol
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.flows import FLOWS, Do, Flow, QosFlows, Step
+from aaabus.mqtt.protocol import MqttProtocol
 from tests.support.mqtt import connect_packet
 
 WINDOW = 4
@@ -101,11 +101,11 @@ def test_the_flows_reach_no_socket_loop_thread_or_store() -> None:
     import grimp
 
     graph = grimp.build_graph("aaabus", include_external_packages=True)
-    below = graph.find_upstream_modules("aaabus.io.mqttflows")
+    below = graph.find_upstream_modules("aaabus.mqtt.flows")
     forbidden = {"asyncio", "socket", "ssl", "selectors", "threading", "ZODB", "transaction"}
     assert below & forbidden == set()
     assert [m for m in below if m.startswith(("aaabus.core", "aaabus.node"))] == []
-    assert {"aaabus.io.mqttproto", "aaabus.io.mqttcodec"} <= below  # the graph was read
+    assert {"aaabus.mqtt.protocol", "aaabus.mqtt.codec"} <= below  # the graph was read
 
 
 def test_an_event_the_table_lacks_is_the_owners_bug() -> None:

@@ -1,7 +1,7 @@
 """MQTT that interoperates by default (issue 44): keep-alive 0 accepted and bounded by a
 server-side idle deadline, and what a standard 5.0 client expects of a broker. Against real
 server processes with default settings (anonymous devices allowed), driven by the Debian
-mosquitto tools, paho-mqtt and bare sockets (packets from aaabus.io.mqttcodec)."""
+mosquitto tools, paho-mqtt and bare sockets (packets from aaabus.mqtt.codec)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.libmosquitto import LibMosquitto, needs_libmosquitto

@@ -1,4 +1,4 @@
-"""One connection's MQTT protocol, sans-IO (aaabus.io.mqttproto): the state table, packets held
+"""One connection's MQTT protocol, sans-IO (aaabus.mqtt.protocol): the state table, packets held
 while the server decides on a CONNECT, refusals in the client's own version, and a seeded fuzz
 of whole packet streams through it."""
 
@@ -9,8 +9,8 @@ import random
 import pytest
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqttproto import TRANSITIONS, MqttProtocol, State, connack_code
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.protocol import TRANSITIONS, MqttProtocol, State, connack_code
 from tests.support.mqtt import connect_packet, publish_packet
 
 MAX = 1 << 16

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from aaabus import Client
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.rawmqtt import RawClient

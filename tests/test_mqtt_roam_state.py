@@ -8,9 +8,9 @@ from BTrees.OOBTree import OOBTree
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication
-from aaabus.node.mqttroam import _cut
-from aaabus.node.mqttsessions import SessionRecord
-from aaabus.node.roamnotes import MovedItems, SessionMoved
+from aaabus.mqtt.roaming import _cut
+from aaabus.mqtt.roamnotes import MovedItems, SessionMoved
+from aaabus.mqtt.sessions import SessionRecord
 from aaabus.topics.mailbox import Mailbox
 from aaabus.wire.codec import Codec
 

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 from tests.support.mqtt import RawDevice5
 from tests.test_mqtt_bounds import Listener, listener
 

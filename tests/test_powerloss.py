@@ -35,7 +35,7 @@ import pytest
 
 from aaabus import Client
 from aaabus.errors import AaabusError
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 from aaabus.testing.crash import stop_all
 from aaabus.testing.torture import Outcome, Schedule, finish_in_process, judge, write_config
 from aaabus.tools.launch import Bus

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from aaabus.io.mqttauth import hash_password
+from aaabus.mqtt.auth import hash_password
 from tests.support.harness import REPO_ROOT
 
 pytestmark = pytest.mark.slow  # tool subprocesses

@@ -436,7 +436,7 @@ SETTINGS: tuple[Setting, ...] = (
         "aaabus.mqtt.credentials",
         path,
         None,
-        "File of `user:scrypt$...` lines (`python -m aaabus.io.mqttauth USER` writes one) that "
+        "File of `user:scrypt$...` lines (`python -m aaabus.mqtt.auth USER` writes one) that "
         "CONNECT's username/password are checked against. Never the bus secret.",
     ),
     Setting(

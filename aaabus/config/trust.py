@@ -82,6 +82,7 @@ from typing import TYPE_CHECKING, Any
 from persistent import Persistent
 
 from aaabus.errors import UntrustedClass
+from aaabus.model.renames import current_path
 
 if TYPE_CHECKING:
     from aaabus.config.reader import BusConfig
@@ -195,8 +196,8 @@ _OWN_IMPORTABLE = (
     "aaabus.core",
     "aaabus.wire",
     "aaabus.topics",
-    "aaabus.node.mqttsessions",
-    "aaabus.node.mqttroam",
+    "aaabus.mqtt.sessions",
+    "aaabus.mqtt.roaming",
     "aaabus.testing",
 )
 
@@ -263,6 +264,9 @@ class TrustPolicy:
         return found
 
     def _resolve(self, module: str, name: str) -> Any:
+        # A class that moved is resolved where it is now, by the same rules (a record or a frame
+        # of an earlier version names it by its old path: aaabus.model.renames).
+        module, name = current_path(module, name)
         if self.by_value:
             return _lookup(module, name)
         what = f"{module}.{name}"

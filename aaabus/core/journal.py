@@ -333,38 +333,13 @@ class Journal:
         del domains[domain]
         self._set_catalog("domains", domains)
 
-    def adopt(self, qin: Any, queues: Any) -> bool:
-        """Move what a log store written before the journal kept as ZODB objects (the input
-        queue ``qin``, and the clocks, held-back messages and outgoing queues in ``queues``)
-        into the journal, in the open transaction, emptying them there; whether there was
-        anything. The caller commits: one block holds both sides of the move."""
-        old = [key for key in queues if key[0] in ("clock", "wait", "out")]
-        if not qin and not old:
-            return False
-        while qin:
-            self.qin.put(qin.pop())
-        for key in old:
-            if key[0] == "clock":
-                was = queues[key]
-                clock = self.new_clock(key[1], was.size, was.me, was.stamps, was.order)
-                for (_n, piece), (_m, before) in zip(_pieces(clock), _pieces(was), strict=True):
-                    _restore(piece, _state(before))
-        for key in old:
-            if key[0] == "wait":
-                wait = self.waiting(key[1])
-                for entry, value in queues[key].items():
-                    wait[entry] = value
-            elif key[0] == "out":
-                _kind, peer, domain = key
-                out = self.outgoing(peer, domain)
-                for seq, entry in queues[key].items():
-                    # Stores older still kept (stamp, message) rather than the frame.
-                    out[seq] = (
-                        entry if isinstance(entry, bytes) else encode_data(seq, domain, *entry)
-                    )
-        for key in old:
-            del queues[key]
-        return True
+    def adopt_clock(self, domain: str, was: DomainClock) -> None:
+        """Make the clock of ``domain`` a copy of ``was``, a clock kept as a ZODB object by a
+        log store written before the journal (:mod:`aaabus.core.upgrades`), in the open
+        transaction."""
+        clock = self.new_clock(domain, was.size, was.me, was.stamps, was.order)
+        for (_n, piece), (_m, before) in zip(_pieces(clock), _pieces(was), strict=True):
+            _restore(piece, _state(before))
 
     def _set_catalog(self, part: str, value: Any) -> None:
         old = self._catalog

@@ -442,9 +442,9 @@ class LinkProtocol:
         the acknowledgements of what was delivered from it (one lost with a connection would
         otherwise keep the peer's queue full until the next message comes)."""
         frames = [
-            _frame_of(seq, domain, entry)
+            frame
             for domain in self._links_of.get(peer, ())
-            for seq, entry in self._qout[peer, domain].items()
+            for _seq, frame in self._qout[peer, domain].items()
         ]
         acks = []
         for domain in self._links_of.get(peer, ()):
@@ -536,12 +536,3 @@ class LinkProtocol:
 def _span(first: int, last: int) -> str:
     """``message 3 is`` or ``messages 2-6 are``: link numbers in a sentence."""
     return f"message {first} is" if first == last else f"messages {first}-{last} are"
-
-
-def _frame_of(seq: int, domain: str, entry: bytes | tuple[bytes, Message]) -> bytes:
-    """The frame an outgoing queue holds for ``seq``: the entry itself, or, in a store written
-    before queues held frames, encoded from its (stamp, message)."""
-    if isinstance(entry, bytes):
-        return entry
-    stamp, message = entry
-    return encode_data(seq, domain, stamp, message)

@@ -33,6 +33,7 @@ from typing import Any
 import transaction
 import zc.lockfile
 import ZODB
+import ZODB.broken
 import ZODB.FileStorage
 import ZODB.utils
 from BTrees.LOBTree import LOBTree
@@ -41,6 +42,7 @@ from persistent import Persistent
 from persistent.mapping import PersistentMapping
 
 from aaabus.config.trust import TrustPolicy
+from aaabus.core import upgrades
 from aaabus.core.cachesweep import CacheSweeper
 from aaabus.core.clock import DomainClock
 from aaabus.core.journal import Journal, JournalQueue
@@ -49,6 +51,7 @@ from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
 from aaabus.core.records import VettedDB, check_record
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
+from aaabus.model.renames import current_path
 from aaabus.wire.frames import VERSION as WIRE_VERSION
 from aaabus.wire.pickles import pickle_end
 
@@ -170,9 +173,6 @@ class ZodbQueues:
 class ServerRecord(Persistent):
     """Counters of one server: which server owns the store, boots, and id allocation."""
 
-    bus_identity: bytes | None = None  # stores made before identities were recorded
-    wire_version: int | None = None  # stores made before wire version 3 (the data codec)
-
     def __init__(self, server_id: int) -> None:
         self.server_id = server_id
         self.boots = 0
@@ -198,13 +198,12 @@ class Store:
         identity: bytes | None = None,
         *,
         pack_every: int = 0,
-        journal: bool = True,
     ) -> None:
         """``identity``: of the bus (refused if the store records another); ``pack_every``: pack
         in the background each time the storage grew by this many bytes (a FileStorage; 0:
-        never); ``journal``: keep the queues and clocks of a log store as its side records
-        (:mod:`aaabus.core.journal`) rather than as ZODB objects (False: the layout of the
-        versions before, kept for tests of the upgrade)."""
+        never). A log store keeps the queues and clocks as side records of its journal
+        (:mod:`aaabus.core.journal`). A store written by an earlier version is upgraded, one
+        written by a newer one refused (:mod:`aaabus.core.upgrades`)."""
         self.description = description
         self._db = db
         self._packer: Packer | None = None
@@ -221,6 +220,7 @@ class Store:
             root["agents"] = OOBTree()
             root["qin"] = PersistentQueue()
             root["queues"] = OOBTree()
+            upgrades.mark_new(self)
             self.tm.commit()
         self.record: ServerRecord = root["aaabus"]
         if self.record.server_id != server_id:
@@ -229,6 +229,29 @@ class Store:
                 f"{description} belongs to server {self.record.server_id}, not {server_id}; "
                 "pass the right --id or another --storage"
             )
+        #: Agents by (origin, stamp): the hosting server is this one by definition.
+        self.agents: OOBTree = root["agents"]
+        #: The ZODB tree of the channel's structures (clocks, held-back messages, outgoing
+        #: queues) in a file or memory store; empty in a log store, whose journal holds them.
+        self.queues: OOBTree = root["queues"]
+        self.journal: Journal | None = None
+        #: Deliverable notifications for local agents, in delivery order.
+        self.qin: PersistentQueue | JournalQueue = root["qin"]
+        #: The channel's clocks and queues, wherever this kind of store keeps them.
+        self.links: ZodbQueues | Journal = ZodbQueues(self.queues, root["qin"])
+        try:
+            # Nothing is written to a store of a newer version, not even the bus identity.
+            upgrades.refuse_newer(self)
+            storage = db.storage
+            if isinstance(storage, LogStorage):
+                self.journal = Journal(storage, self.tm, description)
+                self.links = self.journal
+                self.qin = self.journal.qin
+            #: The upgrade steps this boot ran (their schema versions; empty: none was due).
+            self.upgraded: list[int] = upgrades.upgrade(self)
+        except StoreError:
+            self.close()
+            raise
         if identity is not None:
             if self.record.bus_identity is None:
                 self.record.bus_identity = identity  # a new store, or one older than identities
@@ -241,61 +264,6 @@ class Store:
                 )
         if pack_every:
             self._packer = Packer(db, pack_every)
-        #: Agents by (origin, stamp): the hosting server is this one by definition.
-        self.agents: OOBTree = root["agents"]
-        #: The ZODB tree of the channel's structures (clocks, held-back messages, outgoing
-        #: queues) in a file or memory store; empty in a log store, whose journal holds them.
-        self.queues: OOBTree = root["queues"]
-        self.journal: Journal | None = None
-        #: Deliverable notifications for local agents, in delivery order.
-        self.qin: PersistentQueue | JournalQueue = root["qin"]
-        #: The channel's clocks and queues, wherever this kind of store keeps them.
-        self.links: ZodbQueues | Journal = ZodbQueues(self.queues, root["qin"])
-        # The wire check comes first: a store it refuses must keep its queues where the
-        # version that wrote it looks for them.
-        if self.record.wire_version != WIRE_VERSION:
-            self._upgrade_wire()
-        storage = db.storage
-        if journal and isinstance(storage, LogStorage):
-            try:
-                self.journal = Journal(storage, self.tm, description)
-            except StoreError:
-                self.close()
-                raise
-            self.links = self.journal
-            self.qin = self.journal.qin
-            if self.journal.adopt(root["qin"], self.queues):
-                self.tm.commit()
-                log.info("%s: queues and clocks moved into the journal", description)
-
-    def _upgrade_wire(self) -> None:
-        """Record this version's wire in a store written by another one, if that is safe.
-
-        Queued bodies are in the writer's wire format, which another version may not read (a
-        version-2 body is a pickle, which a version-3 server refuses as a dead letter): a store
-        of another version must have been drained. Agents and their state carry over.
-        """
-        old = self.record.wire_version
-        if old is not None and old > WIRE_VERSION:
-            self.close()
-            raise StoreError(
-                f"{self.description} was written by wire version {old}, newer than this "
-                f"server's {WIRE_VERSION}: run it with the aaabus that wrote it"
-            )
-        # Clocks hold no body. Stores of other wire versions predate the journal: their queues
-        # are ZODB objects.
-        pending = self.links.pending_messages()
-        if pending:
-            self.close()
-            written = f"wire version {old}" if old is not None else "wire version 2 or earlier"
-            raise StoreError(
-                f"{self.description} was written by {written} and still holds {pending} queued "
-                f"messages that wire version {WIRE_VERSION} cannot read: run it under its own "
-                "version until the bus is drained, then upgrade (docs/operations.md, Upgrading "
-                "a running bus)"
-            )
-        self.record.wire_version = WIRE_VERSION
-        self.tm.commit()
 
     def commit(self) -> None:
         try:
@@ -392,7 +360,6 @@ def open_store(
     *,
     segment_size: int = DEFAULT_SEGMENT_SIZE,
     pack_every: int = DEFAULT_PACK_EVERY,
-    journal: bool = True,
 ) -> Store:
     """Open (creating if needed) the store of ``server_id``; errors are one-line StoreErrors.
 
@@ -403,9 +370,7 @@ def open_store(
     With ``identity`` (:func:`aaabus.config.secret.bus_identity`), a store recorded under another
     bus is refused. ``segment_size``: of the log store's new segment files (existing ones keep
     theirs). ``pack_every``: a file store is packed in the background each time it grew by this
-    many bytes (0: never). ``journal``: a log store keeps its queues and clocks in its
-    journal (:mod:`aaabus.core.journal`); False keeps them as ZODB objects, as versions before
-    did (for tests of the move from that layout).
+    many bytes (0: never).
 
     A durable store's directory is created mode 0700 and its files 0600; a directory that
     another user owns or that its group or others may write is refused (they could swap the
@@ -427,7 +392,7 @@ def open_store(
     _refuse_other_kind(path, kind)
     if kind == "log":
         db, description = _open_log(path / LOG_DIR, server_id, segment_size, trust)
-        return _open_root(db, description, server_id, identity, journal=journal)
+        return _open_root(db, description, server_id, identity)
     db = _open_file(path / FILE_NAME, server_id, trust)
     return _open_root(db, f"storage {path / FILE_NAME}", server_id, identity, pack_every)
 
@@ -508,7 +473,7 @@ def _database(storage: Any, trust: TrustPolicy | None, description: str) -> ZODB
     # one group touches on a busy router, and an evicted agent loses its volatile (_v_)
     # attributes and is unpickled again at its next notification.
     if trust is None:
-        return ZODB.DB(storage, cache_size=CACHE_SIZE)
+        return ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=_moved_classes)
     if storage is not None and len(storage):
         try:
             check_record(trust, storage.load(ZODB.utils.z64)[0])
@@ -518,16 +483,21 @@ def _database(storage: Any, trust: TrustPolicy | None, description: str) -> ZODB
     return VettedDB(storage, trust, cache_size=CACHE_SIZE)
 
 
+def _moved_classes(_connection: Any, module: str, name: str) -> Any:
+    """ZODB's own class factory, but a class that moved found where it is now
+    (:mod:`aaabus.model.renames`): the trust policy does the same for a vetted store."""
+    return ZODB.broken.find_global(*current_path(module, name))
+
+
 def _open_root(
     db: ZODB.DB,
     description: str,
     server_id: int,
     identity: bytes | None,
     pack_every: int = 0,
-    journal: bool = True,
 ) -> Store:
     try:
-        return Store(db, description, server_id, identity, pack_every=pack_every, journal=journal)
+        return Store(db, description, server_id, identity, pack_every=pack_every)
     except (UntrustedClass, MalformedPickle) as exc:  # a record the boot reads (names its oid)
         db.close()
         raise _refused(description, str(exc)) from None

@@ -9,8 +9,8 @@ Stamps below :data:`FIRST_USER_STAMP` are reserved for system agents present on 
 as sender), ``#s.s.1`` is the server's agent factory, ``#s.s.2`` its topic representative
 (:mod:`aaabus.topics`), the agent that ``publish`` and ``subscribe`` talk to, and ``#s.s.3`` the
 handler of its MQTT sessions' moves between servers (a system handler run by the engine,
-:meth:`aaabus.core.engine.Engine.handle`; :mod:`aaabus.node.mqttroam`), ``#s.s.4`` that of its
-MQTT shared subscriptions (:mod:`aaabus.node.mqttshared`).
+:meth:`aaabus.core.engine.Engine.handle`; :mod:`aaabus.mqtt.roaming`), ``#s.s.4`` that of its
+MQTT shared subscriptions (:mod:`aaabus.mqtt.shared`).
 """
 
 from __future__ import annotations

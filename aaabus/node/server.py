@@ -41,9 +41,10 @@ from aaabus.model.agent import Agent
 from aaabus.model.ids import SESSIONS_STAMP, SHARES_STAMP, TOPICS_STAMP, AgentId
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
+from aaabus.mqtt.bridge import MqttBridge, forget_now
+from aaabus.mqtt.bridgesettings import BridgeSettings
+from aaabus.mqtt.sessions import MqttSessions, RetainedBounds
 from aaabus.node.mailboxes import MailboxDesk
-from aaabus.node.mqttbridge import BridgeSettings, MqttBridge, forget_now
-from aaabus.node.mqttsessions import MqttSessions, RetainedBounds
 from aaabus.node.replication import ReplicationLinks
 from aaabus.node.status import server_status
 from aaabus.topics.messages import TopicRoutes
@@ -52,9 +53,9 @@ from aaabus.wire.codec import Codec
 
 if TYPE_CHECKING:
     from aaabus.core.traffic import TrafficRecorder
+    from aaabus.mqtt.listener import MqttListener
     from aaabus.node.admin import AdminEndpoint
     from aaabus.node.metrics import MetricsEndpoint
-    from aaabus.node.mqtt import MqttListener
 
 log = logging.getLogger("aaabus.server")
 T = TypeVar("T")
@@ -284,14 +285,13 @@ class AgentServer:
             self.started_at = time.monotonic()
             if self.config.setting(self.server_id, "aaabus.mqtt.port") is not None:
                 # Imported by the servers that listen only, like the other optional endpoints.
-                from aaabus.node.mqtt import MqttListener
+                from aaabus.mqtt.listener import MqttListener
 
                 self.mqtt = MqttListener(
                     self.config,
                     self.server_id,
                     self.mqtt_sessions,
-                    self.engine.run_batch,
-                    self.engine.observe,
+                    self.engine,
                 )
                 self.mqtt.start()
             if self.bridge_settings is not None:
@@ -440,7 +440,7 @@ class AgentServer:
         directory that is not a server of the bus."""
         if not self.config.setting(self.server_id, "aaabus.mqtt.roaming"):
             return
-        from aaabus.node.mqttroam import Roaming
+        from aaabus.mqtt.roaming import Roaming
 
         directory: int | None = self.config.setting(self.server_id, "aaabus.mqtt.directory")
         if directory is None:

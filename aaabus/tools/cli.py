@@ -195,8 +195,8 @@ def _check_mqtt_files(config: Any) -> None:
     the server (a ConfigError naming the file)."""
     from pathlib import Path
 
-    from aaabus.io.mqttacl import Acl
-    from aaabus.io.mqttauth import Credentials
+    from aaabus.mqtt.acl import Acl
+    from aaabus.mqtt.auth import Credentials
 
     base = Path(config.path).resolve().parent
     for sid in config.servers:

@@ -42,9 +42,6 @@ __all__ = ["Mailbox"]
 class Mailbox(Agent):
     """The backlog of one outside consumer (see the module docstring)."""
 
-    #: Whether a reader found nothing new at its last look (and may be waiting): the next item
-    #: then wakes the readers. Class default for mailboxes stored before the attribute existed.
-    watched = True
     #: The observer key (:meth:`~aaabus.model.context.ReactionContext.notify`) of a live reader
     #: fed by push: each item, once durable, goes to it as ``(name, seq, item)`` and no
     #: :class:`MailboxGrew` is sent. Set on an MQTT session's mailbox; ``None`` (class default)
@@ -52,7 +49,7 @@ class Mailbox(Agent):
     push: str | None = None
     #: An agent to which everything received goes, as :class:`Forwarded`, instead of being
     #: kept (``None``, the class default: kept). Set on the mailbox of a roaming MQTT session
-    #: at its anchor server while another server holds the session (:mod:`aaabus.node.mqttroam`).
+    #: at its anchor server while another server holds the session (:mod:`aaabus.mqtt.roaming`).
     forward: AgentId | None = None
 
     def __init__(
@@ -70,6 +67,9 @@ class Mailbox(Agent):
         self.next_seq = 1
         self.count = 0  # len() of a BTree walks it: keep the size
         self.dropped = 0
+        #: Whether a reader found nothing new at its last look (and may be waiting): the next
+        #: item then wakes the readers.
+        self.watched = True
 
     def on_init(self, first_time: bool) -> None:
         # A subscription's filter was registered by the representative that created it.
@@ -132,7 +132,7 @@ class Mailbox(Agent):
 
     def withdraw(self, seq: int) -> Notification | None:
         """Take item ``seq`` back (None if the mailbox no longer holds it): an MQTT shared
-        subscription hands it to another member (:mod:`aaabus.node.mqttshared`). The reader
+        subscription hands it to another member (:mod:`aaabus.mqtt.shared`). The reader
         skips the gap as it skips acknowledged items; numbering goes on."""
         item = self.items.pop(seq, None)
         if item is None:

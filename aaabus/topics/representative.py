@@ -16,7 +16,8 @@ What it holds (all in the server's store, so it survives restarts):
   subscription its retained copies, at a cost that grows with the topic's depth and not with the
   number of filters or topics held. The tables stay the source of truth (``aaabus status``
   counts them); each reaction changes a table and its trie together. A representative from a
-  store written before the tries existed builds them from its tables in its first reaction.
+  store written before the tries existed had them built by a store upgrade
+  (:mod:`aaabus.core.upgrades`).
 
 How a publication travels: the publisher's reaction sends :class:`~aaabus.model.pubsub.Publish`
 to its own server's representative, which the server has the engine fold (``Engine.fold``): the
@@ -89,28 +90,26 @@ class TopicRepresentative(Agent):
         self.remote: OOBTree = OOBTree()
         self.retained: OOBTree = OOBTree()
         self.mailboxes: OOBTree = OOBTree()
-        self._index_tables()
+        self.index_tables()
 
     @property
     def server(self) -> int:
         return self.id.server
 
-    def _index_tables(self) -> None:
-        """Make the tries of the tables, unless they exist (they came together, in one version).
+    def index_tables(self) -> None:
+        """Make the tries of the tables (at creation, and by the store upgrade that gives them
+        to a representative stored before they existed).
 
         The tries of ``local`` and ``remote`` hold, as values, the very sets of the tables (one
         record shared, a subscriber joining an existing filter changes the set alone); that of
         ``retained`` holds no value, the copy being kept once, in the table: updating a
         retained topic, the common case, leaves the trie alone.
         """
-        if getattr(self, "local_trie", None) is not None:
-            return
         self.local_trie = _trie_of(self.local.items())
         self.remote_trie = _trie_of(self.remote.items())
         self.retained_trie = _trie_of((topic, None) for topic in self.retained)
 
     def react(self, sender: AgentId, note: Notification) -> None:
-        self._index_tables()  # builds them if this representative was stored before they existed
         if isinstance(note, Publish):
             self._publish(sender, note)
         elif isinstance(note, Relays):
@@ -169,7 +168,6 @@ class TopicRepresentative(Agent):
         server for a retained one, which they all keep). Returns whether any subscriber
         matched, here or at a server this one knows of: what routing found anyway (an MQTT 5.0
         PUBACK says 0x10 when none did)."""
-        self._index_tables()
         return self._publish(sender, note)
 
     def _publish(self, sender: AgentId, note: Publish) -> bool:

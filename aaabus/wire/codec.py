@@ -69,6 +69,7 @@ from aaabus.errors import BadBody
 from aaabus.model.agent import Agent, registered_agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification, registered
+from aaabus.model.renames import current_tag
 
 __all__ = ["Codec", "conforms", "encode_note", "is_pickle", "tag_of", "travels_by_name"]
 
@@ -279,6 +280,8 @@ class Codec:
         return plan
 
     def _registered(self, tag: str, lookup: Callable[[str], type | None], what: str) -> type:
+        # A class that moved travels from a peer of an earlier version under its old tag.
+        tag = current_tag(tag)
         cls = lookup(tag)
         if cls is None:
             module = tag.partition(":")[0]

@@ -16,7 +16,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 
 #: The Debian clients (package mosquitto-clients); tests that run them skip without them.
 TOOLS = shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None
@@ -195,7 +195,7 @@ class Device5(Device):
 
 class RawDevice5:
     """A device speaking MQTT 5.0 over a bare socket, its packets encoded and the server's
-    decoded by :mod:`aaabus.io.mqttcodec` (checked against paho and the specification in
+    decoded by :mod:`aaabus.mqtt.codec` (checked against paho and the specification in
     tests/test_mqtt_codec.py): for what a library would not send."""
 
     def __init__(self, port: int) -> None:

@@ -1,7 +1,7 @@
 """A device on a bare socket that speaks MQTT 3.1.1 or 5.0 packet by packet (issue 48): for the
 QoS 2 retransmissions a library hides (paho resends a flow only on its own terms and drops a
 duplicate by packet id before the test could see it). Packets are built and read with
-:mod:`aaabus.io.mqttcodec`, which tests/test_mqtt_codec.py checks against paho and the
+:mod:`aaabus.mqtt.codec`, which tests/test_mqtt_codec.py checks against paho and the
 specification."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import socket
 import time
 from typing import Any
 
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 
 
 class RawClient:

@@ -1,13 +1,13 @@
-"""One MQTT connection of the listener (:mod:`aaabus.node.mqtt`): a device's packets in, the
+"""One MQTT connection of the listener (:mod:`aaabus.mqtt.listener`): a device's packets in, the
 bus's messages out, on the listener's event loop.
 
 Everything here runs on the listener's loop thread (``mqtt-<server>``), which owns every
 connection: no lock, no thread of its own. A connection is an :class:`asyncio.Protocol` whose
-bytes go through a sans-IO :class:`~aaabus.io.mqttproto.MqttProtocol`; what must touch the store
+bytes go through a sans-IO :class:`~aaabus.mqtt.protocol.MqttProtocol`; what must touch the store
 becomes an operation of the listener's next engine batch (:meth:`ConnectionHost.op`), and its
 answer (PUBACK, PUBREC, PUBCOMP, SUBACK, UNSUBACK, CONNACK of a persistent session) is sent
 when that batch is durable. The QoS flows, their packet ids and the order of the answers are
-the sans-IO :class:`~aaabus.io.mqttflows.QosFlows` (its table is the flows' documentation):
+the sans-IO :class:`~aaabus.mqtt.flows.QosFlows` (its table is the flows' documentation):
 this adapter feeds it packets and durable commits and writes what it says.
 
 Delivery is pushed: the session's mailbox hands each item to the listener once durable
@@ -15,11 +15,11 @@ Delivery is pushed: the session's mailbox hands each item to the listener once d
 the window allows: at most ``aaabus.mqtt.inflight`` QoS 1/2 messages unacknowledged, and the
 socket's queue under ``aaabus.mqtt.queued_bytes`` (asyncio's write-buffer flow control). When it
 falls behind (a full window, a slow socket, a reconnection), it takes the rest from the store
-(:meth:`~aaabus.node.mqttsessions.MqttSessions.take_now`), a window at a time. The device's
+(:meth:`~aaabus.mqtt.sessions.MqttSessions.take_now`), a window at a time. The device's
 acknowledgements are cumulated and committed in the next batch: the store forgets what the
 device has.
 
-What the CONNECT settled (:mod:`aaabus.io.mqtt5conn`: clean start and session expiry,
+What the CONNECT settled (:mod:`aaabus.mqtt.terms`: clean start and session expiry,
 keep-alive, the device's Receive Maximum and Maximum Packet Size, CONNACK's properties) is the
 connection's :attr:`MqttConnection.terms`; a 3.1.1 CONNECT gets terms too, in 3.1.1's rules.
 
@@ -42,14 +42,14 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError, TopicError
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import OutboundAliases, Terms, disconnect_expiry, negotiate
-from aaabus.io.mqttauth import Credentials
-from aaabus.io.mqttflows import Do, QosFlows, Slot, Step
-from aaabus.io.mqttproto import MqttProtocol, State
-from aaabus.node import mqttmessages as mm
-from aaabus.node.mqttsessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
-from aaabus.node.mqttshared import share_of
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt import messages as mm
+from aaabus.mqtt.auth import Credentials
+from aaabus.mqtt.flows import Do, QosFlows, Slot, Step
+from aaabus.mqtt.protocol import MqttProtocol, State
+from aaabus.mqtt.sessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
+from aaabus.mqtt.shared import share_of
+from aaabus.mqtt.terms import OutboundAliases, Terms, disconnect_expiry, negotiate
 
 __all__ = ["ConnectionHost", "MqttConnection"]
 
@@ -64,7 +64,7 @@ log = logging.getLogger("aaabus.mqtt")
 
 
 class ConnectionHost(Protocol):
-    """What a connection uses of its listener (:class:`aaabus.node.mqtt.MqttListener`); all of
+    """What a connection uses of its listener (:class:`aaabus.mqtt.listener.MqttListener`); all of
     it on the loop thread."""
 
     server_id: int
@@ -185,7 +185,7 @@ class MqttConnection(asyncio.Protocol):
         self._ahead_bytes = 0
         self._gap = False  # the store holds items beyond _next that memory does not
         self._fetching = False
-        # What the CONNECT settled (aaabus.io.mqtt5conn); 3.1.1's fixed rules until then.
+        # What the CONNECT settled (aaabus.mqtt.terms); 3.1.1's fixed rules until then.
         self.terms = Terms(True, 0, 0, host.inflight)
         self._max_out = 0  # the device's Maximum Packet Size (0: none)
         self._told_too_large = False
@@ -375,7 +375,7 @@ class MqttConnection(asyncio.Protocol):
     def _opened(self, outcome: Any) -> None:
         if isinstance(outcome, BaseException) or self.ended:
             return
-        if outcome.awaited:  # roaming: the session is on its way (aaabus.node.mqttroam)
+        if outcome.awaited:  # roaming: the session is on its way (aaabus.mqtt.roaming)
             self.host.await_session(self)
             return
         if outcome.refused is not None:  # roaming: its session is moving here or from here
@@ -417,7 +417,7 @@ class MqttConnection(asyncio.Protocol):
         self._write(self.proto.refuse(code))
         self.end(why, answered=True)
 
-    # -- MQTT 5.0: the connection's terms (see aaabus.io.mqtt5conn) ----------------------------
+    # -- MQTT 5.0: the connection's terms (see aaabus.mqtt.terms) ----------------------------
 
     def _settle(self, terms: Terms) -> None:
         """Keep what the CONNECT settled (loop thread)."""

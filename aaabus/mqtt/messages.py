@@ -4,8 +4,8 @@ subscriber, with the subscription options that act on each delivery (no-local,
 retain-as-published, subscription identifiers) and message expiry.
 
 Pure functions over values, called on the listener's loop thread by
-:class:`~aaabus.node.mqttconn.MqttConnection` (and the option constants by
-:class:`~aaabus.node.mqttsessions.MqttSessions` on the engine thread). A message without
+:class:`~aaabus.mqtt.connection.MqttConnection` (and the option constants by
+:class:`~aaabus.mqtt.sessions.MqttSessions` on the engine thread). A message without
 properties to a device without options takes none of this: the connection tests for both first.
 Nothing here raises on a device's input: what the protocol refuses, the codec has refused.
 """
@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 from typing import Any, Protocol
 
-from aaabus.io import mqttcodec as mc
 from aaabus.model.pubsub import MessageProps
+from aaabus.mqtt import codec as mc
 
 __all__ = [
     "KEPT",
@@ -60,7 +60,7 @@ _MESSAGE = frozenset(
 
 class Item(Protocol):
     """What :func:`outgoing` reads of a backlog item (a
-    :class:`~aaabus.node.mqttsessions.Delivery`, which imports this module's constants)."""
+    :class:`~aaabus.mqtt.sessions.Delivery`, which imports this module's constants)."""
 
     @property
     def filters(self) -> tuple[str, ...]: ...

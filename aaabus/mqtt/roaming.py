@@ -11,17 +11,17 @@ Three roles, each a table in the store root of the server that plays it:
   anchor's causal delivery order, and the anchor -> holder channel is FIFO: what the device
   receives is in causal order whichever server it is connected to. (Moving the subscriptions
   instead would let a publication made meanwhile at a third server miss both, or reach both.)
-* **the holder**: the session's :class:`~aaabus.node.mqttsessions.SessionRecord` and a mailbox
+* **the holder**: the session's :class:`~aaabus.mqtt.sessions.SessionRecord` and a mailbox
   that the handler appends the forwarded items to.
 
 The exchange is a handful of notifications between the handlers ``#s.s.3`` of the servers
-(:mod:`aaabus.node.roamnotes`): a persistent CONNECT of an id this server does not hold sends
+(:mod:`aaabus.mqtt.roamnotes`): a persistent CONNECT of an id this server does not hold sends
 :class:`Claim` to the directory; the directory creates the entry (:class:`Created`), refuses
 another user (:class:`Refused`), or asks the anchor to move the session (:class:`Roam`); the
 anchor refuses a session already moving or moved too often (``busy``) or has the holder give
 it (:class:`Handover`); the giver sends the whole session (:class:`SessionMoved`: record state and
 backlog with its numbers), closes its device's connection as a takeover and keeps a copy that is
-no longer live (:attr:`SessionRecord.leaving <aaabus.node.mqttsessions.SessionRecord.leaving>`);
+no longer live (:attr:`SessionRecord.leaving <aaabus.mqtt.sessions.SessionRecord.leaving>`);
 the new holder restores it, appends what the anchor forwarded meanwhile, and tells the giver
 (:class:`Taken`: the copy is deleted only now) and the anchor (:class:`Settled`, which accepts
 the next move only then, charged to the session's move budget). A session is never live on two
@@ -58,15 +58,7 @@ from aaabus.model.notifications import (
     UnknownAgent,
 )
 from aaabus.model.pubsub import Publication, Subscribe, Unsubscribe
-from aaabus.node.mqttsessions import (
-    BOX_PREFIX,
-    PUSH_KEY,
-    MqttSessions,
-    Opened,
-    SessionRecord,
-)
-from aaabus.node.mqttshared import shares_in
-from aaabus.node.roamnotes import (
+from aaabus.mqtt.roamnotes import (
     MOVE_COST,
     AnchorSubscribe,
     AnchorUnsubscribe,
@@ -83,6 +75,14 @@ from aaabus.node.roamnotes import (
     Taken,
     Unregister,
 )
+from aaabus.mqtt.sessions import (
+    BOX_PREFIX,
+    PUSH_KEY,
+    MqttSessions,
+    Opened,
+    SessionRecord,
+)
+from aaabus.mqtt.shared import shares_in
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.messages import Forwarded
 from aaabus.wire.codec import encode_note
@@ -122,7 +122,7 @@ class AnchorRecord(Persistent):
     session's move budget."""
 
     #: Bytes the session may still move (None: a full budget), as of :attr:`budget_at`: each
-    #: move costs its backlog's bytes plus :data:`~aaabus.node.roamnotes.MOVE_COST`; the
+    #: move costs its backlog's bytes plus :data:`~aaabus.mqtt.roamnotes.MOVE_COST`; the
     #: budget refills at ``aaabus.mqtt.roam_bytes_s`` up to ``aaabus.mqtt.roam_burst``, and a
     #: move is refused (:data:`MOVED_TOO_OFTEN`, busy) while it is not above 0.
     budget: float | None = None

@@ -1,4 +1,4 @@
-"""The notifications of roaming MQTT sessions (:mod:`aaabus.node.mqttroam`).
+"""The notifications of roaming MQTT sessions (:mod:`aaabus.mqtt.roaming`).
 
 They travel between the session handlers ``#s.s.3`` of the servers (:data:`SESSIONS_STAMP
 <aaabus.model.ids.SESSIONS_STAMP>`): bus notifications like any other -- persistent, exactly
@@ -83,7 +83,7 @@ class Handover(Notification):
 @dataclass
 class SessionMoved(Notification):
     """The server that gave the session -> its new holder. ``state``: the whole
-    :class:`~aaabus.node.mqttsessions.SessionRecord` as data (its :meth:`state`); ``items``: the
+    :class:`~aaabus.mqtt.sessions.SessionRecord` as data (its :meth:`state`); ``items``: the
     backlog not acknowledged by the device, each with its number; ``next_seq`` and
     ``dropped``: the mailbox's numbering and its count of items dropped at the limit;
     ``anchor``: the server whose mailbox holds the subscriptions; ``size``: the bytes of the

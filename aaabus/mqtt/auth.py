@@ -3,7 +3,7 @@ against (property ``aaabus.mqtt.credentials``). Never the bus secret: a device h
 password, and a stolen device opens no link between servers.
 
 The file has one ``user:scrypt$N$r$p$salt$hash`` line per user (hex salt and hash; ``#`` starts a
-comment). ``python -m aaabus.io.mqttauth USER`` reads a password from standard input and prints
+comment). ``python -m aaabus.mqtt.auth USER`` reads a password from standard input and prints
 the line to append. scrypt is memory-hard, so a copied file is slow to attack; its cost is paid at
 each CONNECT whose password was not verified lately (about 30 ms with the defaults), on a
 thread of the listener's auth pool; a user name the file does not hold costs the same.
@@ -77,7 +77,7 @@ class Credentials:
             except ValueError:
                 raise ConfigError(
                     f"line {number} is not user:scrypt$N$r$p$salt$hash; write it with "
-                    "`python -m aaabus.io.mqttauth USER`",
+                    "`python -m aaabus.mqtt.auth USER`",
                     str(path),
                 ) from None
         return cls(entries)
@@ -95,7 +95,7 @@ class Credentials:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 1 or ":" in argv[0] or not argv[0]:
-        print("usage: python -m aaabus.io.mqttauth USER  (password on stdin)", file=sys.stderr)
+        print("usage: python -m aaabus.mqtt.auth USER  (password on stdin)", file=sys.stderr)
         return 2
     password = sys.stdin.readline().rstrip("\n")
     if not password:

@@ -44,7 +44,7 @@ from typing import Any, NamedTuple, TypeAlias
 from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.model.topicnames import check_filter
 
-# The API; the property, reason-code and CONNACK constants are read as mqttcodec.NAME.
+# The API; the property, reason-code and CONNACK constants are read as codec.NAME.
 __all__ = [
     "AUTH",
     "CONNACK",

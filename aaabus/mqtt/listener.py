@@ -3,18 +3,18 @@
 MQTT 3.1.1 and 5.0 on one port (docs/mqtt.md says what is built and what is not). A device's
 PUBLISH is a publication on the bus's topic of the same name, made by this server's topic
 representative; its SUBSCRIBE subscribes the device's session
-(:mod:`aaabus.node.mqttsessions`, a mailbox in the store) to the filter, so it receives what
+(:mod:`aaabus.mqtt.sessions`, a mailbox in the store) to the filter, so it receives what
 agents, clients and other devices publish, anywhere on the bus, in the topics' causal order. A
 QoS 1/2 PUBLISH is acknowledged once the batch that hands it to the bus is durable.
 
 Threads: **one event loop** (asyncio, thread ``mqtt-<id>``) owns the port, every connection
-(:mod:`aaabus.node.mqttconn`) and every table here: no lock. A server's thread count does not
+(:mod:`aaabus.mqtt.connection`) and every table here: no lock. A server's thread count does not
 grow with its devices. What touches the store runs on the engine thread: the connections'
 operations gathered during one turn of the loop go to the engine as one batch
 (:meth:`~aaabus.core.engine.Engine.run_batch`), and the batches that arrive while a commit runs
 go into the next one (group commit across connections); each batch's outcomes come back to the
 loop once durable. The session mailboxes push what they receive the same way (an engine
-observer, :data:`~aaabus.node.mqttsessions.PUSH_KEY`): nothing polls, nothing runs for an idle
+observer, :data:`~aaabus.mqtt.sessions.PUSH_KEY`): nothing polls, nothing runs for an idle
 device but its keep-alive check (one sweep of the loop a second). With a credentials file, the
 scrypt checks run on a pool of two threads (``mqtt-auth-<id>``), never on the loop; the logins
 waiting for them are the loop's, two handed to the pool at a time.
@@ -26,11 +26,11 @@ devices; ``max_keepalive``/``keepalive_0``/``max_idle_s`` (a device's silence); 
 ``queued_bytes``, ``max_filters`` per device; ``login_queue`` and ``login_per_address``, the
 password checks waiting (a :class:`~aaabus.io.loginqueue.LoginQueue`: beyond, CONNACK "server
 busy"); ``retained``, ``retained_bytes``, ``retained_total`` per user and server (kept by the
-sessions, :meth:`~aaabus.node.mqttsessions.MqttSessions.publish_now`, for wills too);
+sessions, :meth:`~aaabus.mqtt.sessions.MqttSessions.publish_now`, for wills too);
 ``session_expiry_s``. Every refusal answers with the protocol's code where it has one and
 writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
 
-Access control (``aaabus.mqtt.acl``, :mod:`aaabus.io.mqttacl`, loaded at construction): the
+Access control (``aaabus.mqtt.acl``, :mod:`aaabus.mqtt.acl`, loaded at construction): the
 connections ask :meth:`MqttListener.may_publish` and :meth:`MqttListener.may_subscribe`, and
 :meth:`MqttListener.claim` refuses a will topic the ACL denies and a client id that is another
 user's. The listener serves its own ``$SYS/aaabus/<id>/...`` status topics (:meth:`_sys_tick`).
@@ -58,16 +58,17 @@ from typing import Any, cast
 
 from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
-from aaabus.io import mqttcodec as mc
 from aaabus.io.gate import PendingTable, RefusalLog
 from aaabus.io.loginqueue import LoginQueue
-from aaabus.io.mqttacl import Acl
-from aaabus.io.mqttauth import Credentials
 from aaabus.model.notifications import Notification
 from aaabus.model.topicnames import matches
-from aaabus.node.mqttconn import MqttConnection
-from aaabus.node.mqttroam import NOT_AUTHORIZED, ROAM_KEY
-from aaabus.node.mqttsessions import (
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.acl import Acl
+from aaabus.mqtt.auth import Credentials
+from aaabus.mqtt.connection import MqttConnection
+from aaabus.mqtt.port import EnginePort
+from aaabus.mqtt.roaming import NOT_AUTHORIZED, ROAM_KEY
+from aaabus.mqtt.sessions import (
     BOX_PREFIX,
     PUSH_KEY,
     MqttSessions,
@@ -119,10 +120,10 @@ def _tls_context(base: Path, cert: str, key: str | None) -> ssl.SSLContext:
 class MqttListener:
     """The MQTT port of server ``sid`` of ``cfg`` (see the module docstring).
 
-    From the server: its MQTT ``sessions`` and three engine entry points: ``run_batch(ops,
-    done)`` (:meth:`~aaabus.core.engine.Engine.run_batch`), ``observe(key, fn)`` and
-    ``unobserve(key)``. Raises :class:`ConfigError` at construction for a bad credentials
-    file, TLS files or a port in use.
+    From the server: its MQTT ``sessions`` and its engine, of which the listener uses
+    ``run_batch`` and ``observe`` (:class:`~aaabus.mqtt.port.EnginePort`). Raises
+    :class:`ConfigError` at construction for a bad credentials file, TLS files or a port in
+    use.
     """
 
     def __init__(
@@ -130,13 +131,12 @@ class MqttListener:
         cfg: BusConfig,
         sid: int,
         sessions: MqttSessions,
-        run_batch: Callable[..., None],
-        observe: Callable[[str, Callable[[list[object]], None]], None],
+        engine: EnginePort,
     ) -> None:
         self.server_id = sid
         self.sessions = sessions
-        self._run_batch = run_batch
-        self._observe = observe
+        self._run_batch = engine.run_batch
+        self._observe = engine.observe
 
         def setting(name: str) -> Any:
             return cfg.setting(sid, f"aaabus.mqtt.{name}")
@@ -156,7 +156,7 @@ class MqttListener:
         self.keepalive_0: bool = setting("keepalive_0")
         self.max_idle_s: float = setting("max_idle_s")
         self.topic_aliases: int = setting("topic_aliases")
-        #: Persistent sessions follow their device across the bus (aaabus.node.mqttroam).
+        #: Persistent sessions follow their device across the bus (aaabus.mqtt.roaming).
         self.roaming: bool = setting("roaming")
         base = Path(cfg.path).resolve().parent
         credentials: str | None = setting("credentials")
@@ -685,7 +685,7 @@ class MqttListener:
         heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
 
     def lingered(self, change: int) -> bool:
-        """See :meth:`~aaabus.node.mqttconn.ConnectionHost.lingered` (loop thread)."""
+        """See :meth:`~aaabus.mqtt.connection.ConnectionHost.lingered` (loop thread)."""
         if change > 0 and self._lingering >= self._max_lingering:
             return False
         self._lingering += change

@@ -26,7 +26,7 @@ back within its own engine operation (below). The handler's state is in the stor
 (:class:`SharedTable`), there at once, and the handler is always there to receive.
 
 When a member's connection **ends**, in the engine operation of its end
-(:meth:`aaabus.node.mqttsessions.MqttSessions.close_now`): the group items in its mailbox that
+(:meth:`aaabus.mqtt.sessions.MqttSessions.close_now`): the group items in its mailbox that
 it has not finished and has not PUBREC'd are withdrawn from the mailbox (its delivery skips the
 gap) and handed again, in order, to the other members (their publishers reassigned). What it
 PUBREC'd stays with it: at QoS 2 it owns the message (a client such as paho delivers on PUBREL,
@@ -37,7 +37,7 @@ nothing more. At boot, every member is disconnected (its connection died with th
 its unfinished items are handed back the same way, computed from the store.
 
 Threads: everything here runs on the engine thread, inside a reaction of ``#s.s.4`` or an MQTT
-engine operation (:class:`~aaabus.node.mqttsessions.MqttSessions`); the state is the store's.
+engine operation (:class:`~aaabus.mqtt.sessions.MqttSessions`); the state is the store's.
 Nothing raises on a device's input: :func:`share_of` raises :class:`TopicError` for a malformed
 shared filter, which the listener answers with its SUBACK code.
 """

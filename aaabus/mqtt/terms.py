@@ -2,10 +2,10 @@
 connection's inbound topic aliases, and the bound on the QoS 1/2 publications a device may leave
 unacknowledged (our Receive Maximum).
 
-Pure values over decoded packets (:mod:`aaabus.io.mqttcodec`): no sockets, threads, clocks or
-store. The connection (:mod:`aaabus.node.mqttconn`, on the listener's loop thread) asks
+Pure values over decoded packets (:mod:`aaabus.mqtt.codec`): no sockets, threads, clocks or
+store. The connection (:mod:`aaabus.mqtt.connection`, on the listener's loop thread) asks
 :func:`negotiate` once per CONNECT and keeps the :class:`Terms`; its QoS flows
-(:mod:`aaabus.io.mqttflows`) keep a :class:`TopicAliases` and an :class:`InboundWindow`. A 3.1.1
+(:mod:`aaabus.mqtt.flows`) keep a :class:`TopicAliases` and an :class:`InboundWindow`. A 3.1.1
 CONNECT gets :class:`Terms` too (3.1.1's fixed rules in the same shape), so the connection has
 one code path.
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 
 __all__ = [
     "InboundWindow",

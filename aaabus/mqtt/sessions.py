@@ -45,8 +45,8 @@ from aaabus.errors import SessionLeft
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Publish, Subscribe, Unsubscribe
-from aaabus.node.mqttmessages import RETAIN_HANDLING, RETAIN_IF_NEW, kept, message_props
-from aaabus.node.mqttshared import SHARE_PREFIX, SharedGroups, shares_in
+from aaabus.mqtt.messages import RETAIN_HANDLING, RETAIN_IF_NEW, kept, message_props
+from aaabus.mqtt.shared import SHARE_PREFIX, SharedGroups, shares_in
 from aaabus.topics.mailbox import Mailbox
 
 __all__ = [
@@ -116,9 +116,6 @@ def payload_bytes(payload: Any) -> bytes:
 class SessionRecord(Persistent):
     """One client id's session (see the module docstring)."""
 
-    #: Class defaults for records stored before these attributes existed.
-    user: str | None = None
-    clean = False
     #: Wall-clock time its device disconnected (None: connected, or never seen since boot).
     left_at: float | None = None
     #: Seconds the session outlives its device (MQTT 5.0's Session Expiry Interval, capped by
@@ -129,9 +126,9 @@ class SessionRecord(Persistent):
     #: (created at the first, so that a 3.1.1 session never writes one).
     options: OOBTree | None = None
     #: The server whose mailbox holds the subscriptions of a roaming session
-    #: (:mod:`aaabus.node.mqttroam`); None: a session that never roams (roaming off).
+    #: (:mod:`aaabus.mqtt.roaming`); None: a session that never roams (roaming off).
     anchor: int | None = None
-    #: The server this record is being given to (a roaming move, :mod:`aaabus.node.mqttroam`):
+    #: The server this record is being given to (a roaming move, :mod:`aaabus.mqtt.roaming`):
     #: a copy kept until that server has committed its own, no longer the live session here
     #: (:meth:`MqttSessions.record_now` does not see it). None: the live session.
     leaving: int | None = None
@@ -147,7 +144,7 @@ class SessionRecord(Persistent):
 
     def state(self) -> dict[str, Any]:
         """Everything the record holds but its client id and mailbox, as data, to move it to
-        another server (:class:`~aaabus.node.roamnotes.SessionMoved`): every attribute set on
+        another server (:class:`~aaabus.mqtt.roamnotes.SessionMoved`): every attribute set on
         it, so an attribute added later travels too (plain values, tuples and BTrees of them;
         anything else is refused when the move is sent)."""
         return {
@@ -269,7 +266,7 @@ class Opened:
     options: dict[str, tuple[int, int]] = field(default_factory=dict)
     #: Roaming: the session is on its way from another server; CONNACK waits for it.
     awaited: bool = False
-    #: Roaming: no session for this CONNECT (:data:`~aaabus.node.mqttroam.BUSY`: the id's
+    #: Roaming: no session for this CONNECT (:data:`~aaabus.mqtt.roaming.BUSY`: the id's
     #: session is moving to or from this server; ``NOT_AUTHORIZED``: another user's).
     refused: str | None = None
 
@@ -284,7 +281,7 @@ def _expired(record: SessionRecord, now: float, expiry_s: float | None = None) -
 
 
 class RoamingHooks(Protocol):
-    """What the sessions call of :class:`aaabus.node.mqttroam.Roaming` (engine thread)."""
+    """What the sessions call of :class:`aaabus.mqtt.roaming.Roaming` (engine thread)."""
 
     def claim_now(self, cid: str, user: str | None) -> Opened: ...
     def refusal_now(self, cid: str, user: str | None, ends: bool) -> str | None: ...
@@ -492,7 +489,7 @@ class MqttSessions:
     ) -> None:
         """Subscribe the session to ``filters`` (filter, granted QoS), each replacing a
         subscription to the same filter. ``options``: MQTT 5.0's options byte and subscription
-        identifier of those that have any (:func:`~aaabus.node.mqttmessages.subscription_options`);
+        identifier of those that have any (:func:`~aaabus.mqtt.messages.subscription_options`);
         its retain handling decides whether the retained copies are sent (0: always, 1: if
         the subscription is new, 2: never)."""
         record = self.record_now(client_id)

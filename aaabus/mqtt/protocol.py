@@ -14,7 +14,7 @@ CONNECT (``CONNECTING``: checking credentials, opening the session in the store)
 hands out nothing more: the client may already have sent its first SUBSCRIBE or PUBLISH (MQTT
 lets it), and those wait, unparsed, until :meth:`MqttProtocol.accept`. Once connected, what
 each QoS 1/2 packet does to its packet identifier's flow, and the order of the answers, is
-:mod:`aaabus.io.mqttflows`'s table (:data:`~aaabus.io.mqttflows.FLOWS`).
+:mod:`aaabus.mqtt.flows`'s table (:data:`~aaabus.mqtt.flows.FLOWS`).
 
 A violation raises :class:`~aaabus.errors.MqttProtocolError` (one line) and closes the
 protocol; its ``code`` is what to answer with: for a CONNECT, the CONNACK code in the client's
@@ -28,7 +28,7 @@ import enum
 from typing import Any
 
 from aaabus.errors import MqttProtocolError
-from aaabus.io import mqttcodec as mc
+from aaabus.mqtt import codec as mc
 
 __all__ = ["TRANSITIONS", "MqttProtocol", "State", "connack_code"]
 

@@ -1,7 +1,7 @@
 """The QoS 1/2 flows of one MQTT connection and the order of its answers, sans-IO.
 
 :class:`QosFlows` knows nothing of sockets, threads, clocks or the store. Its owner (the
-connection, :mod:`aaabus.node.mqttconn`) tells it what the device sent (a PUBLISH, PUBACK,
+connection, :mod:`aaabus.mqtt.connection`) tells it what the device sent (a PUBLISH, PUBACK,
 PUBREC, PUBREL, PUBCOMP), what the server sends (a delivery at QoS 0, 1 or 2, a PUBREL
 resent after a reconnection) and when a commit it asked for is durable; it answers with a
 :class:`Step`: what to commit to the store, if anything, and the bytes to write, in the
@@ -36,7 +36,7 @@ the device's and go out at once.
 **Windows.** Outbound: at most ``window`` deliveries in flight (the device's Receive Maximum,
 or ``aaabus.mqtt.inflight``): :meth:`QosFlows.room`. Inbound (5.0): the device may leave at
 most our Receive Maximum unacknowledged, one more is a protocol error (0x93,
-:class:`~aaabus.io.mqtt5conn.InboundWindow`); a 5.0 PUBLISH's topic alias is resolved here too.
+:class:`~aaabus.mqtt.terms.InboundWindow`); a 5.0 PUBLISH's topic alias is resolved here too.
 Backlog items finish out of order (QoS 0 at once, QoS 1/2 at their last acknowledgement): the
 device has every item up to :attr:`QosFlows.acked`, the prefix of finished ones, which is what
 the owner commits.
@@ -52,9 +52,9 @@ import enum
 from collections import deque
 from dataclasses import dataclass
 
-from aaabus.io import mqttcodec as mc
-from aaabus.io.mqtt5conn import InboundWindow, TopicAliases
-from aaabus.io.mqttproto import MqttProtocol
+from aaabus.mqtt import codec as mc
+from aaabus.mqtt.protocol import MqttProtocol
+from aaabus.mqtt.terms import InboundWindow, TopicAliases
 
 __all__ = ["FLOWS", "Do", "Flow", "QosFlows", "Slot", "Step"]
 
