@@ -89,6 +89,7 @@ def _cmd_stream(args: argparse.Namespace) -> int:
         timeout=args.timeout,
         sample_every=args.sample_every,
         samples=args.samples,
+        replicas=args.replicas,
     )
     if not args.json:
         print(
@@ -135,6 +136,7 @@ _MODULE_SUITES = [
     ("roam", "perf.roam", "a device moving between three sites under SIGKILLs: lost, duplicated"),
     ("console", "perf.console", "the console's page on a bus of 150 servers: load time"),
     ("attack", "perf.attack", "what an attacker's bytes cost an MQTT listener: CPU, store, RSS"),
+    ("safety", "perf.safety", "a sync replica's cost, beside RabbitMQ quorum queues on 3 nodes"),
 ]
 
 
@@ -190,6 +192,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--sample-every", type=float, default=0.0, help="seconds between store/RSS samples"
     )
     st.add_argument("--samples", help="JSON-lines file the samples are appended to")
+    st.add_argument(
+        "--replicas",
+        type=int,
+        default=0,
+        help="give every server N replicas (issue 42; sync: --property aaabus.replication.sync)",
+    )
     st.set_defaults(func=_cmd_stream)
     demo = sub.add_parser("demo", help="what `make demo` runs")
     demo.set_defaults(func=_cmd_demo)

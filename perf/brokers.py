@@ -111,6 +111,19 @@ class Endpoint:
     port: int
 
 
+@dataclass
+class RabbitNode:
+    """One started RabbitMQ node: its Erlang node name, directory, environment (what
+    ``rabbitmqctl`` needs to reach it) and process (the leader of its process group)."""
+
+    name: str
+    base: Path
+    env: dict[str, str]
+    amqp: Endpoint
+    mqtt: Endpoint | None
+    proc: subprocess.Popen[Any]
+
+
 def start_rabbitmq(
     work: Path,
     procs: list[subprocess.Popen[Any]],
@@ -122,18 +135,71 @@ def start_rabbitmq(
     Returns its AMQP endpoint and, with ``mqtt``, the endpoint of its MQTT plugin (enabled in the
     node's private plugin list; MQTT sessions with clean_session=False get durable queues).
     """
-    script = find_binary("rabbitmq-server")
-    # Debian's /usr/sbin/rabbitmq-server re-executes itself as the 'rabbitmq' user through su,
-    # which drops our environment; the script it wraps takes the environment as it is.
-    direct = Path("/usr/lib/rabbitmq/bin/rabbitmq-server")
-    if direct.exists():
-        script = str(direct)
-    epmd = find_binary("epmd", "/usr/lib/erlang/bin/epmd")
-    if script is None or epmd is None:
-        raise FileNotFoundError("rabbitmq-server is not installed (`make peers` installs it)")
-    amqp, dist, epmd_port, mqtt_port = free_ports(4)
     base = work / "rabbitmq"
+    epmd_port = start_epmd(base, procs)
+    node = start_rabbitmq_node(
+        base, procs, f"aaabus-peers-{os.getpid()}@localhost", epmd_port, mqtt=mqtt, nofile=nofile
+    )
+    return node.amqp, node.mqtt
+
+
+def _rabbit_script(name: str) -> str:
+    # Debian's /usr/sbin/rabbitmq-server (and rabbitmqctl) re-execute themselves as the
+    # 'rabbitmq' user through su, which drops our environment; the scripts they wrap take the
+    # environment as it is.
+    direct = Path("/usr/lib/rabbitmq/bin") / name
+    script = str(direct) if direct.exists() else find_binary(name)
+    if script is None:
+        raise FileNotFoundError(f"{name} is not installed (`make peers` installs it)")
+    return script
+
+
+def start_epmd(base: Path, procs: list[subprocess.Popen[Any]]) -> int:
+    """Our own epmd on a free loopback port, in the foreground (one the VM spawned would
+    daemonize and outlive the run); returns its port. Nodes registered there cannot collide
+    with another run's nodes of the same name."""
+    epmd = find_binary("epmd", "/usr/lib/erlang/bin/epmd")
+    if epmd is None:
+        raise FileNotFoundError("epmd is not installed (`make peers` installs rabbitmq-server)")
+    (epmd_port,) = free_ports(1)
     base.mkdir(parents=True, exist_ok=True)
+    with (base / "epmd.log").open("wb") as epmd_log:
+        procs.append(
+            subprocess.Popen(
+                [epmd, "-address", "127.0.0.1", "-port", str(epmd_port)],
+                stdin=subprocess.DEVNULL,
+                stdout=epmd_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    wait_port("epmd", "127.0.0.1", epmd_port, base / "epmd.log", procs[-1], 10.0)
+    return epmd_port
+
+
+def start_rabbitmq_node(
+    base: Path,
+    procs: list[subprocess.Popen[Any]],
+    name: str,
+    epmd_port: int,
+    *,
+    cookie: str | None = None,
+    mqtt: bool = False,
+    nofile: int | None = None,
+    wait: bool = True,
+) -> RabbitNode:
+    """A RabbitMQ node named ``name`` in ``base``, registered with the epmd on ``epmd_port``.
+
+    ``cookie``: the Erlang cookie (nodes of one cluster share it; by default the node makes up
+    its own). Without ``wait`` the caller waits for :attr:`RabbitNode.amqp` itself (several nodes
+    then boot side by side)."""
+    script = _rabbit_script("rabbitmq-server")
+    amqp, dist, mqtt_port = free_ports(3)
+    base.mkdir(parents=True, exist_ok=True)
+    if cookie is not None:
+        cookie_file = base / ".erlang.cookie"
+        cookie_file.write_text(cookie)
+        cookie_file.chmod(0o400)  # Erlang refuses a cookie file others can read
     conf = (
         f"listeners.tcp.default = 127.0.0.1:{amqp}\n"
         "loopback_users = none\n"
@@ -148,7 +214,7 @@ def start_rabbitmq(
     env.update(
         # The Erlang cookie goes to $HOME: keep it out of the real home directory.
         HOME=str(base),
-        RABBITMQ_NODENAME=f"aaabus-peers-{os.getpid()}@localhost",
+        RABBITMQ_NODENAME=name,
         RABBITMQ_NODE_IP_ADDRESS="127.0.0.1",
         RABBITMQ_NODE_PORT=str(amqp),
         RABBITMQ_DIST_PORT=str(dist),
@@ -166,18 +232,6 @@ def start_rabbitmq(
         ERL_EPMD_ADDRESS="127.0.0.1",
         ERL_EPMD_PORT=str(epmd_port),
     )
-    # Our own epmd in the foreground: one the VM spawned would daemonize and outlive the run.
-    with (base / "epmd.log").open("wb") as epmd_log:
-        procs.append(
-            subprocess.Popen(
-                [epmd, "-address", "127.0.0.1", "-port", str(epmd_port)],
-                stdin=subprocess.DEVNULL,
-                stdout=epmd_log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    wait_port("epmd", "127.0.0.1", epmd_port, base / "epmd.log", procs[-1], 10.0)
     with (base / "rabbitmq.log").open("wb") as log:
         procs.append(
             subprocess.Popen(
@@ -191,11 +245,43 @@ def start_rabbitmq(
                 preexec_fn=None if nofile is None else nofile_raiser(nofile),
             )
         )
-    wait_port("rabbitmq", "127.0.0.1", amqp, base / "rabbitmq.log", procs[-1])
-    if not mqtt:
-        return Endpoint("127.0.0.1", amqp), None
-    wait_port("rabbitmq mqtt", "127.0.0.1", mqtt_port, base / "rabbitmq.log", procs[-1])
-    return Endpoint("127.0.0.1", amqp), Endpoint("127.0.0.1", mqtt_port)
+    node = RabbitNode(
+        name,
+        base,
+        env,
+        Endpoint("127.0.0.1", amqp),
+        Endpoint("127.0.0.1", mqtt_port) if mqtt else None,
+        procs[-1],
+    )
+    if wait:
+        wait_rabbitmq(node)
+    return node
+
+
+def wait_rabbitmq(node: RabbitNode) -> None:
+    """Until ``node`` listens for AMQP (and MQTT when enabled)."""
+    log = node.base / "rabbitmq.log"
+    wait_port("rabbitmq", "127.0.0.1", node.amqp.port, log, node.proc)
+    if node.mqtt is not None:
+        wait_port("rabbitmq mqtt", "127.0.0.1", node.mqtt.port, log, node.proc)
+
+
+def rabbitmqctl(node: RabbitNode, *args: str, timeout: float = 120.0) -> str:
+    """``rabbitmqctl -n NODE ARGS`` with the node's environment (cookie, epmd); its output.
+    Raises ``RuntimeError`` with the tool's last lines when it fails."""
+    proc = subprocess.run(
+        [_rabbit_script("rabbitmqctl"), "-n", node.name, *args],
+        env=node.env,
+        cwd=node.base,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if proc.returncode != 0:
+        err = " | ".join((proc.stderr or proc.stdout).strip().splitlines()[-3:])
+        raise RuntimeError(f"rabbitmqctl {' '.join(args)} on {node.name}: {err}")
+    return proc.stdout
 
 
 def start_mosquitto(

@@ -276,15 +276,18 @@ def _rabbit_next(gen: Iterator[Any], deadline: float) -> tuple[Any, bytes]:
 
 
 @contextlib.contextmanager
-def _rabbit_queues(endpoint: Endpoint, *names: str) -> Iterator[None]:
-    """Declare fresh durable queues, and delete them afterwards (a shared broker stays clean)."""
+def _rabbit_queues(
+    endpoint: Endpoint, *names: str, arguments: dict[str, Any] | None = None
+) -> Iterator[None]:
+    """Declare fresh durable queues, and delete them afterwards (a shared broker stays clean).
+    ``arguments``: the declaration's (``{"x-queue-type": "quorum"}`` for quorum queues)."""
     import pika
 
     conn = pika.BlockingConnection(_pika_params(endpoint))
     try:
         ch = conn.channel()
         for name in names:
-            ch.queue_declare(name, durable=True)
+            ch.queue_declare(name, durable=True, arguments=arguments)
             ch.queue_purge(name)
         yield
         for name in names:
@@ -295,7 +298,12 @@ def _rabbit_queues(endpoint: Endpoint, *names: str) -> Iterator[None]:
 
 
 def rabbit_pingpong(
-    endpoint: Endpoint, rounds: int, warmup: int, payload: int, timeout: float
+    endpoint: Endpoint,
+    rounds: int,
+    warmup: int,
+    payload: int,
+    timeout: float,
+    queue_arguments: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import pika
 
@@ -303,7 +311,10 @@ def rabbit_pingpong(
     qa, qb = f"aaabus-peers-a-{tag}", f"aaabus-peers-b-{tag}"
     deadline = time.monotonic() + timeout
     params = {"host": endpoint.host, "port": endpoint.port, "a": qa, "b": qb}
-    with _rabbit_queues(endpoint, qa, qb), _child("rabbit-pong", params, timeout) as pong:
+    with (
+        _rabbit_queues(endpoint, qa, qb, arguments=queue_arguments),
+        _child("rabbit-pong", params, timeout) as pong,
+    ):
         conn = pika.BlockingConnection(_pika_params(endpoint))
         try:
             ch = conn.channel()
@@ -334,7 +345,12 @@ def rabbit_pingpong(
 
 
 def rabbit_stream(
-    endpoint: Endpoint, count: int, window: int, payload: int, timeout: float
+    endpoint: Endpoint,
+    count: int,
+    window: int,
+    payload: int,
+    timeout: float,
+    queue_arguments: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import pika
 
@@ -348,7 +364,7 @@ def rabbit_stream(
         "timeout": timeout,
     }
     with (
-        _rabbit_queues(endpoint, queue_name),
+        _rabbit_queues(endpoint, queue_name, arguments=queue_arguments),
         _child("rabbit-consume", params, timeout) as consumer,
     ):
         # Pipelined confirms need the asynchronous connection: the blocking one waits for each.

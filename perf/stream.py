@@ -43,8 +43,12 @@ def run(
     properties: dict[str, str] | None = None,
     sample_every: float = 0.0,
     samples: str | Path | None = None,
+    replicas: int = 0,
 ) -> dict[str, Any]:
-    """Stream ``count`` notifications from server 0 to server ``to`` (default: the highest)."""
+    """Stream ``count`` notifications from server 0 to server ``to`` (default: the highest).
+
+    ``replicas``: give every server that many replicas (issue 42; how many are synchronous is
+    ``aaabus.replication.sync``, default 1)."""
     cfg = config_of(config)
     ids = sorted(cfg.servers)
     target = max(ids) if to is None else to
@@ -59,6 +63,7 @@ def run(
             work / "a3.xml",
             {0: [("perf.agents.stream:stream_service", json.dumps(args))]},
             properties,
+            replicas,
         )
         with Bus(run_config, ids, work / "store", cwd=REPO_ROOT) as bus:
             # CPU from here on: the servers are up (their imports and boot are behind them) and
@@ -77,6 +82,7 @@ def run(
             sizes = store_bytes(work / "store", ids)
             cpu = {str(i): round(cpu_seconds(bus[i].pid) - cpu_start[i], 3) for i in ids}
     result.update(servers=len(ids), to=target, config=str(config), payload=payload)
+    result["replicas"] = replicas
     result["store_bytes"] = sizes
     result["cpu_s"] = cpu
     result["cpu_us_per_msg"] = round(1e6 * sum(cpu.values()) / max(1, count), 2)
