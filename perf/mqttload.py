@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import ipaddress
 import json
 import math
 import os
@@ -563,12 +564,15 @@ class Worker:
         timeout: float,
         start_at: float,
         subscribe: dict[str, Any] | None = None,
+        sources: int = 1,
     ) -> dict[str, Any]:
         """Connect devices ``ids`` (``[lo, hi)``) at ``start_at``: all at once (concurrency 0),
-        or at most ``concurrency`` handshakes at a time; subscribe those asked to."""
+        or at most ``concurrency`` handshakes at a time; subscribe those asked to. ``sources``
+        > 1: device ``i`` binds to loopback address :func:`source_address` before it connects."""
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         refused: dict[str, int] = {}
         errors: dict[str, int] = {}
+        by_source: dict[str, int] = {}
         counts = {"connected": 0, "closed": 0, "timeouts": 0, "subscribed": 0, "sub_failed": 0}
         hist = Hist()
         gate = asyncio.Semaphore(concurrency) if concurrency > 0 else None
@@ -581,7 +585,10 @@ class Worker:
             dev.t_start = time.monotonic()
             try:
                 async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
-                    await self.loop.create_connection(lambda: dev, host, port)
+                    transport, _ = await self.loop.create_connection(
+                        lambda: dev, host, port, local_addr=source_address(index, sources)
+                    )
+                    _bump(by_source, transport.get_extra_info("sockname")[0])
                     code = await dev.connack
                     if code != 0:
                         _bump(refused, str(code))
@@ -624,6 +631,7 @@ class Worker:
             **counts,
             "refused": refused,
             "errors": errors,
+            "sources": by_source,
             "t_first": t_first,
             "t_last_connack": t_last,
             "connect_hist": hist.to_json(),
@@ -803,6 +811,33 @@ class Worker:
     async def op_cpu(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"cpu_s": usage.ru_utime + usage.ru_stime, "t": time.monotonic()}
+
+
+#: Connections one loopback source address carries at most: a client's TCP connections to one
+#: server address and port differ by their source port alone, and the kernel's ephemeral range
+#: has 28,232 of them by default (32768-60999); this leaves room for the machine's others.
+PER_SOURCE = 20_000
+
+
+def sources_for(devices: int, host: str) -> int:
+    """How many loopback source addresses ``devices`` connections to ``host`` are spread over:
+    one per :data:`PER_SOURCE` (at most 254) when ``host`` is a loopback address, else 1 (the
+    kernel's choice of source). On Linux every address of 127.0.0.0/8 is the ``lo`` interface's,
+    so 127.0.0.2.. need no configuration."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return 1  # a name: its address is the resolver's business
+    loopback = address.version == 4 and address.is_loopback
+    return min(254, math.ceil(devices / PER_SOURCE)) if loopback and devices > 0 else 1
+
+
+def source_address(index: int, sources: int) -> tuple[str, int] | None:
+    """Where device ``index`` binds before it connects: 127.0.0.1 .. 127.0.0.<sources> in turn
+    (any free port); None for ``sources`` <= 1 (unbound, as any client: the kernel picks)."""
+    if sources <= 1:
+        return None
+    return (f"127.0.0.{1 + index % sources}", 0)
 
 
 def raise_nofile(limit: int | None = None) -> int:
@@ -1001,15 +1036,26 @@ def processes_for(devices: int, per_process: int = 2500) -> int:
 # -- the server processes seen from /proc ----------------------------------------------------
 
 
+class ServerGone(RuntimeError):
+    """A server process watched in /proc has exited."""
+
+
 def proc_status(pid: int) -> dict[str, int]:
-    """``VmRSS`` (bytes) and ``Threads`` of a process, from /proc/<pid>/status."""
+    """``VmRSS`` (bytes) and ``Threads`` of a process, from /proc/<pid>/status; ServerGone when
+    it has exited (gone, or a zombie not yet reaped: its status has no ``VmRSS``)."""
     out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        text = ""
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         if key == "VmRSS":
             out["rss_bytes"] = int(value.split()[0]) * 1024
         elif key == "Threads":
             out["threads"] = int(value)
+    if "rss_bytes" not in out:
+        raise ServerGone(f"server process {pid} has exited (no memory in /proc/{pid}/status)")
     return out
 
 
@@ -1060,18 +1106,20 @@ class Options:
     storm_wait_s: float = 10.0  # how long silent connections are watched without a deadline
     stall_s: float = 15.0  # a subscriber that gets nothing new this long is done waiting
     timeout: float = 300.0
+    #: Loopback source addresses the devices are spread over (0: one per PER_SOURCE devices).
+    sources: int = 0
 
 
 def _merge_connect(parts: list[dict[str, Any]]) -> dict[str, Any]:
     hist = Hist()
     refused: dict[str, int] = {}
     errors: dict[str, int] = {}
+    sources: dict[str, int] = {}
     for p in parts:
         hist.merge(p["connect_hist"])
-        for k, v in p["refused"].items():
-            refused[k] = refused.get(k, 0) + v
-        for k, v in p["errors"].items():
-            errors[k] = errors.get(k, 0) + v
+        for into, key in ((refused, "refused"), (errors, "errors"), (sources, "sources")):
+            for k, v in p.get(key, {}).items():
+                into[k] = into.get(k, 0) + v
     t_first = min(p["t_first"] for p in parts)
     t_last = max(p["t_last_connack"] for p in parts)
     connected = sum(p["connected"] for p in parts)
@@ -1084,6 +1132,7 @@ def _merge_connect(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "closed": sum(p["closed"] for p in parts),
         "timeouts": sum(p["timeouts"] for p in parts),
         "errors": errors,
+        "sources": sources,  # connections per source address
         "subscribed": sum(p["subscribed"] for p in parts),
         "sub_failed": sum(p["sub_failed"] for p in parts),
         "seconds": span,
@@ -1125,8 +1174,15 @@ async def _connect(
     all_at_once: bool,
     clean: bool = True,
     subscribe: dict[str, Any] | None = None,
+    spread: bool = True,
 ) -> dict[str, Any]:
+    """Connect the devices of ``spans``; ``spread``: over loopback source addresses
+    (``opts.sources``, by default one per :data:`PER_SOURCE` devices), else all from one."""
     start_at = time.monotonic() + 0.2  # every worker starts together
+    total = sum(hi - lo for _w, (lo, hi) in spans)
+    sources = 1
+    if spread:
+        sources = opts.sources if opts.sources else sources_for(total, host_port[0])
     parts = await asyncio.gather(
         *(
             lc.call(
@@ -1143,6 +1199,7 @@ async def _connect(
                 timeout=opts.timeout,
                 start_at=start_at,
                 subscribe=subscribe,
+                sources=sources,
             )
             for w, ids in spans
         )
@@ -1469,7 +1526,10 @@ async def storm(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any]
     host, port = target.devices
     opened = await lc.call(0, "silent", 60.0, count=opts.silent, host=host, port=port, timeout=30.0)
     t_silent = time.monotonic()
-    connect = await _connect(lc, lc.split(n), target.devices, f"{tag}x", opts, all_at_once=True)
+    # All from one address, beside the silent ones: the per-address table is what is tested.
+    connect = await _connect(
+        lc, lc.split(n), target.devices, f"{tag}x", opts, all_at_once=True, spread=False
+    )
     # Watch the silent ones until all are closed, or the deadline (+ slack) has passed.
     # The slack: at least storm_slack_s, 10 % of a long deadline (a server may check its
     # deadlines every few seconds: Mosquitto's 90 s went by in 94.8 s once).

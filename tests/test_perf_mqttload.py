@@ -4,6 +4,7 @@ a real Mosquitto with 20 devices (fan-in counts exact, idle connections, a storm
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -60,6 +61,59 @@ def test_histogram_quantiles_within_one_percent() -> None:
     p50, p99 = merged.quantile_ms(0.5), merged.quantile_ms(0.99)
     assert p50 is not None and abs(p50 - 50) / 50 < 0.02
     assert p99 is not None and abs(p99 - 99) / 99 < 0.02
+
+
+def test_source_addresses_one_per_twenty_thousand_devices_towards_loopback() -> None:
+    assert mqttload.sources_for(100_000, "127.0.0.1") == 5
+    assert mqttload.sources_for(20_000, "127.0.0.1") == 1
+    assert mqttload.sources_for(100_000, "192.0.2.7") == 1  # not ours to spread
+    assert mqttload.source_address(7, 1) is None
+    assert mqttload.source_address(7, 5) == ("127.0.0.3", 0)
+
+
+def test_devices_connect_from_the_loopback_addresses_they_are_spread_over() -> None:
+    """Real sockets: a listener that answers every CONNECT with CONNACK 0 sees six devices come
+    from 127.0.0.1, .2 and .3, two each, and the worker counts the same."""
+    peers: list[str] = []
+
+    class Broker(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+            peers.append(transport.get_extra_info("peername")[0])
+
+        def data_received(self, data: bytes) -> None:
+            if data[0] >> 4 == mqttload.CONNECT:
+                self.transport.write(b"\x20\x02\x00\x00")
+
+    async def run() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        worker = mqttload.Worker(loop)
+        try:
+            return await worker.op_connect(
+                ids=[0, 6],
+                host="127.0.0.1",
+                port=port,
+                prefix="spread",
+                keepalive=0,
+                clean=True,
+                concurrency=0,
+                timeout=10.0,
+                start_at=0.0,
+                sources=3,
+            )
+        finally:
+            for dev in worker.devices.values():
+                dev.close(disconnect=False)
+            server.close()
+
+    result = asyncio.run(run())
+    assert result["connected"] == 6 and result["errors"] == {}
+    spread = {"127.0.0.1": 2, "127.0.0.2": 2, "127.0.0.3": 2}
+    assert result["sources"] == spread
+    assert {a: peers.count(a) for a in set(peers)} == spread
 
 
 @pytest.fixture(scope="module")
