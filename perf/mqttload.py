@@ -1106,6 +1106,7 @@ class Options:
     storm_wait_s: float = 10.0  # how long silent connections are watched without a deadline
     stall_s: float = 15.0  # a subscriber that gets nothing new this long is done waiting
     timeout: float = 300.0
+    rss_every_s: float = 10.0  # fan-in: how often each server's RSS is sampled
     #: Loopback source addresses the devices are spread over (0: one per PER_SOURCE devices).
     sources: int = 0
 
@@ -1279,6 +1280,8 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
     await lc.call(0, "clear", 10.0)
     cpu0, client0 = cpu_of(target.servers), await lc.client_cpu()
     start_at = time.monotonic() + 0.2
+    rss: list[list[float]] = []
+    sampler = asyncio.create_task(_sample_rss(target.servers, opts.rss_every_s, rss))
     pubs = await asyncio.gather(
         *(
             lc.call(
@@ -1319,12 +1322,16 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
         ]
     )
     cpu1, client1 = cpu_of(target.servers), await lc.client_cpu()
+    sampler.cancel()
     status = await _status(lc, range(lc.size))
     await _close_all(lc)
     span = t_last_ack - start_at
     end = received["t_last"] or t_last_ack
     return {
         "devices": devices,
+        # [seconds since the start, RSS of each server (bytes), in Target.servers' order], every
+        # rss_every_s while publishing and delivering: a soak's memory over time.
+        "rss_timeline": [[t - start_at, *sizes] for t, *sizes in rss],
         "subscriber": sub,
         "routed": routed,
         "sent": sum(p["sent"] for p in pubs),
@@ -1348,6 +1355,17 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
         "client_cpu_pct_max": _busiest(client0, client1, end - start_at),
         "status": status,
     }
+
+
+async def _sample_rss(pids: Sequence[int], every: float, into: list[list[float]]) -> None:
+    """Append ``[monotonic time, RSS of each of pids]`` to ``into`` every ``every`` seconds,
+    from now until cancelled (a process gone ends the sampling: the scenario says why)."""
+    while True:
+        try:
+            into.append([time.monotonic(), *(proc_status(p)["rss_bytes"] for p in pids)])
+        except ServerGone:
+            return
+        await asyncio.sleep(every)
 
 
 def _busiest(before: list[float], after: list[float], seconds: float) -> float | None:

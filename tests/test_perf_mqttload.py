@@ -142,6 +142,9 @@ def test_fan_in_counts_every_message_once(mosquitto: mqttload.Target) -> None:
     assert result["missing"] == 0 and result["duplicates"] == 0
     assert result["received"]["per_subscriber"] == {str(N * 30): 1}
     assert result["msgs_per_s"] > 0 and result["puback_ms"]["p50"] > 0
+    # The soak's memory record: [seconds, RSS of the one server], the first just before the start.
+    first = result["rss_timeline"][0]
+    assert len(first) == 2 and -1.0 < first[0] <= 0 and first[1] > 1 << 20
 
 
 @needs_mosquitto
