@@ -753,6 +753,12 @@ class Worker:
             "latency_hist": self.deliveries.to_json(),
         }
 
+    async def op_progress(self) -> dict[str, Any]:
+        """Publications acknowledged to this worker's devices and distinct ones they received,
+        so far (a soak's progress, asked while its publish and received operations run)."""
+        devs = self.devices.values()
+        return {"acked": sum(d.acked for d in devs), "received": sum(d.distinct for d in devs)}
+
     async def op_status(self) -> dict[str, Any]:
         devs = self.devices.values()
         return {
@@ -1281,7 +1287,7 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
     cpu0, client0 = cpu_of(target.servers), await lc.client_cpu()
     start_at = time.monotonic() + 0.2
     rss: list[list[float]] = []
-    sampler = asyncio.create_task(_sample_rss(target.servers, opts.rss_every_s, rss))
+    sampler = asyncio.create_task(_sample(lc, target.servers, opts.rss_every_s, rss))
     pubs = await asyncio.gather(
         *(
             lc.call(
@@ -1329,8 +1335,9 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
     end = received["t_last"] or t_last_ack
     return {
         "devices": devices,
-        # [seconds since the start, RSS of each server (bytes), in Target.servers' order], every
-        # rss_every_s while publishing and delivering: a soak's memory over time.
+        # [seconds since the start, publications acknowledged, distinct ones received (a few
+        # probes included), RSS of each server (bytes) in Target.servers' order], every
+        # rss_every_s while publishing and delivering: a soak's memory against its backlog.
         "rss_timeline": [[t - start_at, *sizes] for t, *sizes in rss],
         "subscriber": sub,
         "routed": routed,
@@ -1357,14 +1364,21 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
     }
 
 
-async def _sample_rss(pids: Sequence[int], every: float, into: list[list[float]]) -> None:
-    """Append ``[monotonic time, RSS of each of pids]`` to ``into`` every ``every`` seconds,
-    from now until cancelled (a process gone ends the sampling: the scenario says why)."""
+async def _sample(
+    lc: LoadClient, pids: Sequence[int], every: float, into: list[list[float]]
+) -> None:
+    """Append ``[monotonic time, acknowledged, received, RSS of each of pids]`` to ``into``
+    every ``every`` seconds, from now until cancelled (a process gone ends the sampling: the
+    scenario says why). Acknowledged minus received is the backlog the servers hold."""
     while True:
+        t = time.monotonic()
         try:
-            into.append([time.monotonic(), *(proc_status(p)["rss_bytes"] for p in pids)])
+            sizes = [proc_status(p)["rss_bytes"] for p in pids]
         except ServerGone:
             return
+        parts = await lc.each(range(lc.size), "progress", 10.0)
+        acked = sum(p["acked"] for p in parts)
+        into.append([t, acked, sum(p["received"] for p in parts), *sizes])
         await asyncio.sleep(every)
 
 

@@ -142,9 +142,11 @@ def test_fan_in_counts_every_message_once(mosquitto: mqttload.Target) -> None:
     assert result["missing"] == 0 and result["duplicates"] == 0
     assert result["received"]["per_subscriber"] == {str(N * 30): 1}
     assert result["msgs_per_s"] > 0 and result["puback_ms"]["p50"] > 0
-    # The soak's memory record: [seconds, RSS of the one server], the first just before the start.
-    first = result["rss_timeline"][0]
-    assert len(first) == 2 and -1.0 < first[0] <= 0 and first[1] > 1 << 20
+    # The soak's record: [seconds, acknowledged, received, RSS of the one server], the first
+    # just before the start, the last as the subscriber finishes.
+    first, last = result["rss_timeline"][0], result["rss_timeline"][-1]
+    assert len(first) == 4 and -1.0 < first[0] <= 0 and first[1] == 0 and first[3] > 1 << 20
+    assert last[1] <= N * 30 and last[2] <= N * 30 + 1  # the probe, at most
 
 
 @needs_mosquitto
