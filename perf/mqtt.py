@@ -367,6 +367,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--fanout-count", type=int, default=20, help="fan-out: publications")
     scale.add_argument("--idle-seconds", type=float, default=10.0, help="idle: how long")
     scale.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="fan-in: messages per second per device at most (0, the default: by --window)",
+    )
+    scale.add_argument(
         "--clean-subscribers",
         action="store_true",
         help="subscribers with clean sessions (default: persistent, as the paho programs)",
@@ -676,6 +682,8 @@ def _scale_options(args: argparse.Namespace) -> tuple[int, mqttload.Options, lis
     window = 10 if args.window is None else args.window
     if min(n, count, window, args.repetitions, args.fanout_count) < 1 or args.silent < 0:
         raise SystemExit("perf mqtt: error: counts must be positive")
+    if args.rate < 0:
+        raise SystemExit(f"perf mqtt: error: --rate {args.rate:g} is negative; give 0 or more")
     if args.storm is not None:
         scenarios = ["storm"]
     else:
@@ -694,6 +702,7 @@ def _scale_options(args: argparse.Namespace) -> tuple[int, mqttload.Options, lis
         payload=args.payload,
         fanout_count=args.fanout_count,
         idle_seconds=args.idle_seconds,
+        rate=args.rate,
         persistent_subscribers=not args.clean_subscribers,
         silent=args.silent,
         timeout=args.timeout,

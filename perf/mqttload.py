@@ -255,6 +255,8 @@ class PublishJob:
     pad: bytes
     acks: Hist
     done: asyncio.Future[None]
+    rate: float = 0.0  # messages per second at most (0: as fast as the window allows)
+    t0: float = 0.0  # when the first was due (monotonic seconds)
 
 
 class Device(asyncio.Protocol):
@@ -286,6 +288,7 @@ class Device(asyncio.Protocol):
         self.next_id = 0
         self.sent = self.acked = 0
         self.paused = False
+        self.timer: asyncio.TimerHandle | None = None  # the next publication due (--rate)
         # Subscribing: per source, how many times each sequence number arrived.
         self.seen: dict[int, bytearray] = {}
         self.distinct = self.dups = self.unexpected = 0
@@ -398,6 +401,8 @@ class Device(asyncio.Protocol):
                 return
             if not job.qos and self.paused:
                 return  # resume_writing continues
+            if job.rate and self._early(job):
+                return  # the timer continues
             now = time.monotonic_ns()
             payload = b"%d %d %d " % (self.index, self.sent, now) + job.pad
             packet_id = 0
@@ -410,6 +415,21 @@ class Device(asyncio.Protocol):
             self.acked = self.sent  # QoS 0: nothing to wait for
             if not job.done.done():
                 job.done.set_result(None)
+
+    def _early(self, job: PublishJob) -> bool:
+        """Whether the next publication is not due yet at ``job.rate``; then a timer resumes
+        the filling when it is (one timer at a time)."""
+        wait = job.t0 + self.sent / job.rate - time.monotonic()
+        if wait <= 0:
+            return False
+        if self.timer is None:
+            self.timer = self.worker.loop.call_later(wait, self._due)
+        return True
+
+    def _due(self) -> None:
+        self.timer = None
+        if self.job is not None and self.transport is not None:
+            self._fill()
 
     def _completed(self, packet_id: int) -> None:
         sent_ns = self.inflight.pop(packet_id, None)
@@ -647,9 +667,11 @@ class Worker:
         payload: int,
         start_at: float,
         timeout: float,
+        rate: float = 0.0,
     ) -> dict[str, Any]:
         """Every device of ``ids`` publishes ``count`` messages, ``window`` unacknowledged at
-        most, starting at ``start_at``; returns once all are acknowledged or at the deadline."""
+        most (and ``rate`` per second at most, if set), starting at ``start_at``; returns once
+        all are acknowledged or at the deadline."""
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         acks = Hist()
         pad = b"x" * payload
@@ -660,7 +682,8 @@ class Worker:
             done: asyncio.Future[None] = self.loop.create_future()
             jobs.append(done)
             name = topic.replace("{i}", str(dev.index)).encode()
-            dev.start(PublishJob(name, qos, count, window, pad, acks, done))
+            job = PublishJob(name, qos, count, window, pad, acks, done, rate, time.monotonic())
+            dev.start(job)
         finished, _pending = await asyncio.wait(jobs, timeout=timeout) if jobs else (set(), set())
         t_last = time.monotonic()
         return {
@@ -1113,6 +1136,7 @@ class Options:
     stall_s: float = 15.0  # a subscriber that gets nothing new this long is done waiting
     timeout: float = 300.0
     rss_every_s: float = 10.0  # fan-in: how often each server's RSS is sampled
+    rate: float = 0.0  # fan-in: messages per second per device at most (0: by the window)
     #: Loopback source addresses the devices are spread over (0: one per PER_SOURCE devices).
     sources: int = 0
 
@@ -1302,6 +1326,7 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
                 payload=opts.payload,
                 start_at=start_at,
                 timeout=opts.timeout,
+                rate=opts.rate,
             )
             for w, ids in spans
         )

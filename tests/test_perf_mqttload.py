@@ -150,6 +150,17 @@ def test_fan_in_counts_every_message_once(mosquitto: mqttload.Target) -> None:
 
 
 @needs_mosquitto
+def test_fan_in_at_a_rate_takes_the_time_the_rate_asks(mosquitto: mqttload.Target) -> None:
+    """10 messages per device at 20/s: the 10th is due 0.45 s after the first, whatever the
+    broker's speed; every one still arrives once."""
+    opts = mqttload.Options(devices=N, count=10, window=5, rate=20.0, timeout=30.0, stall_s=5.0)
+    result = mqttload.run_scenarios(mosquitto, opts, ["fan_in"], processes=3)["fan_in"]
+    assert result["acked"] == N * 10 and result["received"]["received"] == N * 10
+    assert result["seconds"] >= 0.45
+    assert result["missing"] == 0 and result["duplicates"] == 0
+
+
+@needs_mosquitto
 def test_idle_devices_stay_connected_and_are_reached(mosquitto: mqttload.Target) -> None:
     opts = mqttload.Options(devices=N, idle_seconds=0.5, timeout=30.0)
     result = mqttload.run_scenarios(mosquitto, opts, ["idle"], processes=2)["idle"]
