@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import gc
 import logging
 import os
 import stat
 import struct
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +48,7 @@ from aaabus.core.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
 from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
 from aaabus.core.records import VettedDB, check_record
+from aaabus.core.writers import FreeingDB
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
 from aaabus.wire.frames import VERSION as WIRE_VERSION
 from aaabus.wire.pickles import pickle_end
@@ -301,8 +300,7 @@ class Store:
 
     def commit(self) -> None:
         try:
-            with _no_collection():
-                self.tm.commit()
+            self.tm.commit()
             if self._packer is not None:
                 self._packer.committed()
         except OSError as exc:
@@ -379,31 +377,6 @@ class Store:
             if isinstance(storage, ZODB.FileStorage.FileStorage):
                 # FileStorage writes its index file at close, under the process umask.
                 _private_files(Path(storage.getName()).parent)
-
-
-@contextlib.contextmanager
-def _no_collection() -> Iterator[None]:
-    """Python's cycle collector held off for the block (it was enabled: enabled again after).
-
-    Around a commit, so that ZODB's per-commit garbage dies young. Each commit makes an
-    ``ObjectWriter`` that is a reference cycle (its pickler's ``persistent_id`` is its own bound
-    method) and holds, through the pickler's memo, the state of the last object it pickled (a
-    mailbox bucket: the messages it held). A collection that runs while the commit serialises
-    (likely: a busy server allocates mostly in its commits) finds the writer alive and promotes
-    it; promoted twice, it waits for a full collection, and with the server's thresholds
-    (``aaabus.gc.thresholds``, 50000,20,100) that comes after about 10^8 allocations: the
-    receiving server of an MQTT soak grew by tens of MB (issue 43). With no collection inside
-    the commit, the writer is garbage before any collection sees it and the next young one
-    frees it. The collector is the process's: another thread's allocations meanwhile only
-    defer its next collection to after the commit (never longer than a commit's own time).
-    """
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def open_store(
@@ -531,7 +504,7 @@ def _database(storage: Any, trust: TrustPolicy | None, description: str) -> ZODB
     # one group touches on a busy router, and an evicted agent loses its volatile (_v_)
     # attributes and is unpickled again at its next notification.
     if trust is None:
-        return ZODB.DB(storage, cache_size=CACHE_SIZE)
+        return FreeingDB(storage, cache_size=CACHE_SIZE)
     if storage is not None and len(storage):
         try:
             check_record(trust, storage.load(ZODB.utils.z64)[0])
