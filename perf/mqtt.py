@@ -387,7 +387,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument(
         "--connect-ms",
         type=int,
-        help="aaabus: CONNECT deadline (connect_ms; default: 5000 for --storm, 5 per device and "
+        help="aaabus: CONNECT deadline (connect_ms; default: 5000 for --storm, 5 ms per device, "
         "at least 5000 for --devices)",
     )
     scale.add_argument(
