@@ -44,14 +44,17 @@ import contextlib
 import dataclasses
 import json
 import queue
+import resource
 import statistics
+import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from aaabus.tools.launch import Bus
 from perf import mqttload
 from perf.aaabus_mqtt import mqtt_bus, mqtt_servers
 from perf.agents.pingpong import summarise
@@ -138,6 +141,49 @@ def _session_member(session: int, comm: str, timeout: float = 30.0) -> int:
         time.sleep(0.2)  # the VM is being exec'd: nothing to wait on but /proc
 
 
+class ServerFailed(RuntimeError):
+    """A system's server process exited during a scale run: its own account (exit status, last
+    output lines), in one line."""
+
+
+def _tail(lines: Iterable[str], keep: int = 3) -> str:
+    """The last ``keep`` non-blank output lines joined into one line (or "no output")."""
+    kept = [line.strip() for line in lines if line.strip()][-keep:]
+    return " | ".join(kept) or "no output"
+
+
+@contextlib.contextmanager
+def _blame_servers(exited: Callable[[], str | None]) -> Iterator[None]:
+    """Around a scale run: when it fails and ``exited()`` says a server process is gone, raise
+    ServerFailed with the server's account, not what the load client saw of it (a zombie's empty
+    /proc entry, refused connections). A failure with every server alive propagates as it is."""
+    try:
+        yield
+    except Exception as exc:
+        why = exited()
+        if why is None:
+            raise
+        raise ServerFailed(f"{why}; the load client saw {type(exc).__name__}: {exc}") from exc
+
+
+def _broker_exited(name: str, proc: subprocess.Popen[Any], log: Path | None) -> str | None:
+    """A broker process's exit status and the tail of its log, or None while it runs."""
+    code = proc.poll()
+    if code is None:
+        return None
+    lines = log.read_text(errors="replace").splitlines() if log and log.exists() else []
+    return f"{name} exited with status {code}: {_tail(lines)}"
+
+
+def _bus_exited(bus: Bus) -> str | None:
+    """The first aaabus server process that exited: its status and last output lines."""
+    for sid, proc in bus.servers.items():
+        if not proc.running():
+            code = proc.stop()  # reaps it and drains its output
+            return f"server {sid} exited with status {code}: {_tail(proc.lines)}"
+    return None
+
+
 class RabbitMqtt:
     name = "rabbitmq_mqtt"
     #: The MQTT versions it speaks: RabbitMQ's plugin has 5.0 from 3.13 on; `make peers`
@@ -209,7 +255,9 @@ class Mosquitto:
             )
             pid = procs[-1].pid
             where = (ep.host, ep.port)
-            yield mqttload.Target(self.name, where, where, pid, (pid,), MOSQUITTO_CONNECT_S)
+            log = work / "mosquitto" / "mosquitto.log"
+            with _blame_servers(lambda: _broker_exited("mosquitto", procs[-1], log)):
+                yield mqttload.Target(self.name, where, where, pid, (pid,), MOSQUITTO_CONNECT_S)
         finally:
             for proc in reversed(procs):
                 stop_group(proc)
@@ -251,14 +299,15 @@ class AaabusMqtt:
             work, [[0, 1]], {0: window, 1: window}, properties=props, nofile=NOFILE_HARD
         ) as bus:
             devices, single = bus.endpoints[0], bus.endpoints[1]
-            yield mqttload.Target(
-                self.name,
-                (devices.host, devices.port),
-                (single.host, single.port),
-                bus.pids[0],
-                (bus.pids[0], bus.pids[1]),
-                settings.connect_ms / 1000,
-            )
+            with _blame_servers(lambda: _bus_exited(bus.bus)):
+                yield mqttload.Target(
+                    self.name,
+                    (devices.host, devices.port),
+                    (single.host, single.port),
+                    bus.pids[0],
+                    (bus.pids[0], bus.pids[1]),
+                    settings.connect_ms / 1000,
+                )
 
 
 #: The scale scenarios, in run order (idle first: the RSS per connection of a fresh server).
@@ -318,6 +367,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     scale.add_argument("--fanout-count", type=int, default=20, help="fan-out: publications")
     scale.add_argument("--idle-seconds", type=float, default=10.0, help="idle: how long")
     scale.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="fan-in: messages per second per device at most (0, the default: by --window)",
+    )
+    scale.add_argument(
         "--clean-subscribers",
         action="store_true",
         help="subscribers with clean sessions (default: persistent, as the paho programs)",
@@ -330,7 +385,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     scale.add_argument("--silent", type=int, default=200, help="storm: connections that never talk")
     scale.add_argument(
-        "--connect-ms", type=int, default=5000, help="aaabus: CONNECT deadline (connect_ms)"
+        "--connect-ms",
+        type=int,
+        help="aaabus: CONNECT deadline (connect_ms; default: 5000 for --storm, 5 ms per device, "
+        "at least 5000 for --devices)",
     )
     scale.add_argument(
         "--per-address",
@@ -627,6 +685,8 @@ def _scale_options(args: argparse.Namespace) -> tuple[int, mqttload.Options, lis
     window = 10 if args.window is None else args.window
     if min(n, count, window, args.repetitions, args.fanout_count) < 1 or args.silent < 0:
         raise SystemExit("perf mqtt: error: counts must be positive")
+    if args.rate < 0:
+        raise SystemExit(f"perf mqtt: error: --rate {args.rate:g} is negative; give 0 or more")
     if args.storm is not None:
         scenarios = ["storm"]
     else:
@@ -645,6 +705,7 @@ def _scale_options(args: argparse.Namespace) -> tuple[int, mqttload.Options, lis
         payload=args.payload,
         fanout_count=args.fanout_count,
         idle_seconds=args.idle_seconds,
+        rate=args.rate,
         persistent_subscribers=not args.clean_subscribers,
         silent=args.silent,
         timeout=args.timeout,
@@ -661,7 +722,12 @@ def run_scale(args: argparse.Namespace) -> int:
         connections=n + opts.silent + SLACK if storm else n + SLACK,
         window=opts.window,
         backlog=max(100_000, n * opts.count + SLACK),
-        connect_ms=args.connect_ms,
+        # The storm measures the deadline; the other scenarios measure what N devices cost
+        # once connected, and N devices connecting at once take N / (connects per second)
+        # (10,000 took 1.2 s on a quiet machine, 58 s for 19,500 on a loaded one): a
+        # deadline shorter than that closes devices still queued for their CONNECT.
+        # At most the setting's bound, an hour.
+        connect_ms=args.connect_ms or (5000 if storm else min(3_600_000, max(5000, 5 * n))),
         # The storm tests the per-address table as configured. The other scenarios' devices
         # all come from 127.0.0.1 only because they run on one machine (real devices come from
         # as many addresses): the table must not turn them away.
@@ -669,6 +735,15 @@ def run_scale(args: argparse.Namespace) -> int:
         max_waiting=args.max_waiting if storm or args.max_waiting else n + SLACK,
     )
     processes = None if args.clients is None else args.clients + 1
+    _soft, nofile = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if nofile != resource.RLIM_INFINITY and nofile < settings.connections:
+        # Every connection is a descriptor of the process that holds it; the servers get this
+        # process's hard limit (raised as their soft one) and cannot go beyond it.
+        _log(
+            f"warning: a server process may open {nofile} files (ulimit -Hn) but {n} devices "
+            f"need {settings.connections}: expect at most ~{nofile - 100} connected; raise the "
+            "hard limit (as root: ulimit -Hn, or LimitNOFILE= in a systemd unit)"
+        )
     runs: dict[str, list[dict[str, Any]]] = {}
     skipped: dict[str, str] = {}
     failed: dict[str, str] = {}
@@ -714,6 +789,7 @@ def run_scale(args: argparse.Namespace) -> int:
                 "silent": opts.silent if storm else None,
                 "repetitions": args.repetitions,
                 "settings": dataclasses.asdict(settings),
+                "nofile_hard": None if nofile == resource.RLIM_INFINITY else nofile,
                 "seconds": time.monotonic() - t0,
                 "skipped": skipped,
                 "failed": failed,

@@ -37,6 +37,7 @@ import contextlib
 import dataclasses
 import errno
 import functools
+import ipaddress
 import json
 import math
 import os
@@ -254,6 +255,8 @@ class PublishJob:
     pad: bytes
     acks: Hist
     done: asyncio.Future[None]
+    rate: float = 0.0  # messages per second at most (0: as fast as the window allows)
+    t0: float = 0.0  # when the first was due (monotonic seconds)
 
 
 class Device(asyncio.Protocol):
@@ -285,6 +288,7 @@ class Device(asyncio.Protocol):
         self.next_id = 0
         self.sent = self.acked = 0
         self.paused = False
+        self.timer: asyncio.TimerHandle | None = None  # the next publication due (--rate)
         # Subscribing: per source, how many times each sequence number arrived.
         self.seen: dict[int, bytearray] = {}
         self.distinct = self.dups = self.unexpected = 0
@@ -397,6 +401,8 @@ class Device(asyncio.Protocol):
                 return
             if not job.qos and self.paused:
                 return  # resume_writing continues
+            if job.rate and self._early(job):
+                return  # the timer continues
             now = time.monotonic_ns()
             payload = b"%d %d %d " % (self.index, self.sent, now) + job.pad
             packet_id = 0
@@ -409,6 +415,21 @@ class Device(asyncio.Protocol):
             self.acked = self.sent  # QoS 0: nothing to wait for
             if not job.done.done():
                 job.done.set_result(None)
+
+    def _early(self, job: PublishJob) -> bool:
+        """Whether the next publication is not due yet at ``job.rate``; then a timer resumes
+        the filling when it is (one timer at a time)."""
+        wait = job.t0 + self.sent / job.rate - time.monotonic()
+        if wait <= 0:
+            return False
+        if self.timer is None:
+            self.timer = self.worker.loop.call_later(wait, self._due)
+        return True
+
+    def _due(self) -> None:
+        self.timer = None
+        if self.job is not None and self.transport is not None:
+            self._fill()
 
     def _completed(self, packet_id: int) -> None:
         sent_ns = self.inflight.pop(packet_id, None)
@@ -563,12 +584,15 @@ class Worker:
         timeout: float,
         start_at: float,
         subscribe: dict[str, Any] | None = None,
+        sources: int = 1,
     ) -> dict[str, Any]:
         """Connect devices ``ids`` (``[lo, hi)``) at ``start_at``: all at once (concurrency 0),
-        or at most ``concurrency`` handshakes at a time; subscribe those asked to."""
+        or at most ``concurrency`` handshakes at a time; subscribe those asked to. ``sources``
+        > 1: device ``i`` binds to loopback address :func:`source_address` before it connects."""
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         refused: dict[str, int] = {}
         errors: dict[str, int] = {}
+        by_source: dict[str, int] = {}
         counts = {"connected": 0, "closed": 0, "timeouts": 0, "subscribed": 0, "sub_failed": 0}
         hist = Hist()
         gate = asyncio.Semaphore(concurrency) if concurrency > 0 else None
@@ -581,7 +605,10 @@ class Worker:
             dev.t_start = time.monotonic()
             try:
                 async with asyncio.timeout(max(0.01, deadline - time.monotonic())):
-                    await self.loop.create_connection(lambda: dev, host, port)
+                    transport, _ = await self.loop.create_connection(
+                        lambda: dev, host, port, local_addr=source_address(index, sources)
+                    )
+                    _bump(by_source, transport.get_extra_info("sockname")[0])
                     code = await dev.connack
                     if code != 0:
                         _bump(refused, str(code))
@@ -624,6 +651,7 @@ class Worker:
             **counts,
             "refused": refused,
             "errors": errors,
+            "sources": by_source,
             "t_first": t_first,
             "t_last_connack": t_last,
             "connect_hist": hist.to_json(),
@@ -639,9 +667,11 @@ class Worker:
         payload: int,
         start_at: float,
         timeout: float,
+        rate: float = 0.0,
     ) -> dict[str, Any]:
         """Every device of ``ids`` publishes ``count`` messages, ``window`` unacknowledged at
-        most, starting at ``start_at``; returns once all are acknowledged or at the deadline."""
+        most (and ``rate`` per second at most, if set), starting at ``start_at``; returns once
+        all are acknowledged or at the deadline."""
         await asyncio.sleep(max(0.0, start_at - time.monotonic()))
         acks = Hist()
         pad = b"x" * payload
@@ -652,7 +682,8 @@ class Worker:
             done: asyncio.Future[None] = self.loop.create_future()
             jobs.append(done)
             name = topic.replace("{i}", str(dev.index)).encode()
-            dev.start(PublishJob(name, qos, count, window, pad, acks, done))
+            job = PublishJob(name, qos, count, window, pad, acks, done, rate, time.monotonic())
+            dev.start(job)
         finished, _pending = await asyncio.wait(jobs, timeout=timeout) if jobs else (set(), set())
         t_last = time.monotonic()
         return {
@@ -745,6 +776,12 @@ class Worker:
             "latency_hist": self.deliveries.to_json(),
         }
 
+    async def op_progress(self) -> dict[str, Any]:
+        """Publications acknowledged to this worker's devices and distinct ones they received,
+        so far (a soak's progress, asked while its publish and received operations run)."""
+        devs = self.devices.values()
+        return {"acked": sum(d.acked for d in devs), "received": sum(d.distinct for d in devs)}
+
     async def op_status(self) -> dict[str, Any]:
         devs = self.devices.values()
         return {
@@ -803,6 +840,33 @@ class Worker:
     async def op_cpu(self) -> dict[str, Any]:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         return {"cpu_s": usage.ru_utime + usage.ru_stime, "t": time.monotonic()}
+
+
+#: Connections one loopback source address carries at most: a client's TCP connections to one
+#: server address and port differ by their source port alone, and the kernel's ephemeral range
+#: has 28,232 of them by default (32768-60999); this leaves room for the machine's others.
+PER_SOURCE = 20_000
+
+
+def sources_for(devices: int, host: str) -> int:
+    """How many loopback source addresses ``devices`` connections to ``host`` are spread over:
+    one per :data:`PER_SOURCE` (at most 254) when ``host`` is a loopback address, else 1 (the
+    kernel's choice of source). On Linux every address of 127.0.0.0/8 is the ``lo`` interface's,
+    so 127.0.0.2.. need no configuration."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return 1  # a name: its address is the resolver's business
+    loopback = address.version == 4 and address.is_loopback
+    return min(254, math.ceil(devices / PER_SOURCE)) if loopback and devices > 0 else 1
+
+
+def source_address(index: int, sources: int) -> tuple[str, int] | None:
+    """Where device ``index`` binds before it connects: 127.0.0.1 .. 127.0.0.<sources> in turn
+    (any free port); None for ``sources`` <= 1 (unbound, as any client: the kernel picks)."""
+    if sources <= 1:
+        return None
+    return (f"127.0.0.{1 + index % sources}", 0)
 
 
 def raise_nofile(limit: int | None = None) -> int:
@@ -1001,15 +1065,26 @@ def processes_for(devices: int, per_process: int = 2500) -> int:
 # -- the server processes seen from /proc ----------------------------------------------------
 
 
+class ServerGone(RuntimeError):
+    """A server process watched in /proc has exited."""
+
+
 def proc_status(pid: int) -> dict[str, int]:
-    """``VmRSS`` (bytes) and ``Threads`` of a process, from /proc/<pid>/status."""
+    """``VmRSS`` (bytes) and ``Threads`` of a process, from /proc/<pid>/status; ServerGone when
+    it has exited (gone, or a zombie not yet reaped: its status has no ``VmRSS``)."""
     out = {}
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        text = ""
+    for line in text.splitlines():
         key, _, value = line.partition(":")
         if key == "VmRSS":
             out["rss_bytes"] = int(value.split()[0]) * 1024
         elif key == "Threads":
             out["threads"] = int(value)
+    if "rss_bytes" not in out:
+        raise ServerGone(f"server process {pid} has exited (no memory in /proc/{pid}/status)")
     return out
 
 
@@ -1060,18 +1135,22 @@ class Options:
     storm_wait_s: float = 10.0  # how long silent connections are watched without a deadline
     stall_s: float = 15.0  # a subscriber that gets nothing new this long is done waiting
     timeout: float = 300.0
+    rss_every_s: float = 10.0  # fan-in: how often each server's RSS is sampled
+    rate: float = 0.0  # fan-in: messages per second per device at most (0: by the window)
+    #: Loopback source addresses the devices are spread over (0: one per PER_SOURCE devices).
+    sources: int = 0
 
 
 def _merge_connect(parts: list[dict[str, Any]]) -> dict[str, Any]:
     hist = Hist()
     refused: dict[str, int] = {}
     errors: dict[str, int] = {}
+    sources: dict[str, int] = {}
     for p in parts:
         hist.merge(p["connect_hist"])
-        for k, v in p["refused"].items():
-            refused[k] = refused.get(k, 0) + v
-        for k, v in p["errors"].items():
-            errors[k] = errors.get(k, 0) + v
+        for into, key in ((refused, "refused"), (errors, "errors"), (sources, "sources")):
+            for k, v in p.get(key, {}).items():
+                into[k] = into.get(k, 0) + v
     t_first = min(p["t_first"] for p in parts)
     t_last = max(p["t_last_connack"] for p in parts)
     connected = sum(p["connected"] for p in parts)
@@ -1084,6 +1163,7 @@ def _merge_connect(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "closed": sum(p["closed"] for p in parts),
         "timeouts": sum(p["timeouts"] for p in parts),
         "errors": errors,
+        "sources": sources,  # connections per source address
         "subscribed": sum(p["subscribed"] for p in parts),
         "sub_failed": sum(p["sub_failed"] for p in parts),
         "seconds": span,
@@ -1125,8 +1205,15 @@ async def _connect(
     all_at_once: bool,
     clean: bool = True,
     subscribe: dict[str, Any] | None = None,
+    spread: bool = True,
 ) -> dict[str, Any]:
+    """Connect the devices of ``spans``; ``spread``: over loopback source addresses
+    (``opts.sources``, by default one per :data:`PER_SOURCE` devices), else all from one."""
     start_at = time.monotonic() + 0.2  # every worker starts together
+    total = sum(hi - lo for _w, (lo, hi) in spans)
+    sources = 1
+    if spread:
+        sources = opts.sources if opts.sources else sources_for(total, host_port[0])
     parts = await asyncio.gather(
         *(
             lc.call(
@@ -1143,6 +1230,7 @@ async def _connect(
                 timeout=opts.timeout,
                 start_at=start_at,
                 subscribe=subscribe,
+                sources=sources,
             )
             for w, ids in spans
         )
@@ -1222,6 +1310,8 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
     await lc.call(0, "clear", 10.0)
     cpu0, client0 = cpu_of(target.servers), await lc.client_cpu()
     start_at = time.monotonic() + 0.2
+    rss: list[list[float]] = []
+    sampler = asyncio.create_task(_sample(lc, target.servers, opts.rss_every_s, rss))
     pubs = await asyncio.gather(
         *(
             lc.call(
@@ -1236,6 +1326,7 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
                 payload=opts.payload,
                 start_at=start_at,
                 timeout=opts.timeout,
+                rate=opts.rate,
             )
             for w, ids in spans
         )
@@ -1262,12 +1353,17 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
         ]
     )
     cpu1, client1 = cpu_of(target.servers), await lc.client_cpu()
+    sampler.cancel()
     status = await _status(lc, range(lc.size))
     await _close_all(lc)
     span = t_last_ack - start_at
     end = received["t_last"] or t_last_ack
     return {
         "devices": devices,
+        # [seconds since the start, publications acknowledged, distinct ones received (a few
+        # probes included), RSS of each server (bytes) in Target.servers' order], every
+        # rss_every_s while publishing and delivering: a soak's memory against its backlog.
+        "rss_timeline": [[t - start_at, *sizes] for t, *sizes in rss],
         "subscriber": sub,
         "routed": routed,
         "sent": sum(p["sent"] for p in pubs),
@@ -1291,6 +1387,24 @@ async def fan_in(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any
         "client_cpu_pct_max": _busiest(client0, client1, end - start_at),
         "status": status,
     }
+
+
+async def _sample(
+    lc: LoadClient, pids: Sequence[int], every: float, into: list[list[float]]
+) -> None:
+    """Append ``[monotonic time, acknowledged, received, RSS of each of pids]`` to ``into``
+    every ``every`` seconds, from now until cancelled (a process gone ends the sampling: the
+    scenario says why). Acknowledged minus received is the backlog the servers hold."""
+    while True:
+        t = time.monotonic()
+        try:
+            sizes = [proc_status(p)["rss_bytes"] for p in pids]
+        except ServerGone:
+            return
+        parts = await lc.each(range(lc.size), "progress", 10.0)
+        acked = sum(p["acked"] for p in parts)
+        into.append([t, acked, sum(p["received"] for p in parts), *sizes])
+        await asyncio.sleep(every)
 
 
 def _busiest(before: list[float], after: list[float], seconds: float) -> float | None:
@@ -1469,7 +1583,10 @@ async def storm(lc: LoadClient, target: Target, opts: Options) -> dict[str, Any]
     host, port = target.devices
     opened = await lc.call(0, "silent", 60.0, count=opts.silent, host=host, port=port, timeout=30.0)
     t_silent = time.monotonic()
-    connect = await _connect(lc, lc.split(n), target.devices, f"{tag}x", opts, all_at_once=True)
+    # All from one address, beside the silent ones: the per-address table is what is tested.
+    connect = await _connect(
+        lc, lc.split(n), target.devices, f"{tag}x", opts, all_at_once=True, spread=False
+    )
     # Watch the silent ones until all are closed, or the deadline (+ slack) has passed.
     # The slack: at least storm_slack_s, 10 % of a long deadline (a server may check its
     # deadlines every few seconds: Mosquitto's 90 s went by in 94.8 s once).

@@ -4,6 +4,7 @@ a real Mosquitto with 20 devices (fan-in counts exact, idle connections, a storm
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -62,6 +63,59 @@ def test_histogram_quantiles_within_one_percent() -> None:
     assert p99 is not None and abs(p99 - 99) / 99 < 0.02
 
 
+def test_source_addresses_one_per_twenty_thousand_devices_towards_loopback() -> None:
+    assert mqttload.sources_for(100_000, "127.0.0.1") == 5
+    assert mqttload.sources_for(20_000, "127.0.0.1") == 1
+    assert mqttload.sources_for(100_000, "192.0.2.7") == 1  # not ours to spread
+    assert mqttload.source_address(7, 1) is None
+    assert mqttload.source_address(7, 5) == ("127.0.0.3", 0)
+
+
+def test_devices_connect_from_the_loopback_addresses_they_are_spread_over() -> None:
+    """Real sockets: a listener that answers every CONNECT with CONNACK 0 sees six devices come
+    from 127.0.0.1, .2 and .3, two each, and the worker counts the same."""
+    peers: list[str] = []
+
+    class Broker(asyncio.Protocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            assert isinstance(transport, asyncio.Transport)
+            self.transport = transport
+            peers.append(transport.get_extra_info("peername")[0])
+
+        def data_received(self, data: bytes) -> None:
+            if data[0] >> 4 == mqttload.CONNECT:
+                self.transport.write(b"\x20\x02\x00\x00")
+
+    async def run() -> dict[str, Any]:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Broker, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        worker = mqttload.Worker(loop)
+        try:
+            return await worker.op_connect(
+                ids=[0, 6],
+                host="127.0.0.1",
+                port=port,
+                prefix="spread",
+                keepalive=0,
+                clean=True,
+                concurrency=0,
+                timeout=10.0,
+                start_at=0.0,
+                sources=3,
+            )
+        finally:
+            for dev in worker.devices.values():
+                dev.close(disconnect=False)
+            server.close()
+
+    result = asyncio.run(run())
+    assert result["connected"] == 6 and result["errors"] == {}
+    spread = {"127.0.0.1": 2, "127.0.0.2": 2, "127.0.0.3": 2}
+    assert result["sources"] == spread
+    assert {a: peers.count(a) for a in set(peers)} == spread
+
+
 @pytest.fixture(scope="module")
 def mosquitto() -> Iterator[mqttload.Target]:
     if find_binary("mosquitto") is None:
@@ -88,6 +142,22 @@ def test_fan_in_counts_every_message_once(mosquitto: mqttload.Target) -> None:
     assert result["missing"] == 0 and result["duplicates"] == 0
     assert result["received"]["per_subscriber"] == {str(N * 30): 1}
     assert result["msgs_per_s"] > 0 and result["puback_ms"]["p50"] > 0
+    # The soak's record: [seconds, acknowledged, received, RSS of the one server], the first
+    # just before the start, the last as the subscriber finishes.
+    first, last = result["rss_timeline"][0], result["rss_timeline"][-1]
+    assert len(first) == 4 and -1.0 < first[0] <= 0 and first[1] == 0 and first[3] > 1 << 20
+    assert last[1] <= N * 30 and last[2] <= N * 30 + 1  # the probe, at most
+
+
+@needs_mosquitto
+def test_fan_in_at_a_rate_takes_the_time_the_rate_asks(mosquitto: mqttload.Target) -> None:
+    """10 messages per device at 20/s: the 10th is due 0.45 s after the first, whatever the
+    broker's speed; every one still arrives once."""
+    opts = mqttload.Options(devices=N, count=10, window=5, rate=20.0, timeout=30.0, stall_s=5.0)
+    result = mqttload.run_scenarios(mosquitto, opts, ["fan_in"], processes=3)["fan_in"]
+    assert result["acked"] == N * 10 and result["received"]["received"] == N * 10
+    assert result["seconds"] >= 0.45
+    assert result["missing"] == 0 and result["duplicates"] == 0
 
 
 @needs_mosquitto

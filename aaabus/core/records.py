@@ -31,6 +31,7 @@ from ZODB.serialize import ObjectReader
 from ZODB.utils import oid_repr
 
 from aaabus.config.trust import TrustPolicy
+from aaabus.core.writers import FreeingConnection
 from aaabus.errors import MalformedPickle, UntrustedClass
 from aaabus.wire.pickles import vet_pickles
 
@@ -79,7 +80,7 @@ class _VettingReader(ObjectReader):
             raise
 
 
-class _VettingConnection(Connection):
+class _VettingConnection(FreeingConnection):
     """A connection whose reader vets records, and whose refusals name the record."""
 
     def __init__(self, db: VettedDB, *args: Any, **kwargs: Any) -> None:

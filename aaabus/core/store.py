@@ -50,6 +50,7 @@ from aaabus.core.logstorage import DEFAULT_SEGMENT_SIZE, LogStorage
 from aaabus.core.logstorage.segments import LOCK_NAME
 from aaabus.core.packer import Packer
 from aaabus.core.records import VettedDB, check_record
+from aaabus.core.writers import FreeingDB
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
 from aaabus.model.renames import current_path
 from aaabus.wire.frames import VERSION as WIRE_VERSION
@@ -473,7 +474,7 @@ def _database(storage: Any, trust: TrustPolicy | None, description: str) -> ZODB
     # one group touches on a busy router, and an evicted agent loses its volatile (_v_)
     # attributes and is unpickled again at its next notification.
     if trust is None:
-        return ZODB.DB(storage, cache_size=CACHE_SIZE, class_factory=_moved_classes)
+        return FreeingDB(storage, cache_size=CACHE_SIZE, class_factory=_moved_classes)
     if storage is not None and len(storage):
         try:
             check_record(trust, storage.load(ZODB.utils.z64)[0])

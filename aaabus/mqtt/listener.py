@@ -88,6 +88,11 @@ SWEEP_S = 1.0
 EXPIRE_S = 60.0
 #: How long a connection may wait for its CONNECT before its address's cap may evict it.
 GRACE_S = 1.0
+#: File descriptors the listener leaves to the rest of the process (store segments and temporary
+#: files, links, the admin port): a socket accepted beyond the process's limit minus these is
+#: closed at once. Without them, devices took the last descriptor and the next commit failed
+#: three times (no temporary file), which stops the server (issue 43).
+FD_RESERVE = 256
 #: Sockets accepted per turn of the loop, and the kernel's queue of connections not yet
 #: accepted (capped by the system's net.core.somaxconn).
 ACCEPT_BATCH = 128
@@ -183,6 +188,12 @@ class MqttListener:
             setting("max_waiting"), setting("per_address")
         )
         self._connections: set[MqttConnection] = set()
+        #: Sockets this listener may hold at once (the file limit less FD_RESERVE; see admit).
+        #: Set before the loop thread starts, read by it only.
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        self._socket_budget = (
+            1 << 62 if soft == resource.RLIM_INFINITY else max(1, soft - FD_RESERVE)
+        )
         # Ended connections draining the device's input after their last packet (see
         # MqttConnection._linger), at most as many as the waiting room holds.
         self._lingering = 0
@@ -366,6 +377,13 @@ class MqttListener:
     def admit(self, conn: MqttConnection) -> bool:
         """A socket was accepted: into the waiting room (False: refuse it now)."""
         if self._stopping:
+            return False
+        if len(self._connections) >= self._socket_budget:
+            self.refused(
+                conn.address,
+                f"{len(self._connections)} sockets open: the rest of the process's file limit "
+                f"(ulimit -n) is kept for the store (FD_RESERVE {FD_RESERVE})",
+            )
             return False
         now = time.monotonic()
         evicted = self._waiting.add(conn, conn.address, now, GRACE_S)
