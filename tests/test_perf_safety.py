@@ -1,6 +1,7 @@
 """``perf safety`` (issue 42): a real three-node RabbitMQ cluster beside aaabus with and without
 a replica, tiny counts. RabbitMQ and pika are required here (``make peers`` installs them): their
-absence fails the test with that sentence rather than skipping what it proves."""
+absence fails the test with that sentence rather than skipping what it proves. Marked
+``brokers``: `make test` leaves it out (CI has no brokers), `make peers` runs it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from aaabus.config.topology import generate
 from perf.brokers import find_binary
 from tests.support.harness import REPO_ROOT, contiguous_free_base
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.brokers]
 
 
 def _require_rabbitmq() -> None:
