@@ -15,7 +15,8 @@ Delivery is pushed: the session's mailbox hands each item to the listener once d
 the window allows: at most ``aaabus.mqtt.inflight`` QoS 1/2 messages unacknowledged, and the
 socket's queue under ``aaabus.mqtt.queued_bytes`` (asyncio's write-buffer flow control). When it
 falls behind (a full window, a slow socket, a reconnection), it takes the rest from the store
-(:meth:`~aaabus.mqtt.sessions.MqttSessions.take_now`), a window at a time. The device's
+(:meth:`~aaabus.mqtt.sessions.MqttSessions.take_now`), a window at a time; where it is in
+the backlog is the sans-IO :class:`~aaabus.mqtt.backlog.Backlog`'s bookkeeping. The device's
 acknowledgements are cumulated and committed in the next batch: the store forgets what the
 device has.
 
@@ -37,7 +38,6 @@ import logging
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -45,6 +45,7 @@ from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.mqtt import codec as mc
 from aaabus.mqtt import messages as mm
 from aaabus.mqtt.auth import Credentials
+from aaabus.mqtt.backlog import Backlog
 from aaabus.mqtt.flows import Do, QosFlows, Slot, Step
 from aaabus.mqtt.protocol import MqttProtocol, State
 from aaabus.mqtt.sessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
@@ -178,13 +179,8 @@ class MqttConnection(asyncio.Protocol):
         self.flows = QosFlows(self.proto, host.inflight)
         self._ack_sent = 0  # the acked value last committed or being committed
         self._acking = False
-        self._next = 1  # the next backlog seq to send
-        self._heard = 0  # the highest backlog seq pushed so far
-        # Pushed items not sent yet (the window was full), contiguous from _next; bounded.
-        self._ahead: deque[Delivery] = deque()
-        self._ahead_bytes = 0
-        self._gap = False  # the store holds items beyond _next that memory does not
-        self._fetching = False
+        # Delivery: what is sent, what waits in memory, what is to be read from the store.
+        self._backlog: Backlog[Delivery] = Backlog(host.queued_bytes)
         # What the CONNECT settled (aaabus.mqtt.terms); 3.1.1's fixed rules until then.
         self.terms = Terms(True, 0, 0, host.inflight)
         self._max_out = 0  # the device's Maximum Packet Size (0: none)
@@ -209,7 +205,7 @@ class MqttConnection(asyncio.Protocol):
             "keep_alive": self.keep_alive,
             "clean": self.clean,
             "inflight": self.flows.in_flight,
-            "backlog": max(0, self._heard - self.flows.acked),
+            "backlog": max(0, self._backlog.heard - self.flows.acked),
         }
 
     # -- asyncio callbacks ---------------------------------------------------------------------
@@ -393,7 +389,7 @@ class MqttConnection(asyncio.Protocol):
         self._write(self.proto.accept(outcome.present, self.terms.connack))
         self._accepted = True  # deliveries may go out from now on, never before CONNACK
         if self._has_record:
-            self._gap = True  # a backlog may wait in the store
+            self._backlog.gap = True  # a backlog may wait in the store
         self._fill()
         self._drain()  # packets the device sent before its CONNACK
 
@@ -715,70 +711,53 @@ class MqttConnection(asyncio.Protocol):
         """The session's mailbox appended ``item`` as ``seq`` (durable): send it now if it is
         the next one and there is room; keep it in memory while the window is full (up to
         ``queued_bytes`` of payload); beyond, let the store catch the connection up."""
-        if not self._accepted or self.ended or seq < self._next:
+        if not self._accepted or self.ended:
             return
-        if seq > self._heard:
-            self._heard = seq
-        ahead = self._ahead
-        if self._gap or seq != self._next + len(ahead):
-            if seq >= self._next + len(ahead):
-                self._gap = True  # what lies between is in the store only
-                self._fill()
-            return
-        size = len(item.payload)
-        if ahead and self._ahead_bytes + size > self.host.queued_bytes:
-            self._gap = True  # the store keeps it; memory stays bounded
-            return
-        ahead.append(item)
-        self._ahead_bytes += size
-        self._pump()
+        todo = self._backlog.pushed(seq, item)
+        if todo == "pump":
+            self._pump()
+        elif todo == "fill":
+            self._fill()
 
     def _room(self) -> bool:
         return self.flows.room() and not self._writing_paused
 
     def _pump(self) -> None:
         """Send what waits in memory while there is room, then ask the store for the rest."""
-        ahead = self._ahead
-        while ahead and self._room():
-            item = ahead.popleft()
-            self._ahead_bytes -= len(item.payload)
-            self._send(item)
-        if not ahead and self._gap:
+        backlog = self._backlog
+        while backlog.waiting and self._room():
+            self._send(backlog.pop())
+        if not backlog.waiting and backlog.gap:
             self._fill()
 
     def _fill(self) -> None:
         """Take from the store what lies beyond what was sent and is not in memory, a window at
-        a time, once at least half the window is free (a read: the batch writes nothing)."""
-        if not self._accepted or self.ended or self._fetching or not self._gap or self._ahead:
+        a time (see :meth:`Backlog.to_read`; a read: the batch writes nothing)."""
+        if not self._accepted or self.ended or self._writing_paused:
             return
-        window, in_flight = self.flows.window, self.flows.in_flight
-        free = window - in_flight
-        if (free < max(1, window // 2) and in_flight) or self._writing_paused:
+        backlog = self._backlog
+        free = backlog.to_read(self.flows.window, self.flows.in_flight)
+        if not free:
             return
-        self._fetching = True
-        cid, sessions, after = self.client_id, self.host.sessions, self._next - 1
+        backlog.fetching = True
+        cid, sessions, after = self.client_id, self.host.sessions, backlog.next - 1
 
         def then(outcome: Any) -> None:
-            self._fetching = False
+            backlog.fetching = False
             if self.ended or isinstance(outcome, BaseException):
                 return
             items: list[Delivery] = outcome or []
             for item in items:
-                if item.seq >= self._next:
+                if item.seq >= backlog.next:
                     self._send(item)
-            if len(items) < free:
-                # The store had nothing more when it answered. What was announced before the
-                # answer and not given was dropped at the backlog limit; what its own batch
-                # appended is announced after it, in order.
-                self._next = max(self._next, self._heard + 1)
-                self._gap = False
+            backlog.read(len(items), free)
             self._pump()
 
         self._call(lambda: sessions.take_now(cid, after, free), then)
 
     def _send(self, item: Delivery) -> None:
         seq = item.seq
-        self._next = seq + 1
+        self._backlog.sent(seq)
         self.flows.handed(seq)
         if item.qos < 0:
             self._finished(seq)
