@@ -43,6 +43,7 @@ from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt import messages as mm
 from aaabus.mqtt.auth import Credentials
 from aaabus.mqtt.backlog import Backlog
@@ -71,7 +72,7 @@ class ConnectionHost(Protocol):
     server_id: int
     sessions: MqttSessions
     max_packet: int
-    #: User properties per property section: (count, bytes); see mqttcodec.UserBound.
+    #: User properties per property section: (count, bytes); see codes.UserBound.
     user_bound: tuple[int, int]
     inflight: int
     queued_bytes: int
@@ -192,7 +193,7 @@ class MqttConnection(asyncio.Protocol):
     @property
     def v5(self) -> bool:
         """Whether the device speaks MQTT 5.0 (known once its CONNECT is read)."""
-        return self.proto.version == mc.V5
+        return self.proto.version == mq.V5
 
     def figures(self) -> dict[str, Any]:
         """What the console lists of this device (loop thread): its protocol, keep-alive, the
@@ -284,7 +285,7 @@ class MqttConnection(asyncio.Protocol):
             self._write(self.proto.refuse(exc.code))
             self.end(str(exc), answered=True)
         else:
-            self.end(str(exc), reason=exc.code or mc.PROTOCOL_ERROR)
+            self.end(str(exc), reason=exc.code or mq.PROTOCOL_ERROR)
 
     def _handle(self, packet: Any) -> None:
         if isinstance(packet, mc.Publish):
@@ -318,10 +319,10 @@ class MqttConnection(asyncio.Protocol):
         if will is not None:
             if "+" in will.topic or "#" in will.topic or not will.topic:
                 raise MqttProtocolError(
-                    f"invalid will topic {will.topic[:60]!r}", mc.PROTOCOL_ERROR
+                    f"invalid will topic {will.topic[:60]!r}", mq.PROTOCOL_ERROR
                 )
             props = will.properties
-            self._will_delay = props.pop(mc.WILL_DELAY, 0)  # the connection's, not the message's
+            self._will_delay = props.pop(mq.WILL_DELAY, 0)  # the connection's, not the message's
             self.will = (will.topic, will.payload, will.qos, will.retain, props or None)
         self.client_id = client_id or assigned or ""
         self.user = packet.username
@@ -332,7 +333,7 @@ class MqttConnection(asyncio.Protocol):
         if self.ended:
             return
         if ok is None:
-            self._write(self.proto.refuse(mc.SERVER_BUSY))  # 3.1.1: "server unavailable"
+            self._write(self.proto.refuse(mq.SERVER_BUSY))  # 3.1.1: "server unavailable"
             self.end("server busy", answered=True)
             return
         if not ok:
@@ -430,8 +431,8 @@ class MqttConnection(asyncio.Protocol):
         name or password" (0x86) from "not authorized" (0x87: no name, or nobody may connect);
         3.1.1's code stays 0x05 ("not authorized"), as before 5.0 was served."""
         if self.v5 and self.user is not None and self.host.credentials is not None:
-            return mc.BAD_CREDENTIALS
-        return mc.NOT_AUTHORIZED
+            return mq.BAD_CREDENTIALS
+        return mq.NOT_AUTHORIZED
 
     def _disconnected(self, packet: mc.Disconnect) -> None:
         """The device's DISCONNECT: 5.0 may change the session's expiry. A change from 0 is a
@@ -441,7 +442,7 @@ class MqttConnection(asyncio.Protocol):
         except MqttProtocolError as exc:
             self.host.refused(self.address, f"client {self.client_id!r}: {exc}")
             self._graceful = False
-            self._write(mc.encode(mc.Disconnect(mc.PROTOCOL_ERROR, {}), mc.V5))
+            self._write(mc.encode(mc.Disconnect(mq.PROTOCOL_ERROR, {}), mq.V5))
             self.end(str(exc), answered=True)
             return
         if expiry is not None and expiry != self.terms.expiry:
@@ -496,10 +497,10 @@ class MqttConnection(asyncio.Protocol):
         "server unavailable" (0x88; 3.1.1: 0x03), a 5.0 device connected is told "unspecified
         error" (0x80), and the connection ends."""
         if self.proto.state is State.CONNECTING:
-            self._write(self.proto.refuse(mc.SERVER_UNAVAILABLE))
+            self._write(self.proto.refuse(mq.SERVER_UNAVAILABLE))
             self.end("not committed", answered=True)
         else:
-            self.end("not committed", reason=mc.UNSPECIFIED)
+            self.end("not committed", reason=mq.UNSPECIFIED)
 
     def shutdown(self) -> None:
         """The listener stops (loop thread): a 5.0 device is told so (0x8B), the socket is cut.
@@ -508,7 +509,7 @@ class MqttConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         if not self.ended and self.proto.state is State.CONNECTED:
-            data = self.proto.disconnect(mc.SERVER_SHUTTING_DOWN)
+            data = self.proto.disconnect(mq.SERVER_SHUTTING_DOWN)
             if data:
                 self._out.append(data)
             self.flush()
@@ -523,10 +524,10 @@ class MqttConnection(asyncio.Protocol):
         topic = flows.arrive(packet)  # 5.0: the alias resolved, the Receive Maximum kept
         props = mm.message_props(packet.properties, time.time()) if packet.properties else None
         if props is not None and mm.bad_payload(props, payload):
-            self._refuse_publish(packet, mc.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+            self._refuse_publish(packet, mq.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
             return
         if not host.may_publish(self, topic):  # the ACL (aaabus.mqtt.acl), and $ topics
-            self._refuse_publish(packet, mc.NOT_AUTHORIZED, f"not authorized on {topic[:60]!r}")
+            self._refuse_publish(packet, mq.NOT_AUTHORIZED, f"not authorized on {topic[:60]!r}")
             return
         step = flows.publish(qos, pid) if qos else Step(Do.PUBLISH)
         if step.do is Do.ANSWERED:  # a QoS 2 retransmission: published already
@@ -544,10 +545,10 @@ class MqttConnection(asyncio.Protocol):
 
         def answered(outcome: Any) -> None:
             # publish_now's False: no subscriber matched (0x10, a success; 3.1.1 says 0).
-            code = mc.SUCCESS if outcome is not False else mc.NO_MATCHING_SUBSCRIBERS
+            code = mq.SUCCESS if outcome is not False else mq.NO_MATCHING_SUBSCRIBERS
             if isinstance(outcome, str):
                 host.refused(self.address, f"client {cid!r}: retained message refused: {outcome}")
-                code = mc.QUOTA_EXCEEDED
+                code = mq.QUOTA_EXCEEDED
             flows.published(step, qos, pid, code)
 
         self._call(op, answered, step.slot)
@@ -566,7 +567,7 @@ class MqttConnection(asyncio.Protocol):
     # -- acknowledgements from the device ------------------------------------------------------
 
     def _acknowledged(self, packet: mc.Ack) -> None:
-        if packet.kind == mc.PUBREL:
+        if packet.kind == mq.PUBREL:
             self._release(packet.packet_id)
             return
         flows = self.flows
@@ -627,19 +628,19 @@ class MqttConnection(asyncio.Protocol):
         for topic_filter, options in packet.topics:
             qos = options & 0x03
             if self._bad_share(topic_filter):  # 3.1.1: the codec leaves $share/ to us
-                codes.append(mc.TOPIC_FILTER_INVALID)
+                codes.append(mq.TOPIC_FILTER_INVALID)
                 continue
             if not self.host.may_subscribe(self, topic_filter):  # the ACL (aaabus.mqtt.acl)
-                codes.append(mc.NOT_AUTHORIZED)
+                codes.append(mq.NOT_AUTHORIZED)
                 continue
             if topic_filter not in self._granted:
                 if room <= 0:
-                    codes.append(mc.QUOTA_EXCEEDED)
+                    codes.append(mq.QUOTA_EXCEEDED)
                     continue
                 room -= 1
             wanted.append((topic_filter, qos))
             codes.append(qos)
-        if mc.QUOTA_EXCEEDED in codes:
+        if mq.QUOTA_EXCEEDED in codes:
             self.host.refused(
                 self.address,
                 f"client {self.client_id!r}: over aaabus.mqtt.max_filters "
@@ -685,7 +686,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _unsubscribe(self, packet: mc.Unsubscribe) -> None:
         filters = list(packet.filters)
-        codes = [mc.SUCCESS if f in self._granted else 0x11 for f in filters]  # 0x11: none
+        codes = [mq.SUCCESS if f in self._granted else 0x11 for f in filters]  # 0x11: none
         for topic_filter in filters:
             self._granted.pop(topic_filter, None)
             if self._subopts:

@@ -62,7 +62,7 @@ from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 from aaabus.io.gate import PendingTable, RefusalLog
 from aaabus.model.notifications import Notification
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.acl import Acl
 from aaabus.mqtt.auth import Credentials
 from aaabus.mqtt.batches import Batches, Op, Then
@@ -378,17 +378,17 @@ class MqttListener:
             self.refused(
                 conn.address, f"{self.max_connections} devices connected (max_connections)"
             )
-            return mc.QUOTA_EXCEEDED
+            return mq.QUOTA_EXCEEDED
         address = conn.address
         here = self._of_address.get(address, 0) - (old is not None and old.address == address)
         if here >= self.connections_per_address:
             self.refused(address, f"{here} devices connected from it (connections_per_address)")
-            return mc.QUOTA_EXCEEDED
+            return mq.QUOTA_EXCEEDED
         if user is not None:
             held = self._of_user.get(user, 0) - (1 if old is not None and old.user == user else 0)
             if held >= self.per_user:
                 self.refused(conn.address, f"user {user!r} holds {held} connections")
-                return mc.QUOTA_EXCEEDED
+                return mq.QUOTA_EXCEEDED
         # The store's bounds count the devices without a user name as one user.
         mine = self._sessions_of.get(accounted(user), set())
         if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
@@ -397,9 +397,9 @@ class MqttListener:
                 conn.address,
                 f"{who}: {len(mine)} persistent sessions already (aaabus.mqtt.sessions_per_user)",
             )
-            return mc.QUOTA_EXCEEDED
+            return mq.QUOTA_EXCEEDED
         if old is not None:
-            old.end("session taken over", reason=mc.SESSION_TAKEN_OVER)
+            old.end("session taken over", reason=mq.SESSION_TAKEN_OVER)
         self._waiting.remove(conn)
         self._by_client[cid] = conn
         self._wills.claimed(cid, conn.terms.clean_start)
@@ -438,10 +438,10 @@ class MqttListener:
         owner = self._stored.get(cid, user)  # a stored session's user, even None
         if owner != user or (old is not None and old.user != user):
             self.refused(conn.address, f"user {user!r} asked for client id {cid!r}, another user's")
-            return mc.NOT_AUTHORIZED
+            return mq.NOT_AUTHORIZED
         if conn.will is not None and not self._may_write(conn, conn.will[0]):
             self.refused(conn.address, f"client {cid!r}: will topic {conn.will[0][:60]!r} denied")
-            return mc.NOT_AUTHORIZED
+            return mq.NOT_AUTHORIZED
         return None
 
     def may_publish(self, conn: MqttConnection, topic: str) -> bool:
@@ -613,7 +613,7 @@ class MqttListener:
                     f"client {conn.client_id!r}: silent for {conn.silence:g} s (keep-alive "
                     f"{conn.keep_alive} s, aaabus.mqtt.max_idle_s {self.max_idle_s:g} s)",
                 )
-                conn.end("keep-alive expired", reason=mc.KEEP_ALIVE_TIMEOUT)
+                conn.end("keep-alive expired", reason=mq.KEEP_ALIVE_TIMEOUT)
             else:
                 self.refused(conn.address, "no CONNECT before the deadline")
                 conn.end("no CONNECT before the deadline")
@@ -688,7 +688,7 @@ class MqttListener:
             del self._awaiting[conn.client_id]
             if not conn.ended:
                 self.refused(conn.address, f"client {conn.client_id!r}: session did not arrive")
-                conn.roam_refused(mc.SERVER_UNAVAILABLE, "its session did not arrive in time")
+                conn.roam_refused(mq.SERVER_UNAVAILABLE, "its session did not arrive in time")
 
     def _on_roam(self, values: list[object]) -> None:
         """Engine observer (engine thread, once durable): sessions arrived, were refused, left."""
@@ -702,7 +702,7 @@ class MqttListener:
                 self._set_stored(cid, None, False)
                 conn = self._by_client.get(cid)
                 if conn is not None and self._awaiting.get(cid) is not conn:
-                    conn.end("session moved to another server", reason=mc.SESSION_TAKEN_OVER)
+                    conn.end("session moved to another server", reason=mq.SESSION_TAKEN_OVER)
                 continue
             if kind == "ready":
                 self._set_stored(cid, value[2], True)
@@ -721,5 +721,5 @@ class MqttListener:
         often, the device retries)."""
         cid = conn.client_id
         self.refused(conn.address, f"client {cid!r}: session refused ({reason})")
-        code = mc.NOT_AUTHORIZED if reason == NOT_AUTHORIZED else mc.SERVER_BUSY
+        code = mq.NOT_AUTHORIZED if reason == NOT_AUTHORIZED else mq.SERVER_BUSY
         conn.roam_refused(code, f"session refused: {reason}")
