@@ -193,10 +193,17 @@ class Subscribe:
 
 
 @dataclass(slots=True)
-class SubAck:
+class _Answered:
+    """The fields of SUBACK and UNSUBACK (two packet types, one layout): a code per filter."""
+
     packet_id: int
     codes: list[int]
     properties: Properties = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class SubAck(_Answered):
+    """A granted QoS or a failure per filter of the SUBSCRIBE."""
 
 
 @dataclass(slots=True)
@@ -207,12 +214,8 @@ class Unsubscribe:
 
 
 @dataclass(slots=True)
-class UnsubAck:
+class UnsubAck(_Answered):
     """``codes`` is empty in 3.1.1, whose UNSUBACK carries none."""
-
-    packet_id: int
-    codes: list[int]
-    properties: Properties = field(default_factory=dict)
 
 
 @dataclass(slots=True)
