@@ -72,13 +72,24 @@ SAMPLES: list[Notification] = [
     ExceptionNotification(ID, Inc(1), "ValueError", "bad"),
     ExceptionNotification(ID, None, "BadBody", "garbage"),
     UnknownAgent(ID, Typed(1, 2.0, "", b"", ID)),
-    Publish("a/b", {"x": (1, [2, {3}]), "id": ID, "n": Inc(4)}, True, 1),
-    Publication("a/b", b"payload", ID, ("a/#",), False, 2),
+    Publish("a/b", {"x": (1, [2, {3}]), "id": ID, "n": Inc(4)}, True, qos=1),
+    Publication("a/b", b"payload", ID, ("a/#",), False, qos=2),
     Relay((1, 2), Carried("t", frozenset([1]), ID)),
     Relay((3,), InterestChange(0, ("a/+",), True)),
     Relays.of(
         [
-            ((1,), Carried("t", (1, "x"), ID, True, 1, "dev", MessageProps(content_type="a"))),
+            (
+                (1,),
+                Carried(
+                    "t",
+                    (1, "x"),
+                    ID,
+                    True,
+                    qos=1,
+                    origin="dev",
+                    props=MessageProps(content_type="a"),
+                ),
+            ),
             ((2, 3), InterestChange(0, ("a/#",), False)),
         ]
     ),

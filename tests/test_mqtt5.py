@@ -18,6 +18,7 @@ from paho.mqtt.properties import Properties
 
 from aaabus import Client
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.auth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
@@ -286,28 +287,28 @@ def test_connack_tells_the_server_limits_and_assigns_a_client_id(
 ) -> None:
     srv = server({"aaabus.mqtt.session_expiry_s": "100", "aaabus.mqtt.max_packet": "50000"})
     raw = RawDevice5(srv.port)
-    ack = raw.connect("", properties={mc.SESSION_EXPIRY: 0xFFFFFFFF})
+    ack = raw.connect("", properties={mq.SESSION_EXPIRY: 0xFFFFFFFF})
     assert (ack.code, ack.session_present) == (0, False)
     props = ack.properties
-    assert props[mc.RECEIVE_MAXIMUM] == INFLIGHT
-    assert props[mc.MAXIMUM_PACKET_SIZE] == 50000
-    assert props[mc.TOPIC_ALIAS_MAXIMUM] == 16
-    assert props[mc.SESSION_EXPIRY] == 100  # "never" capped by session_expiry_s
+    assert props[mq.RECEIVE_MAXIMUM] == INFLIGHT
+    assert props[mq.MAXIMUM_PACKET_SIZE] == 50000
+    assert props[mq.TOPIC_ALIAS_MAXIMUM] == 16
+    assert props[mq.SESSION_EXPIRY] == 100  # "never" capped by session_expiry_s
     for flag in (
-        mc.RETAIN_AVAILABLE,
-        mc.WILDCARD_SUB_AVAILABLE,
-        mc.SUBSCRIPTION_ID_AVAILABLE,
-        mc.SHARED_SUB_AVAILABLE,
+        mq.RETAIN_AVAILABLE,
+        mq.WILDCARD_SUB_AVAILABLE,
+        mq.SUBSCRIPTION_ID_AVAILABLE,
+        mq.SHARED_SUB_AVAILABLE,
     ):
         assert props[flag] == 1
-    assert props[mc.ASSIGNED_CLIENT_ID].startswith("auto-")
-    assert mc.SERVER_KEEP_ALIVE not in props  # 30 s is within max_keepalive
+    assert props[mq.ASSIGNED_CLIENT_ID].startswith("auto-")
+    assert mq.SERVER_KEEP_ALIVE not in props  # 30 s is within max_keepalive
     raw.close()
     # A client id given: none assigned, no expiry to cap, no aliases when disabled.
     named = RawDevice5(server({"aaabus.mqtt.topic_aliases": "0"}).port)
     props = named.connect("named").properties
-    assert mc.ASSIGNED_CLIENT_ID not in props and mc.SESSION_EXPIRY not in props
-    assert mc.TOPIC_ALIAS_MAXIMUM not in props
+    assert mq.ASSIGNED_CLIENT_ID not in props and mq.SESSION_EXPIRY not in props
+    assert mq.TOPIC_ALIAS_MAXIMUM not in props
     named.close()
 
 
@@ -317,13 +318,13 @@ def test_server_keep_alive_instead_of_a_refusal_then_timeout_0x8d(
     srv = server({"aaabus.mqtt.max_keepalive": "1"})
     raw = RawDevice5(srv.port)
     ack = raw.connect("silent", keep_alive=0)  # 0: told the server's keep-alive
-    assert (ack.code, ack.properties[mc.SERVER_KEEP_ALIVE]) == (0, 1)
+    assert (ack.code, ack.properties[mq.SERVER_KEEP_ALIVE]) == (0, 1)
     # Silent for 1.5 × 1 s: told why.
-    assert raw.until(mc.Disconnect, timeout=5).code == mc.KEEP_ALIVE_TIMEOUT
+    assert raw.until(mc.Disconnect, timeout=5).code == mq.KEEP_ALIVE_TIMEOUT
     assert raw.closed()
     raw.close()
     over = RawDevice5(srv.port)
-    assert over.connect("over", keep_alive=600).properties[mc.SERVER_KEEP_ALIVE] == 1
+    assert over.connect("over", keep_alive=600).properties[mq.SERVER_KEEP_ALIVE] == 1
     over.close()
     # 3.1.1 cannot be told another keep-alive: still refused (0x02).
     old = RawDevice(srv.port)
@@ -343,9 +344,9 @@ def test_a_device_over_our_receive_maximum_is_disconnected_0x93(
     # QoS 2 publications stay unacknowledged until PUBCOMP, which needs our PUBREL: never sent.
     for pid in range(1, INFLIGHT + 1):
         raw.send(mc.Publish("rm/t", str(pid).encode(), 2, False, False, pid))
-        assert raw.until(mc.Ack).kind == mc.PUBREC
+        assert raw.until(mc.Ack).kind == mq.PUBREC
     raw.send(mc.Publish("rm/t", b"one too many", 2, False, False, INFLIGHT + 1))
-    assert raw.until(mc.Disconnect).code == mc.RECEIVE_MAXIMUM_EXCEEDED
+    assert raw.until(mc.Disconnect).code == mq.RECEIVE_MAXIMUM_EXCEEDED
     assert raw.closed()
     raw.close()
     got = payloads(watcher.receive(INFLIGHT))
@@ -356,9 +357,9 @@ def test_a_device_over_our_receive_maximum_is_disconnected_0x93(
     polite.connect("polite")
     for pid in range(1, 3 * INFLIGHT):
         polite.send(mc.Publish("rm/p", b"p", 2, False, False, pid))
-        assert polite.until(mc.Ack).kind == mc.PUBREC
-        polite.send(mc.Ack(mc.PUBREL, pid))
-        assert polite.until(mc.Ack).kind == mc.PUBCOMP
+        assert polite.until(mc.Ack).kind == mq.PUBREC
+        polite.send(mc.Ack(mq.PUBREL, pid))
+        assert polite.until(mc.Ack).kind == mq.PUBCOMP
     polite.close()
     watcher.close()
 
@@ -397,7 +398,7 @@ def test_receive_maximum_1_one_delivery_at_a_time_and_a_refusing_pubrec_ends_the
 ) -> None:
     srv = server()
     raw = RawDevice5(srv.port)
-    raw.connect("one", properties={mc.RECEIVE_MAXIMUM: 1, mc.SESSION_EXPIRY: 60})
+    raw.connect("one", properties={mq.RECEIVE_MAXIMUM: 1, mq.SESSION_EXPIRY: 60})
     raw.send(mc.Subscribe(1, [("one/#", 2)]))
     assert isinstance(raw.packet(), mc.SubAck)
     pub = Device(srv.port, "pub")
@@ -410,13 +411,13 @@ def test_receive_maximum_1_one_delivery_at_a_time_and_a_refusing_pubrec_ends_the
     # nothing of them comes before the answer to a PINGREQ.
     assert raw.nothing_queued()
     # The device refuses it (PUBREC 0x80): that flow is over, the next message comes.
-    raw.send(mc.Ack(mc.PUBREC, first.packet_id or 0, mc.UNSPECIFIED))
+    raw.send(mc.Ack(mq.PUBREC, first.packet_id or 0, mq.UNSPECIFIED))
     second = raw.packet()
     assert isinstance(second, mc.Publish) and second.payload == b"1"
-    raw.send(mc.Ack(mc.PUBREC, second.packet_id or 0))
-    assert raw.packet() == mc.Ack(mc.PUBREL, second.packet_id or 0)
+    raw.send(mc.Ack(mq.PUBREC, second.packet_id or 0))
+    assert raw.packet() == mc.Ack(mq.PUBREL, second.packet_id or 0)
     assert raw.nothing_queued()  # no third PUBLISH before PUBCOMP
-    raw.send(mc.Ack(mc.PUBCOMP, second.packet_id or 0))
+    raw.send(mc.Ack(mq.PUBCOMP, second.packet_id or 0))
     third = raw.packet()
     assert isinstance(third, mc.Publish) and third.payload == b"2"
     raw.close()
@@ -481,8 +482,8 @@ def test_paho_sets_and_uses_a_topic_alias(server: Callable[..., Server]) -> None
 @pytest.mark.parametrize(
     ("packets", "code"),
     [
-        ([mc.Publish("t", b"x", 1, False, False, 1, {mc.TOPIC_ALIAS: 17})], 0x94),
-        ([mc.Publish("", b"x", 1, False, False, 1, {mc.TOPIC_ALIAS: 2})], 0x94),
+        ([mc.Publish("t", b"x", 1, False, False, 1, {mq.TOPIC_ALIAS: 17})], 0x94),
+        ([mc.Publish("", b"x", 1, False, False, 1, {mq.TOPIC_ALIAS: 2})], 0x94),
     ],
     ids=["over-the-maximum", "never-set"],
 )
@@ -504,16 +505,16 @@ def test_an_invalid_topic_alias_is_disconnect_0x94(
 def test_a_newer_connection_takes_the_session_over_0x8e(server: Callable[..., Server]) -> None:
     srv = server()
     old = RawDevice5(srv.port)
-    old.connect("same", properties={mc.SESSION_EXPIRY: 60})
+    old.connect("same", properties={mq.SESSION_EXPIRY: 60})
     new = Device5(srv.port, "same", clean_start=False, expiry=60)
     assert new.connect() == (0, True)
-    assert old.until(mc.Disconnect).code == mc.SESSION_TAKEN_OVER
+    assert old.until(mc.Disconnect).code == mq.SESSION_TAKEN_OVER
     assert old.closed()
     old.close()
     # paho sees it too, with the reason.
     newest = Device5(srv.port, "same", clean_start=False, expiry=60)
     assert newest.connect() == (0, True)
-    assert new.disconnects.get(timeout=10) == mc.SESSION_TAKEN_OVER
+    assert new.disconnects.get(timeout=10) == mq.SESSION_TAKEN_OVER
     new.client.loop_stop()
     newest.close()
 
@@ -523,22 +524,22 @@ def test_a_server_that_stops_says_so_0x8b(server: Callable[..., Server]) -> None
     raw = RawDevice5(srv.port)
     raw.connect("leaving")
     srv.bus.stop()
-    assert raw.until(mc.Disconnect).code == mc.SERVER_SHUTTING_DOWN
+    assert raw.until(mc.Disconnect).code == mq.SERVER_SHUTTING_DOWN
     raw.close()
 
 
 def test_enhanced_authentication_is_refused_cleanly(server: Callable[..., Server]) -> None:
     srv = server()
     raw = RawDevice5(srv.port)
-    ack = raw.connect("auth", properties={mc.AUTH_METHOD: "SCRAM-SHA-1"})
-    assert ack.code == mc.BAD_AUTH_METHOD
+    ack = raw.connect("auth", properties={mq.AUTH_METHOD: "SCRAM-SHA-1"})
+    assert ack.code == mq.BAD_AUTH_METHOD
     assert raw.closed()
     raw.close()
     # AUTH after CONNECT (re-authentication) is a protocol error.
     again = RawDevice5(srv.port)
     again.connect("reauth")
-    again.send(mc.Auth(mc.REAUTHENTICATE, {mc.AUTH_METHOD: "SCRAM-SHA-1"}))
-    assert again.until(mc.Disconnect).code == mc.PROTOCOL_ERROR
+    again.send(mc.Auth(mq.REAUTHENTICATE, {mq.AUTH_METHOD: "SCRAM-SHA-1"}))
+    assert again.until(mc.Disconnect).code == mq.PROTOCOL_ERROR
     again.close()
 
 
@@ -551,10 +552,10 @@ def test_a_disconnect_that_sets_an_expiry_after_none_is_a_protocol_error_and_the
     watcher.subscribe("wills/#", 1)
     raw = RawDevice5(srv.port)
     will = mc.Will("wills/w", b"gone", 1, False)
-    raw.send(mc.Connect(mc.V5, "w", True, 30, None, None, will, {}))
+    raw.send(mc.Connect(mq.V5, "w", True, 30, None, None, will, {}))
     assert raw.packet().code == 0
-    raw.send(mc.Disconnect(0, {mc.SESSION_EXPIRY: 60}))
-    assert raw.until(mc.Disconnect).code == mc.PROTOCOL_ERROR
+    raw.send(mc.Disconnect(0, {mq.SESSION_EXPIRY: 60}))
+    assert raw.until(mc.Disconnect).code == mq.PROTOCOL_ERROR
     assert payloads(watcher.receive(1)) == [b"gone"]
     raw.close()
     watcher.close()
@@ -571,8 +572,8 @@ def test_a_will_delay_holds_the_will_and_a_resumed_session_cancels_it(
     def vanish(client_id: str) -> None:
         """Connect with a will delayed 1 s and a session of 60 s, then drop the socket."""
         raw = RawDevice5(srv.port)
-        will = mc.Will(f"wills/{client_id}", b"gone", 1, False, {mc.WILL_DELAY: 1})
-        raw.send(mc.Connect(mc.V5, client_id, True, 30, None, None, will, {mc.SESSION_EXPIRY: 60}))
+        will = mc.Will(f"wills/{client_id}", b"gone", 1, False, {mq.WILL_DELAY: 1})
+        raw.send(mc.Connect(mq.V5, client_id, True, 30, None, None, will, {mq.SESSION_EXPIRY: 60}))
         assert raw.packet().code == 0
         raw.close()  # no DISCONNECT
         wait_until("the server let it go", lambda: srv.mqtt()["connected"] == 1)
@@ -597,19 +598,19 @@ def test_refusals_are_said_in_5_0_codes(server: Callable[..., Server]) -> None:
     def connect(client_id: str, user: str | None, password: bytes | None) -> int:
         raw = RawDevice5(srv.port)
         try:
-            packet = mc.Connect(mc.V5, client_id, True, 30, user, password, None, {})
+            packet = mc.Connect(mq.V5, client_id, True, 30, user, password, None, {})
             raw.send(packet)
             code: int = raw.packet().code
             return code
         finally:
             raw.close()
 
-    assert connect("a", "ann", b"wrong") == mc.BAD_CREDENTIALS
-    assert connect("a", None, None) == mc.NOT_AUTHORIZED
+    assert connect("a", "ann", b"wrong") == mq.BAD_CREDENTIALS
+    assert connect("a", None, None) == mq.NOT_AUTHORIZED
     holder = RawDevice5(srv.port)
-    holder.send(mc.Connect(mc.V5, "held", True, 30, "ann", b"pw", None, {}))
+    holder.send(mc.Connect(mq.V5, "held", True, 30, "ann", b"pw", None, {}))
     assert holder.packet().code == 0
-    assert connect("other", "ann", b"pw") == mc.QUOTA_EXCEEDED  # connections_per_user = 1
+    assert connect("other", "ann", b"pw") == mq.QUOTA_EXCEEDED  # connections_per_user = 1
     holder.close()
     # 3.1.1 keeps its own codes for the same refusals.
     old = Device(srv.port, "old", user="ann", password="wrong")
@@ -628,14 +629,14 @@ def test_5_0_bad_input_closes_its_connection_only(server: Callable[..., Server])
         raw = RawDevice(srv.port)
         raw.send(connect_packet("bad", level=5, props=props))
         first, body = raw.packet()
-        assert (first, body[1]) == (0x20, mc.PROTOCOL_ERROR)
+        assert (first, body[1]) == (0x20, mq.PROTOCOL_ERROR)
         raw.close()
     # A packet over our Maximum Packet Size: DISCONNECT 0x95.
     big = RawDevice5(srv.port)
     big.connect("big")
     # Its head only: refused once its length is known (and nothing unread makes a reset).
-    big.sock.sendall(mc.encode(mc.Publish("ok/big", b"x" * 5000, 1, False, False, 1), mc.V5)[:8])
-    assert big.until(mc.Disconnect).code == mc.PACKET_TOO_LARGE
+    big.sock.sendall(mc.encode(mc.Publish("ok/big", b"x" * 5000, 1, False, False, 1), mq.V5)[:8])
+    assert big.until(mc.Disconnect).code == mq.PACKET_TOO_LARGE
     assert big.closed()
     big.close()
     good.publish("ok/1", b"still here", 1)

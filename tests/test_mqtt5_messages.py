@@ -28,6 +28,7 @@ from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import render
 from aaabus.model.pubsub import MessageProps
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt import messages as mm
 from aaabus.mqtt.sessions import Delivery
 from aaabus.tools.launch import Bus
@@ -591,7 +592,7 @@ def test_payload_format_utf8_with_bytes_that_are_not_is_refused_0x99_and_not_pub
         connected(watcher)
         watcher.subscribe5("pf/#", 2)
         assert raw.connect("pf-raw").code == 0
-        text = {mc.PAYLOAD_FORMAT: 1}
+        text = {mq.PAYLOAD_FORMAT: 1}
         raw.send(
             mc.Publish("pf/bad", b"\xff\xfe", 1, False, False, 1, text),
             mc.Publish("pf/bad", b"\xc3(", 2, False, False, 2, text),
@@ -600,10 +601,10 @@ def test_payload_format_utf8_with_bytes_that_are_not_is_refused_0x99_and_not_pub
         )
         acks = [raw.until(mc.Ack) for _ in range(4)]
         assert [(a.kind, a.packet_id, a.code) for a in acks] == [
-            (mc.PUBACK, 1, mc.PAYLOAD_FORMAT_INVALID),
-            (mc.PUBREC, 2, mc.PAYLOAD_FORMAT_INVALID),
-            (mc.PUBACK, 3, mc.SUCCESS),
-            (mc.PUBACK, 4, mc.SUCCESS),
+            (mq.PUBACK, 1, mq.PAYLOAD_FORMAT_INVALID),
+            (mq.PUBREC, 2, mq.PAYLOAD_FORMAT_INVALID),
+            (mq.PUBACK, 3, mq.SUCCESS),
+            (mq.PUBACK, 4, mq.SUCCESS),
         ]
         got = [m.payload for m in watcher.marked(watcher, "pf/marker")]
         assert got == ["é".encode(), b"\xff"]
@@ -629,9 +630,9 @@ def delivery(**fields: Any) -> Delivery:
 
 
 def test_message_props_take_the_message_properties_only_and_make_expiry_a_deadline() -> None:
-    assert mm.message_props({mc.TOPIC_ALIAS: 3}, 100.0) is None
+    assert mm.message_props({mq.TOPIC_ALIAS: 3}, 100.0) is None
     props = mm.message_props(
-        {mc.MESSAGE_EXPIRY: 30, mc.USER_PROPERTY: [("a", "1"), ("a", "2")]}, 100.0
+        {mq.MESSAGE_EXPIRY: 30, mq.USER_PROPERTY: [("a", "1"), ("a", "2")]}, 100.0
     )
     assert props == MessageProps(user=(("a", "1"), ("a", "2")), expires_at=130.0)
 
@@ -645,30 +646,30 @@ def test_outgoing_applies_expiry_no_local_retain_as_published_and_identifiers() 
         ("b",),
         True,
         {
-            mc.PAYLOAD_FORMAT: 1,
-            mc.MESSAGE_EXPIRY: 29,
-            mc.CONTENT_TYPE: "text/plain",
-            mc.SUBSCRIPTION_ID: [6],
+            mq.PAYLOAD_FORMAT: 1,
+            mq.MESSAGE_EXPIRY: 29,
+            mq.CONTENT_TYPE: "text/plain",
+            mq.SUBSCRIPTION_ID: [6],
         },
     )
     # Someone else's: both filters, both identifiers; to 3.1.1 no properties at all.
-    assert mm.outgoing(item, options, "you", True, 100.0)[2][mc.SUBSCRIPTION_ID] == [5, 6]  # type: ignore[index]
+    assert mm.outgoing(item, options, "you", True, 100.0)[2][mq.SUBSCRIPTION_ID] == [5, 6]  # type: ignore[index]
     assert mm.outgoing(item, options, "you", False, 100.0) == (("a", "b"), True, None)
     assert mm.outgoing(item, {"a": (mm.NO_LOCAL, 0)}, "me", True, 100.0) == (
         ("b",),
         False,
-        {mc.PAYLOAD_FORMAT: 1, mc.MESSAGE_EXPIRY: 30, mc.CONTENT_TYPE: "text/plain"},
+        {mq.PAYLOAD_FORMAT: 1, mq.MESSAGE_EXPIRY: 30, mq.CONTENT_TYPE: "text/plain"},
     )
     assert mm.outgoing(item, {"a": (mm.NO_LOCAL, 0), "b": (mm.NO_LOCAL, 0)}, "me", True, 1) is None
     assert mm.outgoing(item, {}, "me", True, 130.0) is None  # expired
-    assert mm.outgoing(item, {}, "me", True, 129.99)[2][mc.MESSAGE_EXPIRY] == 1  # type: ignore[index]
+    assert mm.outgoing(item, {}, "me", True, 129.99)[2][mq.MESSAGE_EXPIRY] == 1  # type: ignore[index]
 
 
 def test_subscription_options_keep_what_a_subscribe_asks_beyond_qos() -> None:
     topics = [("a", 1), ("b", 2 | mm.NO_LOCAL | mm.RETAIN_NEVER)]
     assert mm.subscription_options(topics, {}) == {"b": (mm.NO_LOCAL | mm.RETAIN_NEVER, 0)}
     assert mm.subscription_options([("a", 1)], {}) is None
-    assert mm.subscription_options(topics, {mc.SUBSCRIPTION_ID: [9]}) == {
+    assert mm.subscription_options(topics, {mq.SUBSCRIPTION_ID: [9]}) == {
         "a": (0, 9),
         "b": (mm.NO_LOCAL | mm.RETAIN_NEVER, 9),
     }

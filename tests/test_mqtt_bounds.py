@@ -15,6 +15,7 @@ import pytest
 
 from aaabus import Client
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.auth import hash_password
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
@@ -160,15 +161,15 @@ def test_a_qos2_publish_refused_at_pubrec_frees_its_packet_id(
     dev = RawDevice5(server.port)
     assert dev.connect("refused-q2").code == 0
     dev.send(mc.Publish("r/0", b"v", 2, True, False, 1))
-    assert dev.packet() == mc.Ack(mc.PUBREC, 1, mc.NO_MATCHING_SUBSCRIBERS)
-    dev.send(mc.Ack(mc.PUBREL, 1))
-    assert dev.packet() == mc.Ack(mc.PUBCOMP, 1)
+    assert dev.packet() == mc.Ack(mq.PUBREC, 1, mq.NO_MATCHING_SUBSCRIBERS)
+    dev.send(mc.Ack(mq.PUBREL, 1))
+    assert dev.packet() == mc.Ack(mq.PUBCOMP, 1)
     dev.send(mc.Publish("r/1", b"v", 2, True, False, 2))  # over the retained topics
-    assert dev.packet() == mc.Ack(mc.PUBREC, 2, mc.QUOTA_EXCEEDED)
+    assert dev.packet() == mc.Ack(mq.PUBREC, 2, mq.QUOTA_EXCEEDED)
     # That flow ended at its PUBREC (5.0 §4.3.3): id 2 is free, and a PUBLISH with it is a new
     # message, published (no subscriber: 0x10), not taken for a retransmission (0x00).
     dev.send(mc.Publish("x/0", b"v", 2, False, False, 2))
-    assert dev.packet() == mc.Ack(mc.PUBREC, 2, mc.NO_MATCHING_SUBSCRIBERS)
+    assert dev.packet() == mc.Ack(mq.PUBREC, 2, mq.NO_MATCHING_SUBSCRIBERS)
     dev.close()
 
 

@@ -18,23 +18,8 @@ from paho.mqtt.properties import Properties as PahoProperties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from aaabus.errors import MqttProtocolError
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.codec import (
-    CONNACK,
-    CONNECT,
-    PROPERTIES,
-    PUBACK,
-    PUBCOMP,
-    PUBLISH,
-    PUBREC,
-    PUBREL,
-    REASON_CODES,
-    SUBACK,
-    SUBSCRIBE,
-    UNSUBACK,
-    UNSUBSCRIBE,
-    V5,
-    V311,
     Ack,
     Auth,
     ConnAck,
@@ -55,9 +40,26 @@ from aaabus.mqtt.codec import (
     encode_publish,
     split,
 )
+from aaabus.mqtt.codes import (
+    CONNACK,
+    CONNECT,
+    PROPERTIES,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    REASON_CODES,
+    SUBACK,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
+    V5,
+    V311,
+)
 
 MAX = 1 << 20
-MALFORMED, PROTOCOL_ERROR = mc.MALFORMED, mc.PROTOCOL_ERROR
+MALFORMED, PROTOCOL_ERROR = mq.MALFORMED, mq.PROTOCOL_ERROR
 
 
 def h(text: str) -> bytes:
@@ -192,9 +194,9 @@ def split_refusal(data: bytes, max_packet: int) -> MqttProtocolError:
 
 def test_split_refuses_a_packet_over_the_limit_before_its_body_arrives() -> None:
     error = split_refusal(b"\x30\xff\xff\x7f", 1000)  # 2 MiB announced, none of it sent
-    assert error.code == mc.PACKET_TOO_LARGE and "over the limit" in str(error)
+    assert error.code == mq.PACKET_TOO_LARGE and "over the limit" in str(error)
     assert split(b"\x30\x05" + bytes(5), 7) is not None  # the limit counts the whole packet
-    assert split_refusal(b"\x30\x06", 7).code == mc.PACKET_TOO_LARGE
+    assert split_refusal(b"\x30\x06", 7).code == mq.PACKET_TOO_LARGE
 
 
 @pytest.mark.parametrize(
@@ -268,8 +270,8 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
             10,
             "u",
             b"p\x00w",
-            Will("w/t", b"bye", 1, False, {mc.WILL_DELAY: 5, mc.PAYLOAD_FORMAT: 1}),
-            {mc.SESSION_EXPIRY: 10},
+            Will("w/t", b"bye", 1, False, {mq.WILL_DELAY: 5, mq.PAYLOAD_FORMAT: 1}),
+            {mq.SESSION_EXPIRY: 10},
         ),
     ),
     ("3.1.1 CONNACK, session present", V311, False, h("20 02 01 00"), ConnAck(True, 0, {})),
@@ -281,7 +283,7 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
         ConnAck(
             False,
             0,
-            {mc.TOPIC_ALIAS_MAXIMUM: 10, mc.MAXIMUM_QOS: 1, mc.ASSIGNED_CLIENT_ID: "abc"},
+            {mq.TOPIC_ALIAS_MAXIMUM: 10, mq.MAXIMUM_QOS: 1, mq.ASSIGNED_CLIENT_ID: "abc"},
         ),
     ),
     (
@@ -325,13 +327,13 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
             False,
             10,
             {
-                mc.PAYLOAD_FORMAT: 1,
-                mc.MESSAGE_EXPIRY: 60,
-                mc.TOPIC_ALIAS: 5,
-                mc.RESPONSE_TOPIC: "r/a/b",
-                mc.CORRELATION_DATA: b"\xab\xcd",
-                mc.USER_PROPERTY: [("k", "v")],
-                mc.CONTENT_TYPE: "text",
+                mq.PAYLOAD_FORMAT: 1,
+                mq.MESSAGE_EXPIRY: 60,
+                mq.TOPIC_ALIAS: 5,
+                mq.RESPONSE_TOPIC: "r/a/b",
+                mq.CORRELATION_DATA: b"\xab\xcd",
+                mq.USER_PROPERTY: [("k", "v")],
+                mq.CONTENT_TYPE: "text",
             },
         ),
     ),
@@ -340,14 +342,14 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
         V5,
         False,
         h("34 12 00 03 61 2F 62 00 0B 05 0B 01 0B C8 01 68 65 6C 6C 6F"),
-        Publish("a/b", b"hello", 2, False, False, 11, {mc.SUBSCRIPTION_ID: [1, 200]}),
+        Publish("a/b", b"hello", 2, False, False, 11, {mq.SUBSCRIPTION_ID: [1, 200]}),
     ),
     (
         "5.0 PUBLISH with an empty topic and a topic alias",
         V5,
         True,
         h("30 0B 00 00 03 23 00 05 68 65 6C 6C 6F"),
-        Publish("", b"hello", 0, False, False, None, {mc.TOPIC_ALIAS: 5}),
+        Publish("", b"hello", 0, False, False, None, {mq.TOPIC_ALIAS: 5}),
     ),
     (
         "3.1.1 SUBSCRIBE (the 3.1.1 §3.8.3 example: a/b QoS 1, c/d QoS 2)",
@@ -366,7 +368,7 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
             00 03 61 2F 2B 1D       # a/+: QoS 1, no local, retain as published, handling 1
             00 0C 24 73 68 61 72 65 2F 67 2F 63 2F 23 22  # $share/g/c/#: QoS 2, handling 2
         """),
-        Subscribe(10, [("a/+", 0x1D), ("$share/g/c/#", 0x22)], {mc.SUBSCRIPTION_ID: [7]}),
+        Subscribe(10, [("a/+", 0x1D), ("$share/g/c/#", 0x22)], {mq.SUBSCRIPTION_ID: [7]}),
     ),
     ("3.1.1 SUBACK", V311, False, h("90 05 00 0A 01 02 80"), SubAck(10, [1, 2, 0x80], {})),
     (
@@ -374,7 +376,7 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
         V5,
         False,
         h("90 0B 00 0A 05 1F 00 02 6F 6B 01 8F A2"),
-        SubAck(10, [1, 0x8F, 0xA2], {mc.REASON_STRING: "ok"}),
+        SubAck(10, [1, 0x8F, 0xA2], {mq.REASON_STRING: "ok"}),
     ),
     (
         "3.1.1 UNSUBSCRIBE",
@@ -404,7 +406,7 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
         V5,
         True,
         h("50 0A 00 0A 80 06 1F 00 03 62 61 64"),
-        Ack(PUBREC, 10, 0x80, {mc.REASON_STRING: "bad"}),
+        Ack(PUBREC, 10, 0x80, {mq.REASON_STRING: "bad"}),
     ),
     ("3.1.1 PINGREQ", V311, True, h("C0 00"), PingReq()),
     ("5.0 PINGREQ", V5, True, h("C0 00"), PingReq()),
@@ -412,20 +414,20 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
     ("5.0 PINGRESP", V5, False, h("D0 00"), PingResp()),
     ("3.1.1 DISCONNECT", V311, True, h("E0 00"), Disconnect()),
     ("5.0 DISCONNECT, empty: normal", V5, True, h("E0 00"), Disconnect()),
-    ("5.0 DISCONNECT, a code", V5, True, h("E0 01 04"), Disconnect(mc.DISCONNECT_WITH_WILL)),
+    ("5.0 DISCONNECT, a code", V5, True, h("E0 01 04"), Disconnect(mq.DISCONNECT_WITH_WILL)),
     (
         "5.0 DISCONNECT from a server with a reason string",
         V5,
         False,
         h("E0 06 8E 04 1F 00 01 78"),
-        Disconnect(mc.SESSION_TAKEN_OVER, {mc.REASON_STRING: "x"}),
+        Disconnect(mq.SESSION_TAKEN_OVER, {mq.REASON_STRING: "x"}),
     ),
     (
         "5.0 DISCONNECT from a client with a session expiry",
         V5,
         True,
         h("E0 07 00 05 11 00 00 00 00"),
-        Disconnect(0, {mc.SESSION_EXPIRY: 0}),
+        Disconnect(0, {mq.SESSION_EXPIRY: 0}),
     ),
     ("5.0 AUTH, empty: success", V5, True, h("F0 00"), Auth()),
     (
@@ -433,7 +435,7 @@ VECTORS: list[tuple[str, int, bool, bytes, Packet]] = [
         V5,
         False,
         h("F0 0F 18 0D 15 00 05 53 43 52 41 4D 16 00 02 01 02"),
-        Auth(mc.CONTINUE_AUTHENTICATION, {mc.AUTH_METHOD: "SCRAM", mc.AUTH_DATA: b"\x01\x02"}),
+        Auth(mq.CONTINUE_AUTHENTICATION, {mq.AUTH_METHOD: "SCRAM", mq.AUTH_DATA: b"\x01\x02"}),
     ),
 ]
 
@@ -481,11 +483,11 @@ def test_an_empty_client_id_with_clean_session_is_left_for_the_server_to_assign(
 
 
 def test_encode_drops_what_3_1_1_cannot_carry() -> None:
-    publish_props = {mc.MESSAGE_EXPIRY: 5}
+    publish_props = {mq.MESSAGE_EXPIRY: 5}
     assert encode(Publish("t", b"", 0, False, False, None, publish_props), V311) == h(
         "30 03 00 01 74"
     )
-    assert encode(Ack(PUBACK, 3, 0x80, {mc.REASON_STRING: "no"}), V311) == h("40 02 00 03")
+    assert encode(Ack(PUBACK, 3, 0x80, {mq.REASON_STRING: "no"}), V311) == h("40 02 00 03")
     assert encode(SubAck(3, [1, 0x87], {}), V311) == h("90 04 00 03 01 80")
     assert encode(UnsubAck(3, [0x11], {}), V311) == h("B0 02 00 03")
     with pytest.raises(ValueError, match="AUTH"):
@@ -500,11 +502,11 @@ def test_encode_drops_what_3_1_1_cannot_carry() -> None:
         (Publish("t" * 70_000, b"", 0, False, False, None), "65535"),
         (Ack(PUBACK, 0), "packet identifier"),
         (Ack(SUBACK, 1), "acknowledgement type"),
-        (Publish("t", b"", 0, False, False, None, {mc.SESSION_EXPIRY: 1}), "may not appear"),
-        (Publish("t", b"", 0, False, False, None, {mc.TOPIC_ALIAS: 0}), "may not be 0"),
-        (Publish("t", b"", 0, False, False, None, {mc.PAYLOAD_FORMAT: 2}), "not 0 or 1"),
-        (Subscribe(1, [("a", 0)], {mc.SUBSCRIPTION_ID: [1, 2]}), "exactly one"),
-        (Subscribe(1, [("a", 0)], {mc.SUBSCRIPTION_ID: [0]}), "out of 1"),
+        (Publish("t", b"", 0, False, False, None, {mq.SESSION_EXPIRY: 1}), "may not appear"),
+        (Publish("t", b"", 0, False, False, None, {mq.TOPIC_ALIAS: 0}), "may not be 0"),
+        (Publish("t", b"", 0, False, False, None, {mq.PAYLOAD_FORMAT: 2}), "not 0 or 1"),
+        (Subscribe(1, [("a", 0)], {mq.SUBSCRIPTION_ID: [1, 2]}), "exactly one"),
+        (Subscribe(1, [("a", 0)], {mq.SUBSCRIPTION_ID: [0]}), "out of 1"),
         (Connect(3, "c", True, 0, None, None, None), "protocol level"),
     ],
 )
@@ -539,9 +541,9 @@ CONNECT_REFUSALS: list[tuple[str, Callable[[int], bytes], int | None, int]] = [
     ("a byte after the last field", lambda lv: connect(lv, rest=b"\x00"), None, MALFORMED),
     ("client id past the end", lambda lv: frame(0x10, connect(lv)[2:-1]), None, MALFORMED),
     ("will topic with a wildcard", lambda lv: connect(lv, 0x06, rest=will(lv, "w/#")), None,
-     mc.TOPIC_NAME_INVALID),
+     mq.TOPIC_NAME_INVALID),
     ("empty will topic", lambda lv: connect(lv, 0x06, rest=will(lv, "")), None,
-     mc.TOPIC_NAME_INVALID),
+     mq.TOPIC_NAME_INVALID),
     ("will payload missing", lambda lv: connect(lv, 0x06, rest=will(lv, "w", None)), None,
      MALFORMED),
     ("user name missing", lambda lv: connect(lv, 0x82), None, MALFORMED),
@@ -565,11 +567,11 @@ def test_connect_refusals_carry_the_connack_code_of_the_version_asked_for(
 @pytest.mark.parametrize(
     ("packet", "code"),
     [
-        (connect(3, name=b"MQIsdp"), mc.UNACCEPTABLE_PROTOCOL),  # MQTT 3.1
-        (connect(6), mc.UNACCEPTABLE_PROTOCOL),
-        (connect(0), mc.UNACCEPTABLE_PROTOCOL),
-        (connect(4, name=b"MQTX"), mc.UNACCEPTABLE_PROTOCOL),
-        (connect(5, name=b"mqtt"), mc.UNSUPPORTED_VERSION),
+        (connect(3, name=b"MQIsdp"), mq.UNACCEPTABLE_PROTOCOL),  # MQTT 3.1
+        (connect(6), mq.UNACCEPTABLE_PROTOCOL),
+        (connect(0), mq.UNACCEPTABLE_PROTOCOL),
+        (connect(4, name=b"MQTX"), mq.UNACCEPTABLE_PROTOCOL),
+        (connect(5, name=b"mqtt"), mq.UNSUPPORTED_VERSION),
         (frame(0x10, b"\x00\x04MQT"), None),  # no level: no version to answer in
         (frame(0x10, b""), None),
     ],
@@ -593,7 +595,7 @@ def test_connect_strings_must_be_strict_utf8_without_nul(raw: bytes, level: int)
 
 
 def test_3_1_1_persistent_session_with_an_empty_client_id_is_identifier_rejected() -> None:
-    assert refusal(connect(4, 0x00, ""), V311).code == mc.IDENTIFIER_REJECTED
+    assert refusal(connect(4, 0x00, ""), V311).code == mq.IDENTIFIER_REJECTED
 
 
 def test_3_1_1_password_without_user_name_is_refused() -> None:
@@ -631,7 +633,7 @@ def test_will_properties_are_only_those_a_will_may_carry() -> None:
     good = props(h("18 00 00 00 01")) + s("w") + s("m")
     connected = read(connect(5, flags=0x06, rest=good), V5)
     assert isinstance(connected, Connect) and connected.will is not None
-    assert connected.will.properties == {mc.WILL_DELAY: 1}
+    assert connected.will.properties == {mq.WILL_DELAY: 1}
 
 
 # fmt: off
@@ -649,14 +651,14 @@ REFUSALS: list[tuple[str, bytes, int, bool, int]] = [
     ("PUBLISH QoS 3", publish(flags=0x06), V311, True, MALFORMED),
     ("PUBLISH DUP at QoS 0", publish(qos=0, flags=0x08), V311, True, MALFORMED),
     ("PUBLISH packet id 0", publish(pid=0), V311, True, PROTOCOL_ERROR),
-    ("PUBLISH topic with +", publish("a/+/b"), V311, True, mc.TOPIC_NAME_INVALID),
-    ("PUBLISH topic with #", publish("a/#", version=5), V5, True, mc.TOPIC_NAME_INVALID),
-    ("PUBLISH empty topic 3.1.1", publish(""), V311, True, mc.TOPIC_NAME_INVALID),
+    ("PUBLISH topic with +", publish("a/+/b"), V311, True, mq.TOPIC_NAME_INVALID),
+    ("PUBLISH topic with #", publish("a/#", version=5), V5, True, mq.TOPIC_NAME_INVALID),
+    ("PUBLISH empty topic 3.1.1", publish(""), V311, True, mq.TOPIC_NAME_INVALID),
     ("PUBLISH empty topic, no alias", publish("", version=5), V5, True, PROTOCOL_ERROR),
     ("PUBLISH topic past the end", h("30 03 00 05 61"), V311, True, MALFORMED),
     ("PUBLISH without topic", h("30 01 00"), V311, True, MALFORMED),
     ("PUBLISH id past the end", h("32 04 00 01 61 00"), V311, True, MALFORMED),
-    ("PUBLISH alias 0", publish5(h("23 00 00")), V5, True, mc.TOPIC_ALIAS_INVALID),
+    ("PUBLISH alias 0", publish5(h("23 00 00")), V5, True, mq.TOPIC_ALIAS_INVALID),
     ("PUBLISH alias twice", publish5(h("23 00 01 23 00 02")), V5, True, PROTOCOL_ERROR),
     ("PUBLISH payload format 2", publish5(h("01 02")), V5, True, PROTOCOL_ERROR),
     ("PUBLISH subscription id from a client", publish5(h("0B 01")), V5, True, PROTOCOL_ERROR),
@@ -769,19 +771,19 @@ PID = st.integers(1, 0xFFFF)
 
 def value_of(pid: int, single_id: bool) -> st.SearchStrategy[Any]:
     ptype = PROPERTIES[pid].kind
-    if pid == mc.USER_PROPERTY:
+    if pid == mq.USER_PROPERTY:
         return st.lists(st.tuples(TEXT, TEXT), min_size=1, max_size=3)
-    if pid == mc.SUBSCRIPTION_ID:
-        return st.lists(st.integers(1, mc.MAX_VARINT), min_size=1, max_size=1 if single_id else 3)
-    if pid == mc.RESPONSE_TOPIC:
+    if pid == mq.SUBSCRIPTION_ID:
+        return st.lists(st.integers(1, mq.MAX_VARINT), min_size=1, max_size=1 if single_id else 3)
+    if pid == mq.RESPONSE_TOPIC:
         return TOPIC
-    low = 1 if pid in (mc.RECEIVE_MAXIMUM, mc.MAXIMUM_PACKET_SIZE, mc.TOPIC_ALIAS) else 0
+    low = 1 if pid in (mq.RECEIVE_MAXIMUM, mq.MAXIMUM_PACKET_SIZE, mq.TOPIC_ALIAS) else 0
     return {
-        mc.BYTE: st.integers(0, 1),
-        mc.U16: st.integers(low, 0xFFFF),
-        mc.U32: st.integers(low, 0xFFFFFFFF),
-        mc.UTF8: TEXT,
-        mc.BINARY: st.binary(max_size=12),
+        mq.BYTE: st.integers(0, 1),
+        mq.U16: st.integers(low, 0xFFFF),
+        mq.U32: st.integers(low, 0xFFFFFFFF),
+        mq.UTF8: TEXT,
+        mq.BINARY: st.binary(max_size=12),
     }[ptype]
 
 
@@ -820,8 +822,8 @@ def packets(draw: st.DrawFn, kind: int, version: int) -> tuple[Packet, bool]:
                 drawn(0, will=True),
             )
         connect_props = drawn(CONNECT)
-        if mc.AUTH_DATA in connect_props:
-            connect_props.setdefault(mc.AUTH_METHOD, "m")
+        if mq.AUTH_DATA in connect_props:
+            connect_props.setdefault(mq.AUTH_METHOD, "m")
         keep_alive = draw(st.integers(0, 0xFFFF))
         return Connect(
             version, client_id, clean, keep_alive, username, password, will, connect_props
@@ -832,9 +834,9 @@ def packets(draw: st.DrawFn, kind: int, version: int) -> tuple[Packet, bool]:
         return ConnAck(draw(st.booleans()) and not code, code, drawn(CONNACK)), False
     if kind == PUBLISH:
         qos = draw(st.integers(0, 2))
-        publish_props = drawn(PUBLISH, leave_out=(mc.SUBSCRIPTION_ID,) if from_client else ())
+        publish_props = drawn(PUBLISH, leave_out=(mq.SUBSCRIPTION_ID,) if from_client else ())
         topic = draw(TOPIC)
-        if mc.TOPIC_ALIAS in publish_props and draw(st.booleans()):
+        if mq.TOPIC_ALIAS in publish_props and draw(st.booleans()):
             topic = ""
         dup = bool(qos) and draw(st.booleans())
         pid = draw(PID) if qos else None
@@ -865,17 +867,17 @@ def packets(draw: st.DrawFn, kind: int, version: int) -> tuple[Packet, bool]:
     if kind == UNSUBACK:
         codes = draw(st.lists(st.sampled_from(sorted(REASON_CODES[UNSUBACK])), min_size=1))
         return UnsubAck(draw(PID), codes if v5 else [], drawn(UNSUBACK)), False
-    if kind == mc.PINGREQ:
+    if kind == mq.PINGREQ:
         return PingReq(), True
-    if kind == mc.PINGRESP:
+    if kind == mq.PINGRESP:
         return PingResp(), False
-    if kind == mc.DISCONNECT:
+    if kind == mq.DISCONNECT:
         if not v5:
             return Disconnect(), True
         code = draw(st.sampled_from(sorted(REASON_CODES[kind])))
-        leave_out = () if from_client else (mc.SESSION_EXPIRY,)
+        leave_out = () if from_client else (mq.SESSION_EXPIRY,)
         return Disconnect(code, drawn(kind, leave_out=leave_out)), from_client
-    assert kind == mc.AUTH and v5
+    assert kind == mq.AUTH and v5
     return Auth(draw(st.sampled_from(sorted(REASON_CODES[kind]))), drawn(kind)), from_client
 
 
@@ -884,11 +886,11 @@ ALL_KINDS = [(kind, version) for kind in range(1, 16) for version in (V311, V5)]
 
 @pytest.mark.parametrize(
     ("kind", "version"),
-    [case for case in ALL_KINDS if case != (mc.AUTH, V311)],
+    [case for case in ALL_KINDS if case != (mq.AUTH, V311)],
     ids=[
-        f"{mc._NAMES[kind]}-{'5.0' if version == V5 else '3.1.1'}"
+        f"{mq.NAMES[kind]}-{'5.0' if version == V5 else '3.1.1'}"
         for kind, version in ALL_KINDS
-        if (kind, version) != (mc.AUTH, V311)
+        if (kind, version) != (mq.AUTH, V311)
     ],
 )
 @settings(max_examples=60, deadline=None, derandomize=True, database=None)
@@ -912,7 +914,7 @@ def test_the_fast_paths_equal_encode_of_the_same_packet(data: st.DataObject, ver
         p.topic, p.payload, p.qos, p.retain, p.dup, p.packet_id, version, p.properties
     )
     assert fast == encode(p, version)
-    assert read(fast, version, from_client=mc.SUBSCRIPTION_ID not in p.properties) == p
+    assert read(fast, version, from_client=mq.SUBSCRIPTION_ID not in p.properties) == p
     kind = data.draw(st.sampled_from([PUBACK, PUBREC, PUBREL, PUBCOMP]))
     ack, _ = data.draw(packets(kind, version))
     assert isinstance(ack, Ack)
@@ -1024,22 +1026,22 @@ def test_paho_5_0_connect_publish_and_subscribe_decode() -> None:
         30,
         "user",
         b"secret",
-        Will("dev/will", b"gone", 1, True, {mc.WILL_DELAY: 30}),
-        {mc.SESSION_EXPIRY: 3600, mc.RECEIVE_MAXIMUM: 20},
+        Will("dev/will", b"gone", 1, True, {mq.WILL_DELAY: 30}),
+        {mq.SESSION_EXPIRY: 3600, mq.RECEIVE_MAXIMUM: 20},
     )
     assert isinstance(pub, Publish)
     assert (pub.topic, pub.payload, pub.qos) == ("dev/1/temp", b"21.5", 1)
     assert pub.properties == {
-        mc.MESSAGE_EXPIRY: 60,
-        mc.CONTENT_TYPE: "text/plain",
-        mc.RESPONSE_TOPIC: "dev/1/reply",
-        mc.CORRELATION_DATA: b"\x01\x02",
-        mc.PAYLOAD_FORMAT: 1,
-        mc.USER_PROPERTY: [("k", "v"), ("k", "w")],
+        mq.MESSAGE_EXPIRY: 60,
+        mq.CONTENT_TYPE: "text/plain",
+        mq.RESPONSE_TOPIC: "dev/1/reply",
+        mq.CORRELATION_DATA: b"\x01\x02",
+        mq.PAYLOAD_FORMAT: 1,
+        mq.USER_PROPERTY: [("k", "v"), ("k", "w")],
     }
     assert isinstance(sub, Subscribe)
     # QoS 2 | no local | retain as published | retain handling 1
-    assert sub == Subscribe(sub.packet_id, [("cmd/1/#", 0x1E)], {mc.SUBSCRIPTION_ID: [42]})
+    assert sub == Subscribe(sub.packet_id, [("cmd/1/#", 0x1E)], {mq.SUBSCRIPTION_ID: [42]})
 
 
 # -- fuzz ----------------------------------------------------------------------------------------
@@ -1054,10 +1056,10 @@ def seeds() -> list[tuple[int, bytes]]:
         for kind in range(1, 16):
             chosen: dict[int, Any] = {}
             for pid, info in PROPERTIES.items():
-                if kind in info.packets and not (kind == PUBLISH and pid == mc.SUBSCRIPTION_ID):
+                if kind in info.packets and not (kind == PUBLISH and pid == mq.SUBSCRIPTION_ID):
                     chosen[pid] = SAMPLE_VALUES[pid]
             rich[kind] = chosen if version == V5 else {}
-        will = Will("w/x", b"will", 2, True, {mc.WILL_DELAY: 9, mc.USER_PROPERTY: [("a", "b")]})
+        will = Will("w/x", b"will", 2, True, {mq.WILL_DELAY: 9, mq.USER_PROPERTY: [("a", "b")]})
         built: list[Packet] = [
             Connect(version, "client-\u00e9", False, 60, "me", b"pw", will, rich[CONNECT]),
             Connect(version, "", True, 0, None, None, None, {}),
@@ -1073,31 +1075,31 @@ def seeds() -> list[tuple[int, bytes]]:
             UnsubAck(9, [0, 0x11] if version == V5 else [], rich[UNSUBACK]),
             PingReq(),
             PingResp(),
-            Disconnect(0x04 if version == V5 else 0, rich[mc.DISCONNECT]),
+            Disconnect(0x04 if version == V5 else 0, rich[mq.DISCONNECT]),
         ]
         for kind in (PUBACK, PUBREC, PUBREL, PUBCOMP):
             code = 0x80 if kind in (PUBACK, PUBREC) else 0x92
             built.append(Ack(kind, 77, code if version == V5 else 0, rich[kind]))
         if version == V5:
-            built.append(Auth(0x18, rich[mc.AUTH]))
-            built.append(Publish("s", b"p", 1, False, False, 5, {mc.SUBSCRIPTION_ID: [1, 16384]}))
+            built.append(Auth(0x18, rich[mq.AUTH]))
+            built.append(Publish("s", b"p", 1, False, False, 5, {mq.SUBSCRIPTION_ID: [1, 16384]}))
         out += [(version, encode(packet, version)) for packet in built]
     return out
 
 
 SAMPLE_VALUES: dict[int, Any] = {
     pid: {
-        mc.BYTE: 1,
-        mc.U16: 300,
-        mc.U32: 70_000,
-        mc.UTF8: "t/\u00e9",
-        mc.BINARY: b"\x00\xff",
-        mc.PAIR: [("k", "v"), ("k2", "")],
-        mc.VARINT: [129],
+        mq.BYTE: 1,
+        mq.U16: 300,
+        mq.U32: 70_000,
+        mq.UTF8: "t/\u00e9",
+        mq.BINARY: b"\x00\xff",
+        mq.PAIR: [("k", "v"), ("k2", "")],
+        mq.VARINT: [129],
     }[info.kind]
     for pid, info in PROPERTIES.items()
 }
-SAMPLE_VALUES[mc.RESPONSE_TOPIC] = "reply/to"
+SAMPLE_VALUES[mq.RESPONSE_TOPIC] = "reply/to"
 
 
 def property_offset(data: bytes) -> int | None:
@@ -1112,7 +1114,7 @@ def property_offset(data: bytes) -> int | None:
         at = 2
     elif kind in (PUBACK, PUBREC, PUBREL, PUBCOMP) and len(body) >= 4:
         at = 3
-    elif kind in (mc.DISCONNECT, mc.AUTH) and len(body) >= 2:
+    elif kind in (mq.DISCONNECT, mq.AUTH) and len(body) >= 2:
         at = 1
     else:
         return None
@@ -1132,7 +1134,7 @@ def read_varint(data: bytes, at: int) -> tuple[int, int] | None:
 
 
 def rebuild(first: int, body: bytes) -> bytes:
-    return bytes([first]) + varint(min(len(body), mc.MAX_VARINT)) + body
+    return bytes([first]) + varint(min(len(body), mq.MAX_VARINT)) + body
 
 
 def property_soup(rng: random.Random) -> bytes:
@@ -1155,15 +1157,15 @@ def _fuzz_text(rng: random.Random) -> bytes:
 
 
 SAMPLE_KINDS: dict[str, Callable[[random.Random], bytes]] = {
-    mc.BYTE: lambda rng: bytes([rng.choice([0, 1, 1, 2, 255])]),
-    mc.U16: lambda rng: rng.choice([0, 1, 0xFFFF]).to_bytes(2, "big")[: rng.choice([2, 2, 1])],
-    mc.U32: lambda rng: rng.choice([0, 5, 0xFFFFFFFF]).to_bytes(4, "big")[: rng.choice([4, 4, 3])],
-    mc.VARINT: lambda rng: rng.choice(
+    mq.BYTE: lambda rng: bytes([rng.choice([0, 1, 1, 2, 255])]),
+    mq.U16: lambda rng: rng.choice([0, 1, 0xFFFF]).to_bytes(2, "big")[: rng.choice([2, 2, 1])],
+    mq.U32: lambda rng: rng.choice([0, 5, 0xFFFFFFFF]).to_bytes(4, "big")[: rng.choice([4, 4, 3])],
+    mq.VARINT: lambda rng: rng.choice(
         [b"\x00", b"\x01", b"\x81\x01", b"\x80\x00", b"\xff\xff\xff\x7f", b"\xff\xff\xff\xff\x01"]
     ),
-    mc.UTF8: _fuzz_text,
-    mc.BINARY: _fuzz_text,
-    mc.PAIR: lambda rng: _fuzz_text(rng) + _fuzz_text(rng),
+    mq.UTF8: _fuzz_text,
+    mq.BINARY: _fuzz_text,
+    mq.PAIR: lambda rng: _fuzz_text(rng) + _fuzz_text(rng),
 }
 
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.libmosquitto import LibMosquitto, needs_libmosquitto
@@ -103,7 +104,7 @@ def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_ali
     old.close()
     new = RawDevice5(srv.port)
     ack = new.connect("k0-5", keep_alive=0)
-    assert (ack.code, ack.properties[mc.SERVER_KEEP_ALIVE]) == (0, 3600)
+    assert (ack.code, ack.properties[mq.SERVER_KEEP_ALIVE]) == (0, 3600)
     new.close()
     # A device that says nothing for max_idle_s is closed, whatever its keep-alive (5.0: 0x8D).
     idle = server({"aaabus.mqtt.max_idle_s": "1"})
@@ -115,7 +116,7 @@ def test_keep_alive_0_is_bounded_by_the_idle_deadline_and_5_0_is_told_a_keep_ali
     wait_until("the silence is logged", lambda: idle.logged("silent for 1 s"))
     told = RawDevice5(idle.port)
     assert told.connect("told", keep_alive=0).code == 0
-    assert told.until(mc.Disconnect, timeout=10).code == mc.KEEP_ALIVE_TIMEOUT
+    assert told.until(mc.Disconnect, timeout=10).code == mq.KEEP_ALIVE_TIMEOUT
     told.close()
     # The operator may still refuse 3.1.1's keep-alive 0 (an old a3.xml's keepalive_0=false).
     strict = server({"aaabus.mqtt.keepalive_0": "false"})
@@ -164,7 +165,7 @@ def test_a_device_over_our_receive_maximum_that_keeps_sending_reads_disconnect_0
     # them would reset the connection (the device's sending fails before it reads why); the
     # server shuts its side down after DISCONNECT and drains instead.
     flood = b"".join(
-        mc.encode(mc.Publish("rm/t", bytes(4096), 2, False, False, pid % 65535 + 1), mc.V5)
+        mc.encode(mc.Publish("rm/t", bytes(4096), 2, False, False, pid % 65535 + 1), mq.V5)
         for pid in range(4096)
     )
     failed: list[OSError] = []
@@ -172,7 +173,7 @@ def test_a_device_over_our_receive_maximum_that_keeps_sending_reads_disconnect_0
     sender.start()
     sender.join(10)
     assert not sender.is_alive() and failed == []
-    assert raw.until(mc.Disconnect).code == mc.RECEIVE_MAXIMUM_EXCEEDED
+    assert raw.until(mc.Disconnect).code == mq.RECEIVE_MAXIMUM_EXCEEDED
     assert raw.sock.recv(1) == b""  # then the server's end of the stream, not a reset
     raw.close()
 
@@ -210,16 +211,16 @@ def test_a_will_reaches_subscribers_with_its_message_properties(
     watcher.connect()
     watcher.subscribe("will/#", 1)
     properties = {
-        mc.PAYLOAD_FORMAT: 1,
-        mc.CONTENT_TYPE: "text/plain",
-        mc.RESPONSE_TOPIC: "will/answers",
-        mc.CORRELATION_DATA: b"c-7",
-        mc.USER_PROPERTY: [("k", "1"), ("other", "x"), ("k", "2")],
-        mc.MESSAGE_EXPIRY: 600,
+        mq.PAYLOAD_FORMAT: 1,
+        mq.CONTENT_TYPE: "text/plain",
+        mq.RESPONSE_TOPIC: "will/answers",
+        mq.CORRELATION_DATA: b"c-7",
+        mq.USER_PROPERTY: [("k", "1"), ("other", "x"), ("k", "2")],
+        mq.MESSAGE_EXPIRY: 600,
     }
     dying = RawDevice5(srv.port)
     will = mc.Will("will/dying", b"gone", 1, False, properties)
-    dying.send(mc.Connect(mc.V5, "dying", True, 30, None, None, will))
+    dying.send(mc.Connect(mq.V5, "dying", True, 30, None, None, will))
     assert dying.packet().code == 0
     dying.close()  # no DISCONNECT: the will is published
     topic, payload, got = watcher.next()
@@ -242,16 +243,16 @@ def test_puback_and_pubrec_say_0x10_when_no_subscriber_matched(
     watcher.subscribe("matched/#", 1)
     raw = RawDevice5(srv.port)
     raw.connect("publisher")
-    for qos, kind in ((1, mc.PUBACK), (2, mc.PUBREC)):
+    for qos, kind in ((1, mq.PUBACK), (2, mq.PUBREC)):
         raw.send(mc.Publish("unmatched/t", b"x", qos, False, False, qos))
         ack = raw.until(mc.Ack)
-        assert (ack.kind, ack.code) == (kind, mc.NO_MATCHING_SUBSCRIBERS)
+        assert (ack.kind, ack.code) == (kind, mq.NO_MATCHING_SUBSCRIBERS)
         raw.send(mc.Publish("matched/t", b"y", qos, False, False, 10 + qos))
         ack = raw.until(mc.Ack)
-        assert (ack.kind, ack.code) == (kind, mc.SUCCESS)
+        assert (ack.kind, ack.code) == (kind, mq.SUCCESS)
     # 0x10 is a success: the QoS 2 flow goes on to PUBCOMP.
-    raw.send(mc.Ack(mc.PUBREL, 2))
-    assert raw.until(mc.Ack).kind == mc.PUBCOMP
+    raw.send(mc.Ack(mq.PUBREL, 2))
+    assert raw.until(mc.Ack).kind == mq.PUBCOMP
     assert watcher.receive(2) == [("matched/t", b"y", 1, False)] * 2
     raw.close()
     watcher.close()
@@ -262,7 +263,7 @@ def test_topic_aliases_towards_a_device_that_allows_them(server: Callable[..., S
     publisher = Device(srv.port, "alias-publisher")
     publisher.connect()
     raw = RawDevice5(srv.port)
-    raw.connect("alias-raw", properties={mc.TOPIC_ALIAS_MAXIMUM: 2})
+    raw.connect("alias-raw", properties={mq.TOPIC_ALIAS_MAXIMUM: 2})
     raw.send(mc.Subscribe(1, [("al/#", 1)], {}))
     raw.until(mc.SubAck)
     plain = RawDevice5(srv.port)  # allows none: never sent one
@@ -274,7 +275,7 @@ def test_topic_aliases_towards_a_device_that_allows_them(server: Callable[..., S
         publisher.publish(topic, str(n).encode(), 1)
     got = [raw.until(mc.Publish) for _ in sent]
     # The two topics sent most recently hold the aliases; a third takes the older one's.
-    seen = [(p.topic, p.properties.get(mc.TOPIC_ALIAS), p.payload) for p in got]
+    seen = [(p.topic, p.properties.get(mq.TOPIC_ALIAS), p.payload) for p in got]
     assert seen == [
         ("al/a", 1, b"0"),
         ("", 1, b"1"),
@@ -284,7 +285,7 @@ def test_topic_aliases_towards_a_device_that_allows_them(server: Callable[..., S
         ("", 1, b"5"),
     ]
     for packet in got:
-        raw.send(mc.Ack(mc.PUBACK, packet.packet_id))
+        raw.send(mc.Ack(mq.PUBACK, packet.packet_id))
     for n, topic in enumerate(sent):
         packet = plain.until(mc.Publish)
         assert (packet.topic, packet.payload, packet.properties) == (topic, str(n).encode(), {})

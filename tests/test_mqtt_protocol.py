@@ -10,6 +10,7 @@ import pytest
 
 from aaabus.errors import MqttProtocolError
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.protocol import TRANSITIONS, MqttProtocol, State, connack_code
 from tests.support.mqtt import connect_packet, publish_packet
 
@@ -19,9 +20,9 @@ PINGREQ = bytes([0xC0, 0x00])
 DISCONNECT = bytes([0xE0, 0x00])
 
 
-def connected(version: int = mc.V311) -> MqttProtocol:
+def connected(version: int = mq.V311) -> MqttProtocol:
     proto = MqttProtocol(MAX)
-    props = b"\x00" if version == mc.V5 else b""
+    props = b"\x00" if version == mq.V5 else b""
     proto.receive(connect_packet(level=version, props=props))
     packet = proto.next_packet()
     assert isinstance(packet, mc.Connect) and packet.version == version
@@ -78,19 +79,19 @@ def test_anything_before_connect_is_refused(stream: bytes, message: str) -> None
 
 
 def test_a_second_connect_is_a_protocol_error_told_to_a_5_0_client() -> None:
-    proto = connected(mc.V5)
+    proto = connected(mq.V5)
     proto.receive(connect_packet(level=5, props=b"\x00"))
     with pytest.raises(MqttProtocolError, match="CONNECT not allowed while connected") as bad:
         proto.next_packet()
-    assert bad.value.code == mc.PROTOCOL_ERROR
+    assert bad.value.code == mq.PROTOCOL_ERROR
     # The property length may be left out when there are none (5.0, 3.14.2.2).
-    assert proto.disconnect(mc.PROTOCOL_ERROR) == bytes([0xE0, 0x01, mc.PROTOCOL_ERROR])
+    assert proto.disconnect(mq.PROTOCOL_ERROR) == bytes([0xE0, 0x01, mq.PROTOCOL_ERROR])
     assert proto.state is State.CLOSED
 
 
 def test_a_3_1_1_client_is_not_sent_a_disconnect() -> None:
     proto = connected()
-    assert proto.disconnect(mc.PROTOCOL_ERROR) == b""
+    assert proto.disconnect(mq.PROTOCOL_ERROR) == b""
     assert proto.state is State.CLOSED
 
 
@@ -107,11 +108,11 @@ def test_a_refused_connect_is_answered_in_the_clients_version() -> None:
     v311.receive(connect_packet())
     v311.next_packet()
     # 3.1.1 has no "quota exceeded": it says "server unavailable".
-    assert v311.refuse(mc.QUOTA_EXCEEDED) == bytes([0x20, 0x02, 0x00, 0x03])
+    assert v311.refuse(mq.QUOTA_EXCEEDED) == bytes([0x20, 0x02, 0x00, 0x03])
     v5 = MqttProtocol(MAX)
     v5.receive(connect_packet(level=5, props=b"\x00"))
     v5.next_packet()
-    assert v5.refuse(mc.QUOTA_EXCEEDED) == bytes([0x20, 0x03, 0x00, 0x97, 0x00])
+    assert v5.refuse(mq.QUOTA_EXCEEDED) == bytes([0x20, 0x03, 0x00, 0x97, 0x00])
     assert v311.state is State.CLOSED and v5.state is State.CLOSED
 
 
@@ -120,28 +121,28 @@ def test_a_malformed_5_0_connect_is_refused_in_5_0() -> None:
     proto.receive(connect_packet(level=5))  # no property block: malformed in 5.0
     with pytest.raises(MqttProtocolError) as bad:
         proto.next_packet()
-    assert bad.value.code == mc.MALFORMED and proto.version == mc.V5
-    assert proto.refuse(bad.value.code) == bytes([0x20, 0x03, 0x00, mc.MALFORMED, 0x00])
+    assert bad.value.code == mq.MALFORMED and proto.version == mq.V5
+    assert proto.refuse(bad.value.code) == bytes([0x20, 0x03, 0x00, mq.MALFORMED, 0x00])
 
 
 def test_connack_codes_map_to_3_1_1_codes() -> None:
-    assert connack_code(mc.NOT_AUTHORIZED, mc.V311) == 0x05
-    assert connack_code(mc.BAD_CREDENTIALS, mc.V311) == 0x04
-    assert connack_code(mc.CLIENT_ID_NOT_VALID, mc.V311) == 0x02
-    assert connack_code(mc.SERVER_BUSY, mc.V311) == 0x03
-    assert connack_code(mc.UNACCEPTABLE_PROTOCOL, mc.V311) == 0x01  # a 3.1.1 code already
-    assert connack_code(mc.SERVER_BUSY, mc.V5) == mc.SERVER_BUSY
+    assert connack_code(mq.NOT_AUTHORIZED, mq.V311) == 0x05
+    assert connack_code(mq.BAD_CREDENTIALS, mq.V311) == 0x04
+    assert connack_code(mq.CLIENT_ID_NOT_VALID, mq.V311) == 0x02
+    assert connack_code(mq.SERVER_BUSY, mq.V311) == 0x03
+    assert connack_code(mq.UNACCEPTABLE_PROTOCOL, mq.V311) == 0x01  # a 3.1.1 code already
+    assert connack_code(mq.SERVER_BUSY, mq.V5) == mq.SERVER_BUSY
 
 
 def test_answers_follow_the_negotiated_version() -> None:
-    v311, v5 = connected(), connected(mc.V5)
-    assert v311.ack(mc.PUBACK, 7, mc.QUOTA_EXCEEDED) == bytes([0x40, 0x02, 0x00, 0x07])
-    assert v5.ack(mc.PUBACK, 7, mc.QUOTA_EXCEEDED) == bytes([0x40, 0x03, 0x00, 0x07, 0x97])
+    v311, v5 = connected(), connected(mq.V5)
+    assert v311.ack(mq.PUBACK, 7, mq.QUOTA_EXCEEDED) == bytes([0x40, 0x02, 0x00, 0x07])
+    assert v5.ack(mq.PUBACK, 7, mq.QUOTA_EXCEEDED) == bytes([0x40, 0x03, 0x00, 0x07, 0x97])
     # SUBACK: 3.1.1 says every failure as 0x80.
-    assert v311.suback(3, [1, mc.QUOTA_EXCEEDED]) == bytes([0x90, 0x04, 0x00, 0x03, 0x01, 0x80])
-    assert v5.suback(3, [1, mc.QUOTA_EXCEEDED]) == bytes([0x90, 0x05, 0x00, 0x03, 0x00, 0x01, 0x97])
+    assert v311.suback(3, [1, mq.QUOTA_EXCEEDED]) == bytes([0x90, 0x04, 0x00, 0x03, 0x01, 0x80])
+    assert v5.suback(3, [1, mq.QUOTA_EXCEEDED]) == bytes([0x90, 0x05, 0x00, 0x03, 0x00, 0x01, 0x97])
     assert v311.pingresp() == bytes([0xD0, 0x00])
-    assert mc.decode(0x30, v5.publish("t", b"x", 0, False, False, None)[2:], mc.V5) == mc.Publish(
+    assert mc.decode(0x30, v5.publish("t", b"x", 0, False, False, None)[2:], mq.V5) == mc.Publish(
         "t", b"x", 0, False, False, None, {}
     )
 
@@ -154,7 +155,7 @@ def test_an_oversized_packet_is_refused_before_its_body_arrives() -> None:
     proto.receive(bytes([0x30, 0xFF, 0x7F]))  # announces 16,383 bytes
     with pytest.raises(MqttProtocolError) as big:
         proto.next_packet()
-    assert big.value.code == mc.PACKET_TOO_LARGE
+    assert big.value.code == mq.PACKET_TOO_LARGE
 
 
 def test_fuzzed_streams_yield_packets_or_one_protocol_error() -> None:
@@ -175,8 +176,8 @@ def test_fuzzed_streams_yield_packets_or_one_protocol_error() -> None:
     ]
     packets = 0
     while packets < 100_000:
-        level = rng.choice((mc.V311, mc.V5))
-        stream = bytearray(connect_packet(level=level, props=b"\x00" if level == mc.V5 else b""))
+        level = rng.choice((mq.V311, mq.V5))
+        stream = bytearray(connect_packet(level=level, props=b"\x00" if level == mq.V5 else b""))
         for _ in range(rng.randint(1, 12)):
             stream += rng.choice(pieces)
         for _ in range(rng.randint(0, 4)):

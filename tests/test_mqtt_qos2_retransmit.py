@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from aaabus import Client
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.rawmqtt import RawClient
@@ -34,7 +34,7 @@ from tests.support.rawmqtt import RawClient
 # Real server processes: not in the fast lane.
 pytestmark = pytest.mark.slow
 
-VERSIONS = {"3.1.1": mc.V311, "5.0": mc.V5}
+VERSIONS = {"3.1.1": mq.V311, "5.0": mq.V5}
 TOPIC = "retx/meter"
 PID = 7
 
@@ -85,7 +85,7 @@ def device(server: Server, version: int, client_id: str, persistent: bool) -> Ra
     Session 0; 5.0: Clean Start 0 and a Session Expiry Interval)."""
     raw = RawClient(server.port, version)
     if persistent:
-        raw.connect(client_id, clean=False, expiry=3600 if version == mc.V5 else None)
+        raw.connect(client_id, clean=False, expiry=3600 if version == mq.V5 else None)
     else:
         raw.connect(client_id, clean=True)
     return raw
@@ -94,11 +94,11 @@ def device(server: Server, version: int, client_id: str, persistent: bool) -> Ra
 def finish(raw: RawClient, server: Server) -> list[bytes]:
     """End the open flow (PUBREL, PUBCOMP), publish the marker, and return what the bus
     published before it."""
-    raw.ack(mc.PUBREL, PID)
-    raw.expect_ack(mc.PUBCOMP, PID)
+    raw.ack(mq.PUBREL, PID)
+    raw.expect_ack(mq.PUBCOMP, PID)
     marker = f"marker {time.monotonic_ns()}".encode()
     raw.publish(TOPIC, marker, 1, PID + 1, dup=False)
-    raw.expect_ack(mc.PUBACK, PID + 1)
+    raw.expect_ack(mq.PUBACK, PID + 1)
     raw.close()
     return server.published_before(marker)
 
@@ -113,8 +113,8 @@ def test_a_qos2_publish_sent_twice_before_pubrel_is_published_once(
     raw = device(server, version, "twice", persistent)
     raw.publish(TOPIC, b"reading 1", 2, PID, dup=False)
     raw.publish(TOPIC, b"reading 1", 2, PID, dup=True)
-    raw.expect_ack(mc.PUBREC, PID)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     assert finish(raw, server) == [b"reading 1"]
 
 
@@ -125,11 +125,11 @@ def test_a_qos2_publish_resent_on_a_new_connection_is_published_once(
     """The connection drops after PUBREC; the device resumes its session and resends."""
     raw = device(server, version, "reconnects", persistent=True)
     raw.publish(TOPIC, b"reading 2", 2, PID, dup=False)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     raw.close()
     raw = device(server, version, "reconnects", persistent=True)
     raw.publish(TOPIC, b"reading 2", 2, PID, dup=True)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     assert finish(raw, server) == [b"reading 2"]
 
 
@@ -141,12 +141,12 @@ def test_a_qos2_publish_resent_after_a_server_restart_is_published_once(
     packet identifier from its store and does not publish the copy."""
     raw = device(server, version, "restarts", persistent=True)
     raw.publish(TOPIC, b"reading 3", 2, PID, dup=False)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     raw.close()
     server.restart()
     raw = device(server, version, "restarts", persistent=True)
     raw.publish(TOPIC, b"reading 3", 2, PID, dup=True)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     assert finish(raw, server) == [b"reading 3"]
 
 
@@ -158,9 +158,9 @@ def test_a_clean_sessions_packet_identifier_ends_with_its_connection(
     on the next clean connection is a new message, published again."""
     raw = device(server, version, "forgets", persistent=False)
     raw.publish(TOPIC, b"reading 4", 2, PID, dup=False)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     raw.close()
     raw = device(server, version, "forgets", persistent=False)
     raw.publish(TOPIC, b"reading 4", 2, PID, dup=False)
-    raw.expect_ack(mc.PUBREC, PID)
+    raw.expect_ack(mq.PUBREC, PID)
     assert finish(raw, server) == [b"reading 4", b"reading 4"]

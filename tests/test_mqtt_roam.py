@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from aaabus import Client
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import Device
@@ -351,7 +351,7 @@ def test_a_connect_elsewhere_takes_the_session_over_and_closes_the_old_connectio
         assert old.receive(5) == numbers("c", 0, 5)
         assert new.move_to(port[4]) == (True, [])
         # The old connection is closed as a takeover (5.0 DISCONNECT 0x8E).
-        assert old.disconnects.get(timeout=10) == mc.SESSION_TAKEN_OVER
+        assert old.disconnects.get(timeout=10) == mq.SESSION_TAKEN_OVER
         for i in range(5, 15):
             pub.publish("calls/x", f"c{i}".encode(), 2)
         assert new.receive(10) == numbers("c", 5, 15)
@@ -427,7 +427,7 @@ def test_moves_with_crashes_lose_and_duplicate_nothing(roam_bus: RoamBus) -> Non
                     # The move starts while the server holding the session is down: it waits
                     # in the bus's queues, the device's CONNECT is refused at its deadline.
                     code, _present = device.connect_at(port[there])
-                    assert code == mc.SERVER_UNAVAILABLE, f"move {move}: {code}"
+                    assert code == mq.SERVER_UNAVAILABLE, f"move {move}: {code}"
                 roam_bus.bus[here].start().wait_ready(60)
             present, _codes = device.move_to(port[there])
             assert present, f"move {move}: session lost"
@@ -468,7 +468,7 @@ def test_another_users_claim_is_refused_and_moves_nothing(roam_bus: RoamBus) -> 
             pub.publish("meter/v", f"v{i}".encode(), 2)
         # 3.1.1 "not authorized" (0x05, which paho reports as 5.0's 0x87); its CONNECT
         # elsewhere moves nothing.
-        assert thief.connect_at(port[4])[0] == mc.NOT_AUTHORIZED
+        assert thief.connect_at(port[4])[0] == mq.NOT_AUTHORIZED
         thief.client.loop_stop()
         assert thief.inbox.empty()
         assert roam_bus.mqtt(4)["sessions_stored"] == 0
@@ -501,11 +501,11 @@ def test_a_roam_request_for_a_session_mid_move_is_refused_busy_and_retried(
         roam_bus.bus[4].proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         try:
             code, _present = device.connect_at(port[2])
-            assert code == mc.SERVER_UNAVAILABLE  # its session did not arrive in time
+            assert code == mq.SERVER_UNAVAILABLE  # its session did not arrive in time
             device.client.loop_stop()
             # Meanwhile, from elsewhere: that session is moving, "server busy".
             code, _present = device.connect_at(port[0])
-            assert code == mc.SERVER_BUSY
+            assert code == mq.SERVER_BUSY
             device.client.loop_stop()
         finally:
             roam_bus.bus[4].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]

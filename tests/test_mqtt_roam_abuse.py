@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from aaabus import Client
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import Device, Device5
@@ -95,7 +95,7 @@ def test_a_clean_connect_while_the_session_travels_there_loses_nothing(pair: Pai
         try:
             # The claim waits in server 1's queue for the stopped server 0: CONNACK
             # "server unavailable" at connect_ms (3.1.1: 0x03), the claim still pending.
-            assert device.connect_at(port[1])[0] == mc.SERVER_UNAVAILABLE
+            assert device.connect_at(port[1])[0] == mq.SERVER_UNAVAILABLE
             device.client.loop_stop()
             # Another user's clean CONNECT of the id: not authorized (3.1.1 0x05, paho: 0x87).
             stranger = Device(port[1], "dev-1", user="mallory", password="unused")
@@ -126,7 +126,7 @@ def test_a_clean_connect_while_the_session_travels_there_loses_nothing(pair: Pai
         assert device.move_to(port[0]) == (True, [])  # not a poisoned id: it moves on
         assert device.nothing_before("dev1/marker", via=pub)
         # 5.0 says busy as 0x89, 3.1.1 as 0x03 (which paho reports as 0x88).
-        assert clean_codes == [mc.NOT_AUTHORIZED, mc.SERVER_BUSY, mc.SERVER_UNAVAILABLE]
+        assert clean_codes == [mq.NOT_AUTHORIZED, mq.SERVER_BUSY, mq.SERVER_UNAVAILABLE]
     finally:
         device.leave()
         pub.close()
@@ -162,7 +162,7 @@ def test_moving_a_large_backlog_back_and_forth_is_bounded_by_the_move_budget(
                 refusals.append(code)
                 device.client.loop_stop()
         written_after, cpu_after = pair.written()
-        assert (moves, refusals) == (1, [mc.SERVER_UNAVAILABLE] * 7)  # 3.1.1: busy is 0x03
+        assert (moves, refusals) == (1, [mq.SERVER_UNAVAILABLE] * 7)  # 3.1.1: busy is 0x03
         wait_until(
             "the refusals are logged with their reason",
             lambda: any("moved too often" in line for line in pair.bus[1 - holder].lines),
@@ -199,7 +199,7 @@ def test_a_giver_killed_before_the_receiver_committed_keeps_the_session_whole(
         pub.close()
         pair.bus[0].proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         try:  # server 1's claim waits for server 0
-            assert device.connect_at(port[1])[0] == mc.SERVER_UNAVAILABLE
+            assert device.connect_at(port[1])[0] == mq.SERVER_UNAVAILABLE
             device.client.loop_stop()
             pair.bus[1].proc.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
         finally:
@@ -210,7 +210,7 @@ def test_a_giver_killed_before_the_receiver_committed_keeps_the_session_whole(
             pair.bus[0].start().wait_ready(60)
             assert pair.stored(0) == 0  # its copy is not a session it holds
             code, _present = device.connect_at(port[0])
-            assert code == mc.SERVER_UNAVAILABLE  # 3.1.1 busy (0x03): the session is moving
+            assert code == mq.SERVER_UNAVAILABLE  # 3.1.1 busy (0x03): the session is moving
             device.client.loop_stop()
         finally:
             pair.bus[1].proc.send_signal(signal.SIGCONT)  # type: ignore[union-attr]

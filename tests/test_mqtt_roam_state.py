@@ -31,8 +31,13 @@ def a_record() -> SessionRecord:
 def test_the_whole_record_and_the_backlog_cross_the_codec() -> None:
     record = a_record()
     items: list[tuple[int, Notification]] = [
-        (12, Publication("a/x", b"\x00bytes", AgentId(1, 1, 0), ("a/#",), False, 2, "pub")),
-        (13, Publication("b/y", "text", AgentId(1, 1, 0), ("b/+",), True, 1)),
+        (
+            12,
+            Publication(
+                "a/x", b"\x00bytes", AgentId(1, 1, 0), ("a/#",), False, qos=2, origin="pub"
+            ),
+        ),
+        (13, Publication("b/y", "text", AgentId(1, 1, 0), ("b/+",), True, qos=1)),
         (14, Publication("a/z", None, AgentId(2, 2, 0), ("a/#",))),
     ]
     moved = SessionMoved("dev-1", 0, record.state(), items, 15, 3)

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import (
@@ -186,10 +187,10 @@ def test_a_qos2_member_keeps_what_it_pubrecd_and_the_rest_goes_to_another(
         publishes = [dead.until(mc.Publish) for _ in range(10)]
         assert [p.payload for p in publishes] == [f"pub {i}".encode() for i in range(10)]
         for p in publishes[:3]:
-            dead.send(mc.Ack(mc.PUBREC, p.packet_id or 0))
+            dead.send(mc.Ack(mq.PUBREC, p.packet_id or 0))
         released = [dead.until(mc.Ack) for _ in range(3)]
         assert [(a.kind, a.packet_id) for a in released] == [
-            (mc.PUBREL, p.packet_id) for p in publishes[:3]
+            (mq.PUBREL, p.packet_id) for p in publishes[:3]
         ]
         other.connect()
         other.subscribe("$share/g/pay", 2)
@@ -272,7 +273,7 @@ def test_malformed_shared_filters_are_refused_alone(
     raw.send(subscribe_packet(["$share/+/a", "$share//a", "$share/g", "ok", "$share/g/ok"], 1))
     first, body = raw.packet()
     assert first == 0x90 and body[2:] == bytes([0x80, 0x80, 0x80, 1, 1])
-    for options, code in ((0x04 | 1, mc.PROTOCOL_ERROR),):
+    for options, code in ((0x04 | 1, mq.PROTOCOL_ERROR),):
         raw5 = RawDevice5(port)
         assert raw5.connect("raw5").code == 0
         raw5.send(mc.Subscribe(1, [("$share/g/a", options)]))
@@ -281,7 +282,7 @@ def test_malformed_shared_filters_are_refused_alone(
     raw5 = RawDevice5(port)
     assert raw5.connect("raw5b").code == 0
     raw5.sock.sendall(subscribe_packet5("$share/g+/a"))
-    assert raw5.until(mc.Disconnect).code == mc.TOPIC_FILTER_INVALID
+    assert raw5.until(mc.Disconnect).code == mq.TOPIC_FILTER_INVALID
     raw5.close()
 
 

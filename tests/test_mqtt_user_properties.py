@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from tests.support.mqtt import RawDevice5
 from tests.test_mqtt_bounds import Listener, listener
 
@@ -19,7 +20,7 @@ __all__ = ["listener"]  # the fixture, shared with tests/test_mqtt_bounds.py
 
 
 def _publish(pairs: list[tuple[str, str]], pid: int) -> mc.Publish:
-    return mc.Publish("up/x", b"p", 1, False, False, pid, {mc.USER_PROPERTY: pairs})
+    return mc.Publish("up/x", b"p", 1, False, False, pid, {mq.USER_PROPERTY: pairs})
 
 
 def test_user_properties_over_the_bound_close_the_connection_with_0x95(
@@ -38,21 +39,21 @@ def test_user_properties_over_the_bound_close_the_connection_with_0x95(
     pub.send(_publish(within, 1))
     assert pub.until(mc.Ack).code == 0
     got = sub.until(mc.Publish)
-    assert got.properties[mc.USER_PROPERTY] == within
+    assert got.properties[mq.USER_PROPERTY] == within
     # Many small pairs (a ~1 MiB packet of them), and a few large ones over the bytes.
     for pairs in ([("k", "v")] * 140_000, [("name", "x" * 700)] * 3):
         flood = RawDevice5(server.port)
         assert flood.connect("flood").code == 0
         flood.send(_publish(pairs, 2))
-        assert flood.until(mc.Disconnect).code == mc.PACKET_TOO_LARGE
+        assert flood.until(mc.Disconnect).code == mq.PACKET_TOO_LARGE
         assert flood.closed()
         flood.close()
     # In a CONNECT (its will apart): refused in CONNACK.
     over = RawDevice5(server.port)
     over.send(
-        mc.Connect(mc.V5, "c", True, 30, None, None, None, {mc.USER_PROPERTY: [("a", "b")] * 11})
+        mc.Connect(mq.V5, "c", True, 30, None, None, None, {mq.USER_PROPERTY: [("a", "b")] * 11})
     )
-    assert over.packet().code == mc.PACKET_TOO_LARGE
+    assert over.packet().code == mq.PACKET_TOO_LARGE
     over.close()
     # The subscriber got nothing of the refused packets, and is served.
     sub.send(mc.PingReq())

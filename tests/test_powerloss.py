@@ -35,7 +35,7 @@ import pytest
 
 from aaabus import Client
 from aaabus.errors import AaabusError
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.testing.crash import stop_all
 from aaabus.testing.torture import Outcome, Schedule, finish_in_process, judge, write_config
 from aaabus.tools.launch import Bus
@@ -108,17 +108,17 @@ def device(port: int, version: int, qos: int, name: str) -> Callable[[int], byte
     """The publish step of a device with a persistent session: PUBLISH ``name n`` on
     ``power/<name>`` and wait for its PUBACK (QoS 1) or PUBREC (QoS 2; then PUBREL, PUBCOMP)."""
     raw = RawClient(port, version)
-    raw.connect(name, clean=False, expiry=3600 if version == mc.V5 else None)
+    raw.connect(name, clean=False, expiry=3600 if version == mq.V5 else None)
 
     def publish(n: int) -> bytes:
         payload, pid = f"{name} {n}".encode(), n % 0xFFFF + 1
         raw.publish(f"power/{name}", payload, qos, pid, dup=False)
         if qos == 1:
-            raw.expect_ack(mc.PUBACK, pid)
+            raw.expect_ack(mq.PUBACK, pid)
             return payload
-        raw.expect_ack(mc.PUBREC, pid)  # from here the publication is the server's
-        raw.ack(mc.PUBREL, pid)
-        raw.expect_ack(mc.PUBCOMP, pid)
+        raw.expect_ack(mq.PUBREC, pid)  # from here the publication is the server's
+        raw.ack(mq.PUBREL, pid)
+        raw.expect_ack(mq.PUBCOMP, pid)
         return payload
 
     return publish
@@ -168,8 +168,8 @@ def test_a_power_cut_loses_nothing_the_server_acknowledged(tmp_path: Path, mount
         with Client(config, LOSSY) as client:
             client.subscribe("power/#", name="watch").close()
         producers = [
-            Producer("q1", device(port, mc.V311, 1, "q1")),
-            Producer("q2", device(port, mc.V5, 2, "q2")),
+            Producer("q1", device(port, mq.V311, 1, "q1")),
+            Producer("q2", device(port, mq.V5, 2, "q2")),
             Producer("tool", tool(config)),
         ]
         wait_until(

@@ -13,7 +13,7 @@ from typing import Any
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 
-__all__ = ["MessageProps", "Publication", "Publish", "Subscribe", "Unsubscribe"]
+__all__ = ["MessageProps", "MqttFields", "Publication", "Publish", "Subscribe", "Unsubscribe"]
 
 
 @dataclass(frozen=True)
@@ -38,12 +38,13 @@ class MessageProps:
     expires_at: float | None = None
 
 
-@dataclass
-class Publish(Notification):
-    """Publish ``payload`` on ``topic``; the publisher is the sender.
+@dataclass(kw_only=True)
+class MqttFields:
+    """What MQTT adds to a publication, in one place for every class that carries one
+    (:class:`Publish`, :class:`Publication`, and the representatives'
+    :class:`~aaabus.topics.messages.Carried`): keyword-only fields, after the class's own in
+    its constructor.
 
-    ``retain``: the representatives keep it as the topic's retained publication, handed to every
-    later subscription whose filter matches (``payload=None`` with ``retain`` clears it).
     ``qos``: the MQTT quality of service it was published with, which caps the QoS an MQTT
     device receives it at (docs/mqtt.md); 2 for agents and clients, whose publications the bus
     delivers exactly once. The bus itself delivers every publication exactly once whatever it is.
@@ -51,14 +52,29 @@ class Publish(Notification):
     for agents and clients): what MQTT 5.0's no-local option and the order of a shared
     subscription's deliveries per publisher go by, since every device of a server publishes as
     that server's ``#s.s.0``. ``props``: the message's MQTT 5.0 properties (None: it has none).
+
+    Not a notification itself (it has no tag): a base the classes' fields come from. The field
+    names, types and defaults are those the classes always had: stored and wired copies read
+    as before (both go by field name).
+    """
+
+    qos: int = 2
+    origin: str = ""
+    props: MessageProps | None = None
+
+
+@dataclass
+class Publish(Notification, MqttFields):
+    """Publish ``payload`` on ``topic``; the publisher is the sender.
+
+    ``retain``: the representatives keep it as the topic's retained publication, handed to every
+    later subscription whose filter matches (``payload=None`` with ``retain`` clears it).
+    ``qos``, ``origin``, ``props``: :class:`MqttFields` (keywords).
     """
 
     topic: str
     payload: Any
     retain: bool = False
-    qos: int = 2
-    origin: str = ""
-    props: MessageProps | None = None
 
 
 @dataclass
@@ -84,15 +100,16 @@ class Unsubscribe(Notification):
 
 
 @dataclass
-class Publication(Notification):
+class Publication(Notification, MqttFields):
     """What a subscriber receives: ``payload`` published on ``topic`` by ``publisher``.
 
     ``filters``: the subscriber's filters that matched (one publication is delivered once per
     subscriber, even when several of its filters match). ``retained``: a copy of the topic's
     retained publication, sent when the subscription was made (it may be older than live
     publications already received, and is outside the causal contract; see docs/architecture.md).
-    ``qos``, ``origin`` and ``props``: those of :class:`Publish`; ``retain``: the RETAIN flag it
-    was published with (what MQTT 5.0's retain-as-published hands on; True in a retained copy).
+    ``qos``, ``origin`` and ``props``: those of :class:`Publish` (:class:`MqttFields`,
+    keywords); ``retain``: the RETAIN flag it was published with (what MQTT 5.0's
+    retain-as-published hands on; True in a retained copy).
     """
 
     topic: str
@@ -100,7 +117,4 @@ class Publication(Notification):
     publisher: AgentId
     filters: tuple[str, ...] = ()
     retained: bool = False
-    qos: int = 2
-    origin: str = ""
-    props: MessageProps | None = None
     retain: bool = False

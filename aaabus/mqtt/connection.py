@@ -15,7 +15,8 @@ Delivery is pushed: the session's mailbox hands each item to the listener once d
 the window allows: at most ``aaabus.mqtt.inflight`` QoS 1/2 messages unacknowledged, and the
 socket's queue under ``aaabus.mqtt.queued_bytes`` (asyncio's write-buffer flow control). When it
 falls behind (a full window, a slow socket, a reconnection), it takes the rest from the store
-(:meth:`~aaabus.mqtt.sessions.MqttSessions.take_now`), a window at a time. The device's
+(:meth:`~aaabus.mqtt.sessions.MqttSessions.take_now`), a window at a time; where it is in
+the backlog is the sans-IO :class:`~aaabus.mqtt.backlog.Backlog`'s bookkeeping. The device's
 acknowledgements are cumulated and committed in the next batch: the store forgets what the
 device has.
 
@@ -37,14 +38,15 @@ import logging
 import socket
 import time
 import uuid
-from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError, TopicError
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt import messages as mm
 from aaabus.mqtt.auth import Credentials
+from aaabus.mqtt.backlog import Backlog
 from aaabus.mqtt.flows import Do, QosFlows, Slot, Step
 from aaabus.mqtt.protocol import MqttProtocol, State
 from aaabus.mqtt.sessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
@@ -70,7 +72,7 @@ class ConnectionHost(Protocol):
     server_id: int
     sessions: MqttSessions
     max_packet: int
-    #: User properties per property section: (count, bytes); see mqttcodec.UserBound.
+    #: User properties per property section: (count, bytes); see codes.UserBound.
     user_bound: tuple[int, int]
     inflight: int
     queued_bytes: int
@@ -178,13 +180,8 @@ class MqttConnection(asyncio.Protocol):
         self.flows = QosFlows(self.proto, host.inflight)
         self._ack_sent = 0  # the acked value last committed or being committed
         self._acking = False
-        self._next = 1  # the next backlog seq to send
-        self._heard = 0  # the highest backlog seq pushed so far
-        # Pushed items not sent yet (the window was full), contiguous from _next; bounded.
-        self._ahead: deque[Delivery] = deque()
-        self._ahead_bytes = 0
-        self._gap = False  # the store holds items beyond _next that memory does not
-        self._fetching = False
+        # Delivery: what is sent, what waits in memory, what is to be read from the store.
+        self._backlog: Backlog[Delivery] = Backlog(host.queued_bytes)
         # What the CONNECT settled (aaabus.mqtt.terms); 3.1.1's fixed rules until then.
         self.terms = Terms(True, 0, 0, host.inflight)
         self._max_out = 0  # the device's Maximum Packet Size (0: none)
@@ -196,7 +193,7 @@ class MqttConnection(asyncio.Protocol):
     @property
     def v5(self) -> bool:
         """Whether the device speaks MQTT 5.0 (known once its CONNECT is read)."""
-        return self.proto.version == mc.V5
+        return self.proto.version == mq.V5
 
     def figures(self) -> dict[str, Any]:
         """What the console lists of this device (loop thread): its protocol, keep-alive, the
@@ -209,7 +206,7 @@ class MqttConnection(asyncio.Protocol):
             "keep_alive": self.keep_alive,
             "clean": self.clean,
             "inflight": self.flows.in_flight,
-            "backlog": max(0, self._heard - self.flows.acked),
+            "backlog": max(0, self._backlog.heard - self.flows.acked),
         }
 
     # -- asyncio callbacks ---------------------------------------------------------------------
@@ -288,7 +285,7 @@ class MqttConnection(asyncio.Protocol):
             self._write(self.proto.refuse(exc.code))
             self.end(str(exc), answered=True)
         else:
-            self.end(str(exc), reason=exc.code or mc.PROTOCOL_ERROR)
+            self.end(str(exc), reason=exc.code or mq.PROTOCOL_ERROR)
 
     def _handle(self, packet: Any) -> None:
         if isinstance(packet, mc.Publish):
@@ -322,10 +319,10 @@ class MqttConnection(asyncio.Protocol):
         if will is not None:
             if "+" in will.topic or "#" in will.topic or not will.topic:
                 raise MqttProtocolError(
-                    f"invalid will topic {will.topic[:60]!r}", mc.PROTOCOL_ERROR
+                    f"invalid will topic {will.topic[:60]!r}", mq.PROTOCOL_ERROR
                 )
             props = will.properties
-            self._will_delay = props.pop(mc.WILL_DELAY, 0)  # the connection's, not the message's
+            self._will_delay = props.pop(mq.WILL_DELAY, 0)  # the connection's, not the message's
             self.will = (will.topic, will.payload, will.qos, will.retain, props or None)
         self.client_id = client_id or assigned or ""
         self.user = packet.username
@@ -336,7 +333,7 @@ class MqttConnection(asyncio.Protocol):
         if self.ended:
             return
         if ok is None:
-            self._write(self.proto.refuse(mc.SERVER_BUSY))  # 3.1.1: "server unavailable"
+            self._write(self.proto.refuse(mq.SERVER_BUSY))  # 3.1.1: "server unavailable"
             self.end("server busy", answered=True)
             return
         if not ok:
@@ -393,7 +390,7 @@ class MqttConnection(asyncio.Protocol):
         self._write(self.proto.accept(outcome.present, self.terms.connack))
         self._accepted = True  # deliveries may go out from now on, never before CONNACK
         if self._has_record:
-            self._gap = True  # a backlog may wait in the store
+            self._backlog.gap = True  # a backlog may wait in the store
         self._fill()
         self._drain()  # packets the device sent before its CONNACK
 
@@ -434,8 +431,8 @@ class MqttConnection(asyncio.Protocol):
         name or password" (0x86) from "not authorized" (0x87: no name, or nobody may connect);
         3.1.1's code stays 0x05 ("not authorized"), as before 5.0 was served."""
         if self.v5 and self.user is not None and self.host.credentials is not None:
-            return mc.BAD_CREDENTIALS
-        return mc.NOT_AUTHORIZED
+            return mq.BAD_CREDENTIALS
+        return mq.NOT_AUTHORIZED
 
     def _disconnected(self, packet: mc.Disconnect) -> None:
         """The device's DISCONNECT: 5.0 may change the session's expiry. A change from 0 is a
@@ -445,7 +442,7 @@ class MqttConnection(asyncio.Protocol):
         except MqttProtocolError as exc:
             self.host.refused(self.address, f"client {self.client_id!r}: {exc}")
             self._graceful = False
-            self._write(mc.encode(mc.Disconnect(mc.PROTOCOL_ERROR, {}), mc.V5))
+            self._write(mc.encode(mc.Disconnect(mq.PROTOCOL_ERROR, {}), mq.V5))
             self.end(str(exc), answered=True)
             return
         if expiry is not None and expiry != self.terms.expiry:
@@ -500,10 +497,10 @@ class MqttConnection(asyncio.Protocol):
         "server unavailable" (0x88; 3.1.1: 0x03), a 5.0 device connected is told "unspecified
         error" (0x80), and the connection ends."""
         if self.proto.state is State.CONNECTING:
-            self._write(self.proto.refuse(mc.SERVER_UNAVAILABLE))
+            self._write(self.proto.refuse(mq.SERVER_UNAVAILABLE))
             self.end("not committed", answered=True)
         else:
-            self.end("not committed", reason=mc.UNSPECIFIED)
+            self.end("not committed", reason=mq.UNSPECIFIED)
 
     def shutdown(self) -> None:
         """The listener stops (loop thread): a 5.0 device is told so (0x8B), the socket is cut.
@@ -512,7 +509,7 @@ class MqttConnection(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         if not self.ended and self.proto.state is State.CONNECTED:
-            data = self.proto.disconnect(mc.SERVER_SHUTTING_DOWN)
+            data = self.proto.disconnect(mq.SERVER_SHUTTING_DOWN)
             if data:
                 self._out.append(data)
             self.flush()
@@ -527,10 +524,10 @@ class MqttConnection(asyncio.Protocol):
         topic = flows.arrive(packet)  # 5.0: the alias resolved, the Receive Maximum kept
         props = mm.message_props(packet.properties, time.time()) if packet.properties else None
         if props is not None and mm.bad_payload(props, payload):
-            self._refuse_publish(packet, mc.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
+            self._refuse_publish(packet, mq.PAYLOAD_FORMAT_INVALID, "payload is not UTF-8")
             return
         if not host.may_publish(self, topic):  # the ACL (aaabus.mqtt.acl), and $ topics
-            self._refuse_publish(packet, mc.NOT_AUTHORIZED, f"not authorized on {topic[:60]!r}")
+            self._refuse_publish(packet, mq.NOT_AUTHORIZED, f"not authorized on {topic[:60]!r}")
             return
         step = flows.publish(qos, pid) if qos else Step(Do.PUBLISH)
         if step.do is Do.ANSWERED:  # a QoS 2 retransmission: published already
@@ -548,10 +545,10 @@ class MqttConnection(asyncio.Protocol):
 
         def answered(outcome: Any) -> None:
             # publish_now's False: no subscriber matched (0x10, a success; 3.1.1 says 0).
-            code = mc.SUCCESS if outcome is not False else mc.NO_MATCHING_SUBSCRIBERS
+            code = mq.SUCCESS if outcome is not False else mq.NO_MATCHING_SUBSCRIBERS
             if isinstance(outcome, str):
                 host.refused(self.address, f"client {cid!r}: retained message refused: {outcome}")
-                code = mc.QUOTA_EXCEEDED
+                code = mq.QUOTA_EXCEEDED
             flows.published(step, qos, pid, code)
 
         self._call(op, answered, step.slot)
@@ -570,7 +567,7 @@ class MqttConnection(asyncio.Protocol):
     # -- acknowledgements from the device ------------------------------------------------------
 
     def _acknowledged(self, packet: mc.Ack) -> None:
-        if packet.kind == mc.PUBREL:
+        if packet.kind == mq.PUBREL:
             self._release(packet.packet_id)
             return
         flows = self.flows
@@ -631,19 +628,19 @@ class MqttConnection(asyncio.Protocol):
         for topic_filter, options in packet.topics:
             qos = options & 0x03
             if self._bad_share(topic_filter):  # 3.1.1: the codec leaves $share/ to us
-                codes.append(mc.TOPIC_FILTER_INVALID)
+                codes.append(mq.TOPIC_FILTER_INVALID)
                 continue
             if not self.host.may_subscribe(self, topic_filter):  # the ACL (aaabus.mqtt.acl)
-                codes.append(mc.NOT_AUTHORIZED)
+                codes.append(mq.NOT_AUTHORIZED)
                 continue
             if topic_filter not in self._granted:
                 if room <= 0:
-                    codes.append(mc.QUOTA_EXCEEDED)
+                    codes.append(mq.QUOTA_EXCEEDED)
                     continue
                 room -= 1
             wanted.append((topic_filter, qos))
             codes.append(qos)
-        if mc.QUOTA_EXCEEDED in codes:
+        if mq.QUOTA_EXCEEDED in codes:
             self.host.refused(
                 self.address,
                 f"client {self.client_id!r}: over aaabus.mqtt.max_filters "
@@ -689,7 +686,7 @@ class MqttConnection(asyncio.Protocol):
 
     def _unsubscribe(self, packet: mc.Unsubscribe) -> None:
         filters = list(packet.filters)
-        codes = [mc.SUCCESS if f in self._granted else 0x11 for f in filters]  # 0x11: none
+        codes = [mq.SUCCESS if f in self._granted else 0x11 for f in filters]  # 0x11: none
         for topic_filter in filters:
             self._granted.pop(topic_filter, None)
             if self._subopts:
@@ -715,70 +712,53 @@ class MqttConnection(asyncio.Protocol):
         """The session's mailbox appended ``item`` as ``seq`` (durable): send it now if it is
         the next one and there is room; keep it in memory while the window is full (up to
         ``queued_bytes`` of payload); beyond, let the store catch the connection up."""
-        if not self._accepted or self.ended or seq < self._next:
+        if not self._accepted or self.ended:
             return
-        if seq > self._heard:
-            self._heard = seq
-        ahead = self._ahead
-        if self._gap or seq != self._next + len(ahead):
-            if seq >= self._next + len(ahead):
-                self._gap = True  # what lies between is in the store only
-                self._fill()
-            return
-        size = len(item.payload)
-        if ahead and self._ahead_bytes + size > self.host.queued_bytes:
-            self._gap = True  # the store keeps it; memory stays bounded
-            return
-        ahead.append(item)
-        self._ahead_bytes += size
-        self._pump()
+        todo = self._backlog.pushed(seq, item)
+        if todo == "pump":
+            self._pump()
+        elif todo == "fill":
+            self._fill()
 
     def _room(self) -> bool:
         return self.flows.room() and not self._writing_paused
 
     def _pump(self) -> None:
         """Send what waits in memory while there is room, then ask the store for the rest."""
-        ahead = self._ahead
-        while ahead and self._room():
-            item = ahead.popleft()
-            self._ahead_bytes -= len(item.payload)
-            self._send(item)
-        if not ahead and self._gap:
+        backlog = self._backlog
+        while backlog.waiting and self._room():
+            self._send(backlog.pop())
+        if not backlog.waiting and backlog.gap:
             self._fill()
 
     def _fill(self) -> None:
         """Take from the store what lies beyond what was sent and is not in memory, a window at
-        a time, once at least half the window is free (a read: the batch writes nothing)."""
-        if not self._accepted or self.ended or self._fetching or not self._gap or self._ahead:
+        a time (see :meth:`Backlog.to_read`; a read: the batch writes nothing)."""
+        if not self._accepted or self.ended or self._writing_paused:
             return
-        window, in_flight = self.flows.window, self.flows.in_flight
-        free = window - in_flight
-        if (free < max(1, window // 2) and in_flight) or self._writing_paused:
+        backlog = self._backlog
+        free = backlog.to_read(self.flows.window, self.flows.in_flight)
+        if not free:
             return
-        self._fetching = True
-        cid, sessions, after = self.client_id, self.host.sessions, self._next - 1
+        backlog.fetching = True
+        cid, sessions, after = self.client_id, self.host.sessions, backlog.next - 1
 
         def then(outcome: Any) -> None:
-            self._fetching = False
+            backlog.fetching = False
             if self.ended or isinstance(outcome, BaseException):
                 return
             items: list[Delivery] = outcome or []
             for item in items:
-                if item.seq >= self._next:
+                if item.seq >= backlog.next:
                     self._send(item)
-            if len(items) < free:
-                # The store had nothing more when it answered. What was announced before the
-                # answer and not given was dropped at the backlog limit; what its own batch
-                # appended is announced after it, in order.
-                self._next = max(self._next, self._heard + 1)
-                self._gap = False
+            backlog.read(len(items), free)
             self._pump()
 
         self._call(lambda: sessions.take_now(cid, after, free), then)
 
     def _send(self, item: Delivery) -> None:
         seq = item.seq
-        self._next = seq + 1
+        self._backlog.sent(seq)
         self.flows.handed(seq)
         if item.qos < 0:
             self._finished(seq)

@@ -53,6 +53,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.protocol import MqttProtocol
 from aaabus.mqtt.terms import InboundWindow, TopicAliases
 
@@ -168,7 +169,7 @@ class Step:
     seq: int = 0
 
 
-_ACKS = {mc.PUBACK: "PUBACK", mc.PUBREC: "PUBREC", mc.PUBCOMP: "PUBCOMP"}
+_ACKS = {mq.PUBACK: "PUBACK", mq.PUBREC: "PUBREC", mq.PUBCOMP: "PUBCOMP"}
 
 
 def _move(state: Flow, event: str) -> tuple[Flow, Do]:
@@ -218,7 +219,7 @@ class QosFlows:
         """What the CONNECT agreed: ``window`` deliveries in flight; a 5.0 device's own
         publications bounded by our ``receive_maximum``, with up to ``topic_aliases``."""
         self.window = window
-        if self.proto.version == mc.V5:
+        if self.proto.version == mq.V5:
             self._aliases = TopicAliases(topic_aliases)
             self._in_window = InboundWindow(receive_maximum)
 
@@ -259,7 +260,7 @@ class QosFlows:
         """``packet`` is not published (an ACL, a bad payload): a QoS 1/2 one is answered now
         with 5.0 reason ``code`` (3.1.1 has none to say); its flow ends there."""
         if packet.qos:
-            kind = mc.PUBACK if packet.qos == 1 else mc.PUBREC
+            kind = mq.PUBACK if packet.qos == 1 else mq.PUBREC
             self.answer(self.proto.ack(kind, packet.packet_id or 0, code))
             self._inbound_over(packet.qos, packet.packet_id or 0)
 
@@ -270,7 +271,7 @@ class QosFlows:
         nxt, do = _move(state, f"PUBLISH{qos}")
         self._in_set(packet_id, nxt)
         if do is Do.ANSWERED:
-            self.answer(self.proto.ack(mc.PUBREC, packet_id))
+            self.answer(self.proto.ack(mq.PUBREC, packet_id))
             return Step(do)
         return Step(do, self.reserve())
 
@@ -278,7 +279,7 @@ class QosFlows:
         """The PUBLISH of ``step`` is durable: its answer (5.0 reason ``code``) fills its slot.
         A QoS 1 flow ends here, a QoS 2 one too if ``code`` is an error."""
         assert step.slot is not None
-        step.slot[0] = self.proto.ack(mc.PUBACK if qos == 1 else mc.PUBREC, packet_id, code)
+        step.slot[0] = self.proto.ack(mq.PUBACK if qos == 1 else mq.PUBREC, packet_id, code)
         if qos == 2 and code >= 0x80:
             self._in_set(packet_id, _move(self._in_state(packet_id), "refused")[0])
         if qos == 1 or code >= 0x80:
@@ -291,14 +292,14 @@ class QosFlows:
         nxt, do = _move(self._in_state(packet_id), "PUBREL")
         self._in_set(packet_id, nxt)
         if do is Do.ANSWERED:
-            self.answer(self.proto.ack(mc.PUBCOMP, packet_id))
+            self.answer(self.proto.ack(mq.PUBCOMP, packet_id))
             return Step(do)
         return Step(do, self.reserve())
 
     def released(self, step: Step, packet_id: int) -> None:
         """The PUBREL of ``step`` is durable: its PUBCOMP fills its slot."""
         assert step.slot is not None
-        step.slot[0] = self.proto.ack(mc.PUBCOMP, packet_id)
+        step.slot[0] = self.proto.ack(mq.PUBCOMP, packet_id)
 
     def _in_state(self, packet_id: int) -> Flow:
         return self._inbound.get(packet_id, _F) if self.volatile else _ST
@@ -349,7 +350,7 @@ class QosFlows:
         (commit, then :meth:`received`), SEND_PUBREL, or IGNORE."""
         pid = packet.packet_id
         event = _ACKS[packet.kind]
-        if packet.kind == mc.PUBREC and packet.code >= 0x80:  # 5.0: the flow ends
+        if packet.kind == mq.PUBREC and packet.code >= 0x80:  # 5.0: the flow ends
             event = "PUBREC-error"
         state, seq = self._outbound.get(pid, (_F, 0))
         return self._out_move(pid, seq, state, event)
@@ -369,7 +370,7 @@ class QosFlows:
         else:
             self._outbound[packet_id] = (nxt, seq)
         if do is Do.SEND_PUBREL:
-            return Step(do, data=self.proto.ack(mc.PUBREL, packet_id), seq=seq)
+            return Step(do, data=self.proto.ack(mq.PUBREL, packet_id), seq=seq)
         return Step(do, seq=seq)
 
     def finished(self, seq: int) -> bool:

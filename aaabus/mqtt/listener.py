@@ -33,39 +33,41 @@ writes one rate-limited log line (:class:`~aaabus.io.gate.RefusalLog`).
 Access control (``aaabus.mqtt.acl``, :mod:`aaabus.mqtt.acl`, loaded at construction): the
 connections ask :meth:`MqttListener.may_publish` and :meth:`MqttListener.may_subscribe`, and
 :meth:`MqttListener.claim` refuses a will topic the ACL denies and a client id that is another
-user's. The listener serves its own ``$SYS/aaabus/<id>/...`` status topics (:meth:`_sys_tick`).
+user's. The listener serves its own ``$SYS/aaabus/<id>/...`` status topics.
+
+The listener is the loop and its tables (connections, client ids, users, addresses, stored
+sessions); the ideas it composes have modules of their own, all run by its loop:
+:mod:`~aaabus.mqtt.logins` (the password checks and their pool),
+:mod:`~aaabus.mqtt.batches` (the operations of a turn as one engine batch),
+:mod:`~aaabus.mqtt.sweep` (deadlines and session expiries), :mod:`~aaabus.mqtt.wills`
+(5.0's delayed wills) and :mod:`~aaabus.mqtt.systopics` (the ``$SYS`` topics).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import heapq
-import hmac
 import logging
-import os
 import resource
 import socket
 import ssl
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, cast
 
 from aaabus.config.reader import BusConfig
 from aaabus.errors import ConfigError
 from aaabus.io.gate import PendingTable, RefusalLog
-from aaabus.io.loginqueue import LoginQueue
 from aaabus.model.notifications import Notification
-from aaabus.model.topicnames import matches
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 from aaabus.mqtt.acl import Acl
 from aaabus.mqtt.auth import Credentials
+from aaabus.mqtt.batches import Batches, Op, Then
 from aaabus.mqtt.connection import MqttConnection
+from aaabus.mqtt.logins import Logins
 from aaabus.mqtt.port import EnginePort
 from aaabus.mqtt.roaming import NOT_AUTHORIZED, ROAM_KEY
 from aaabus.mqtt.sessions import (
@@ -77,15 +79,14 @@ from aaabus.mqtt.sessions import (
     delivery_of,
     shown,
 )
+from aaabus.mqtt.sweep import SWEEP_S, Sweep
+from aaabus.mqtt.systopics import Counts, SysTopics
+from aaabus.mqtt.wills import DelayedWills
 
 __all__ = ["MqttListener"]
 
 log = logging.getLogger("aaabus.mqtt")
 
-#: Seconds between two sweeps of the deadlines (CONNECT, keep-alive) and between two
-#: expiries of persistent sessions.
-SWEEP_S = 1.0
-EXPIRE_S = 60.0
 #: How long a connection may wait for its CONNECT before its address's cap may evict it.
 GRACE_S = 1.0
 #: File descriptors the listener leaves to the rest of the process (store segments and temporary
@@ -97,16 +98,6 @@ FD_RESERVE = 256
 #: accepted (capped by the system's net.core.somaxconn).
 ACCEPT_BATCH = 128
 LISTEN_BACKLOG = 4096
-#: Verified passwords remembered (a reconnecting site does not pay scrypt again per device).
-AUTH_CACHE = 4096
-#: Threads checking passwords (scrypt releases the interpreter's lock while it computes).
-AUTH_THREADS = 2
-
-Op = Callable[[], Any]
-Then = Callable[[Any], None]
-#: A login waiting for its password check: user, password, its key in the cache of verified
-#: passwords, and what to call with the outcome.
-_Login = tuple[str, str, tuple[str, bytes], Callable[[bool | None], None]]
 
 
 def _tls_context(base: Path, cert: str, key: str | None) -> ssl.SSLContext:
@@ -166,10 +157,8 @@ class MqttListener:
         base = Path(cfg.path).resolve().parent
         credentials: str | None = setting("credentials")
         self.credentials = Credentials.load(base / credentials) if credentials else None
-        self.anonymous: bool = setting("anonymous")
         acl: str | None = setting("acl")
         self.acl = Acl.load(base / acl) if acl else None
-        self.sys_interval_s: float = setting("sys_interval_s")
         cert: str | None = setting("tls.cert")
         key: str | None = setting("tls.key")
         self.tls = _tls_context(base, cert, key) if cert else None
@@ -198,7 +187,7 @@ class MqttListener:
         # MqttConnection._linger), at most as many as the waiting room holds.
         self._lingering = 0
         self._max_lingering: int = setting("max_waiting")
-        self._deadlines: list[tuple[float, int, MqttConnection]] = []  # see _sweep
+        self._sweep_of = Sweep(self.session_expiry_s)
         self._by_client: dict[str, MqttConnection] = {}
         # Roaming: connections whose CONNACK waits for their session to arrive, by client id.
         self._awaiting: dict[str, MqttConnection] = {}
@@ -207,46 +196,31 @@ class MqttListener:
         self._stored: dict[str, str | None] = {}  # client id -> user, sessions in the store
         self._sessions_of: dict[str, set[str]] = {}  # accounted user -> their stored sessions
         self._refusals = RefusalLog(log, f"server {sid}: MQTT port")
-        self._pending: list[tuple[Op, Then]] = []
-        self._lazy: list[tuple[Op, Then]] = []
-        # Whether the loop thread is running a batch itself (see _to_loop).
-        self._inline = False
-        # Completions queued to the loop by _to_loop, and those handled: see there.
-        self._queued = 0
-        self._handed = 0
-        self._loop_thread = 0
-        self._flush_scheduled = False
         self._dirty: list[MqttConnection] = []  # connections with bytes queued this turn
         self._writes_scheduled = False
         self._count = 0
         #: Connections and packets refused since start (every refusal, logged or counted).
         self.refusals = 0
         self._stopping = False
-        self._next_expiry = 0.0
-        self._expiries: list[float] = []  # when 5.0 sessions' own expiries fall due (a heap)
-        # 5.0 wills waiting for their delay, by client id, with their user (see delay_will).
-        self._wills: dict[str, tuple[asyncio.TimerHandle, Will, str]] = {}
-        # $SYS (see _sys_tick): connections granted a $SYS filter, with those filters; the
-        # publications counted in (ACL passed) and out (sent), and their last rates.
-        self._sys_conns: dict[MqttConnection, list[str]] = {}
-        self._started = time.monotonic()
+        # The publications counted in (ACL passed) and out (sent), for $SYS and the status.
         self.published_in = 0
         self.published_out = 0
-        self._rates = (self._started, 0, 0, 0.0, 0.0)
-        # Verified (user, keyed hash of the password): a reconnection skips scrypt.
-        self._auth_key = os.urandom(32)
-        self._auth_ok: OrderedDict[tuple[str, bytes], None] = OrderedDict()
-        self._auth_pool: ThreadPoolExecutor | None = None
-        if self.credentials is not None:
-            self._auth_pool = ThreadPoolExecutor(
-                AUTH_THREADS, thread_name_prefix=f"mqtt-auth-{sid}"
-            )
-        # The logins waiting for the pool (loop thread), and the checks it ran.
-        self._logins: LoginQueue[MqttConnection, _Login] = LoginQueue(
-            setting("login_queue"), setting("login_per_address"), AUTH_THREADS
+        self._logins = Logins(
+            sid,
+            self.credentials,
+            setting("anonymous"),
+            setting("login_queue"),
+            setting("login_per_address"),
+            self.refused,
         )
-        self.logins_checked = 0
         self._loop = asyncio.new_event_loop()
+        self._logins.bind(self._loop)
+        self._batches = Batches(sid, engine, self._loop, self.flush_writes, self._is_stopping)
+        self._add_op = self._batches.add
+        self._wills = DelayedWills(self._loop, sessions, self._add_op, self.refused)
+        self._sys = SysTopics(
+            sid, setting("sys_interval_s"), self._counts, self.flush_writes, self._is_stopping
+        )
         self._server: asyncio.Server | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"mqtt-{sid}", daemon=True)
@@ -322,19 +296,18 @@ class MqttListener:
             with contextlib.suppress(RuntimeError):  # the loop is already closed
                 self._loop.call_soon_threadsafe(self._shutdown)
             self._thread.join(timeout)
-        if self._auth_pool is not None:
-            self._auth_pool.shutdown(wait=False, cancel_futures=True)
+        self._logins.shutdown()
         with contextlib.suppress(OSError):
             self._sock.close()
 
     def _run(self) -> None:
-        self._loop_thread = threading.get_ident()
+        self._batches.bind_thread()
         asyncio.set_event_loop(self._loop)
         try:
             self._loop.run_until_complete(self._open())
             self._ready.set()
             self._loop.call_later(SWEEP_S, self._sweep)
-            self._loop.call_later(self.sys_interval_s, self._sys_tick)
+            self._sys.start(self._loop)
             self._loop.run_forever()
         except Exception:
             log.exception("server %s: MQTT listener stopped", self.server_id)
@@ -388,7 +361,7 @@ class MqttListener:
         now = time.monotonic()
         evicted = self._waiting.add(conn, conn.address, now, GRACE_S)
         self._connections.add(conn)
-        heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+        self._sweep_of.watch(conn)
         if conn.transport is not None:
             conn.transport.set_write_buffer_limits(high=self.queued_bytes)
         for old in evicted:
@@ -403,63 +376,9 @@ class MqttListener:
         password: bytes | None,
         then: Callable[[bool | None], None],
     ) -> None:
-        """``then(ok)`` on the loop: at once without a credentials file or for a password
-        verified lately, else after scrypt on the auth pool, or ``then(None)`` at once when too
-        many logins wait (of ``conn``'s address or in all: "server busy"). A user name the file
-        does not hold costs the same check as one it does (:meth:`Credentials.check`): how long
-        the answer takes does not tell which users exist."""
-        credentials = self.credentials
-        if credentials is None:
-            then(self.anonymous)
-            return
-        if user is None or password is None:
-            then(False)
-            return
-        try:
-            text = password.decode("utf-8")
-        except UnicodeDecodeError:
-            then(False)
-            return
-        key = (user, hmac.new(self._auth_key, password, hashlib.sha256).digest())
-        if key in self._auth_ok:
-            self._auth_ok.move_to_end(key)
-            then(True)
-            return
-        if not self._logins.add(conn.address, conn, (user, text, key, then)):
-            self.refused(
-                conn.address,
-                f"user {user!r}: {len(self._logins)} logins wait for their password check "
-                "(aaabus.mqtt.login_queue, login_per_address)",
-            )
-            then(None)
-            return
-        self._next_logins()
-
-    def _next_logins(self) -> None:
-        """Hand the pool the logins whose turn it is, while a thread is free (loop thread)."""
-        assert self._auth_pool is not None
-        credentials, loop = self.credentials, self._loop
-        assert credentials is not None
-        while (job := self._logins.take()) is not None:
-            user, text, _key, _then = job
-
-            def check(job: _Login = job, user: str = user, text: str = text) -> None:
-                ok = credentials.check(user, text)  # pool thread
-                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                    loop.call_soon_threadsafe(self._checked, job, ok)
-
-            self._auth_pool.submit(check)
-
-    def _checked(self, job: _Login, ok: bool) -> None:
-        _user, _text, key, then = job
-        self._logins.release()
-        self.logins_checked += 1
-        if ok:
-            self._auth_ok[key] = None
-            while len(self._auth_ok) > AUTH_CACHE:
-                self._auth_ok.popitem(last=False)
-        then(ok)  # a connection that ended meanwhile ignores it
-        self._next_logins()
+        """``then(ok)`` on the loop, once ``user``'s ``password`` is checked (see
+        :meth:`Logins.authenticate`)."""
+        self._logins.authenticate(conn, conn.address, user, password, then)
 
     def claim(self, conn: MqttConnection) -> int | None:
         """``conn`` authenticated as ``conn.user`` asks for ``conn.client_id``: None and it is
@@ -477,17 +396,17 @@ class MqttListener:
             self.refused(
                 conn.address, f"{self.max_connections} devices connected (max_connections)"
             )
-            return mc.QUOTA_EXCEEDED
+            return mq.QUOTA_EXCEEDED
         address = conn.address
         here = self._of_address.get(address, 0) - (old is not None and old.address == address)
         if here >= self.connections_per_address:
             self.refused(address, f"{here} devices connected from it (connections_per_address)")
-            return mc.QUOTA_EXCEEDED
+            return mq.QUOTA_EXCEEDED
         if user is not None:
             held = self._of_user.get(user, 0) - (1 if old is not None and old.user == user else 0)
             if held >= self.per_user:
                 self.refused(conn.address, f"user {user!r} holds {held} connections")
-                return mc.QUOTA_EXCEEDED
+                return mq.QUOTA_EXCEEDED
         # The store's bounds count the devices without a user name as one user.
         mine = self._sessions_of.get(accounted(user), set())
         if not conn.clean and cid not in mine and len(mine) >= self.sessions_per_user:
@@ -496,12 +415,12 @@ class MqttListener:
                 conn.address,
                 f"{who}: {len(mine)} persistent sessions already (aaabus.mqtt.sessions_per_user)",
             )
-            return mc.QUOTA_EXCEEDED
+            return mq.QUOTA_EXCEEDED
         if old is not None:
-            old.end("session taken over", reason=mc.SESSION_TAKEN_OVER)
+            old.end("session taken over", reason=mq.SESSION_TAKEN_OVER)
         self._waiting.remove(conn)
         self._by_client[cid] = conn
-        self._will_claimed(conn)
+        self._wills.claimed(cid, conn.terms.clean_start)
         self._of_address[address] = self._of_address.get(address, 0) + 1
         if user is not None:
             self._of_user[user] = self._of_user.get(user, 0) + 1
@@ -510,7 +429,7 @@ class MqttListener:
     def forget(self, conn: MqttConnection) -> None:
         self._waiting.remove(conn)
         self._logins.remove(conn)  # a login not checked yet costs nothing more
-        self._sys_conns.pop(conn, None)
+        self._sys.forget(conn)
         self._connections.discard(conn)
         if conn.client_id and self._by_client.get(conn.client_id) is conn:
             del self._by_client[conn.client_id]
@@ -537,10 +456,10 @@ class MqttListener:
         owner = self._stored.get(cid, user)  # a stored session's user, even None
         if owner != user or (old is not None and old.user != user):
             self.refused(conn.address, f"user {user!r} asked for client id {cid!r}, another user's")
-            return mc.NOT_AUTHORIZED
+            return mq.NOT_AUTHORIZED
         if conn.will is not None and not self._may_write(conn, conn.will[0]):
             self.refused(conn.address, f"client {cid!r}: will topic {conn.will[0][:60]!r} denied")
-            return mc.NOT_AUTHORIZED
+            return mq.NOT_AUTHORIZED
         return None
 
     def may_publish(self, conn: MqttConnection, topic: str) -> bool:
@@ -571,11 +490,7 @@ class MqttListener:
             )
             return False
         if checked.startswith("$SYS"):
-            mine = self._sys_conns.setdefault(conn, [])
-            if checked not in mine:
-                mine.append(checked)
-            # After this turn (the SUBACK may precede it, as it may any matching PUBLISH).
-            self._loop.call_soon(self._sys_send, {conn: [checked]}, self._sys_values(), True)
+            self._sys.subscribed(conn, checked)
         return True
 
     def resumed(self, conn: MqttConnection) -> None:
@@ -593,49 +508,15 @@ class MqttListener:
             cid, sessions = conn.client_id, self.sessions
             self._add_op(lambda: sessions.unsubscribe_now(cid, revoked), lambda _outcome: None)
 
-    def _sys_values(self) -> dict[str, bytes]:
-        """The status topics and their values now (text payloads)."""
-        now = time.monotonic()
-        at, seen_in, seen_out, rate_in, rate_out = self._rates
-        if now - at >= self.sys_interval_s / 2:
-            rate_in = (self.published_in - seen_in) / (now - at)
-            rate_out = (self.published_out - seen_out) / (now - at)
-            self._rates = (now, self.published_in, self.published_out, rate_in, rate_out)
-        base = f"$SYS/aaabus/{self.server_id}/"
-        values = {
-            "connected": len(self._by_client),
-            "sessions_stored": len(self._stored),
-            "publications/in_per_s": round(rate_in, 1),
-            "publications/out_per_s": round(rate_out, 1),
-            "publications/in": self.published_in,
-            "publications/out": self.published_out,
-            "refused": self.refusals,
-            "uptime_s": int(now - self._started),
-        }
-        return {base + name: str(value).encode() for name, value in values.items()}
-
-    def _sys_send(
-        self, conns: dict[MqttConnection, list[str]], values: dict[str, bytes], fresh: bool
-    ) -> None:
-        """Send each connection the status topics its $SYS filters match, at QoS 0 (retain set
-        for the values a fresh subscriber gets at once, as for a retained message)."""
-        for conn, filters in conns.items():
-            if conn.ended:
-                continue
-            for topic, payload in values.items():
-                if any(matches(f, topic) and f in conn._granted for f in filters):
-                    conn.send_status(topic, payload, fresh)
-        self.flush_writes()
-
-    def _sys_tick(self) -> None:
-        """Every ``aaabus.mqtt.sys_interval_s``: the status topics to their subscribers."""
-        if self._stopping:
-            return
-        if self._sys_conns:
-            self._sys_send(self._sys_conns, self._sys_values(), False)
-        else:
-            self._sys_values()  # keep the rates current
-        self._loop.call_later(self.sys_interval_s, self._sys_tick)
+    def _counts(self) -> Counts:
+        """What the status topics show of this listener now (loop thread)."""
+        return Counts(
+            len(self._by_client),
+            len(self._stored),
+            self.published_in,
+            self.published_out,
+            self.refusals,
+        )
 
     def stored(self, client_id: str) -> bool:
         return client_id in self._stored
@@ -657,50 +538,13 @@ class MqttListener:
                 if not mine:
                     del self._sessions_of[old]
 
-    # -- 5.0's delayed wills (loop thread) ---------------------------------------------------------
-
     def delay_will(self, client_id: str, will: Will, delay: float, user: str) -> None:
-        """Publish ``client_id``'s will ``delay`` seconds from now, for ``user`` (the retained
-        bounds count it as that user's), unless a connection to its session comes first (5.0's
-        Will Delay Interval; the connection caps ``delay`` at the session's expiry, so the will
-        goes when the session ends at the latest). Kept in memory: a server that stops
-        meanwhile drops it, as it drops the wills of the connections it cuts."""
-        handle = self._loop.call_later(delay, self._will_due, client_id)
-        old = self._wills.get(client_id)
-        if old is not None:
-            old[0].cancel()
-        self._wills[client_id] = (handle, will, user)
-
-    def _will_due(self, client_id: str) -> None:
-        entry = self._wills.pop(client_id, None)
-        if entry is not None:
-            self._publish_will(client_id, entry[1], entry[2])
-
-    def _publish_will(self, client_id: str, will: Will, user: str) -> None:
-        sessions, now = self.sessions, time.time()
-
-        def then(outcome: Any) -> None:
-            if isinstance(outcome, str):
-                self.refused(client_id, f"client {client_id!r}: delayed will refused: {outcome}")
-
-        self._add_op(lambda: sessions.will_now(client_id, will, now, user), then)
-
-    def _will_claimed(self, conn: MqttConnection) -> None:
-        """``conn`` took its client id: a will waiting for its delay is dropped if ``conn``
-        resumes the session, published now if ``conn`` starts a new one (the old session
-        ends)."""
-        entry = self._wills.pop(conn.client_id, None)
-        if entry is not None:
-            entry[0].cancel()
-            if conn.terms.clean_start:
-                self._publish_will(conn.client_id, entry[1], entry[2])
+        """5.0's Will Delay Interval: see :meth:`DelayedWills.delay` (loop thread)."""
+        self._wills.delay(client_id, will, delay, user)
 
     def deadline_sooner(self, conn: MqttConnection) -> None:
-        """``conn.deadline`` moved earlier than the one it is in the heap with (a keep-alive
-        shorter than ``connect_ms``): an entry for the new one. The old one stays, a second
-        entry for the connection (each is pushed again when it falls due): such connections
-        are looked at twice per keep-alive, the others once."""
-        heapq.heappush(self._deadlines, (conn.deadline, conn.n, conn))
+        """``conn.deadline`` moved earlier: see :meth:`Sweep.watch`."""
+        self._sweep_of.watch(conn)
 
     def lingered(self, change: int) -> bool:
         """See :meth:`~aaabus.mqtt.connection.ConnectionHost.lingered` (loop thread)."""
@@ -710,12 +554,8 @@ class MqttListener:
         return True
 
     def expires_in(self, seconds: float) -> None:
-        """A session may expire in ``seconds`` (a 5.0 device's own expiry): the sweep after
-        that expires sessions, not only the periodic one (slightly after: what is due is
-        strictly older than its expiry)."""
-        due = time.monotonic() + seconds + 0.1
-        if due < self._next_expiry or not self._next_expiry:
-            heapq.heappush(self._expiries, due)
+        """See :meth:`Sweep.expires_in` (loop thread)."""
+        self._sweep_of.expires_in(seconds)
 
     def refused(self, where: str, reason: str) -> None:
         self.refusals += 1
@@ -746,7 +586,7 @@ class MqttListener:
                     "publications_in": self.published_in,
                     "publications_out": self.published_out,
                     "logins_waiting": len(self._logins),
-                    "logins_checked": self.logins_checked,
+                    "logins_checked": self._logins.checked,
                 }
             )
 
@@ -779,42 +619,23 @@ class MqttListener:
         return [] if roaming is None else roaming.anchored_now(most)
 
     def _sweep(self) -> None:
-        """Close the connections past their deadline; expire sessions now and then.
-
-        The deadlines are a heap keyed by each connection's deadline as it was when pushed: a
-        packet only moves ``conn.deadline`` forward, and the entry, once due, is pushed again
-        with the new one. So a sweep costs the entries due, not the connections: an idle
-        device is looked at once per keep-alive period."""
+        """Close the connections past their deadline; expire sessions now and then (see
+        :class:`Sweep`)."""
         if self._stopping:
             return
         now = time.monotonic()
-        heap, due = self._deadlines, []
-        while heap and heap[0][0] <= now:
-            _at, n, conn = heapq.heappop(heap)
-            if conn.ended:
-                continue
-            if conn.deadline > now:
-                heapq.heappush(heap, (conn.deadline, n, conn))
-            else:
-                due.append(conn)
-        for conn in due:
+        for conn in self._sweep_of.due(now):
             if conn.client_id and self._by_client.get(conn.client_id) is conn:
                 self.refused(
                     conn.address,
                     f"client {conn.client_id!r}: silent for {conn.silence:g} s (keep-alive "
                     f"{conn.keep_alive} s, aaabus.mqtt.max_idle_s {self.max_idle_s:g} s)",
                 )
-                conn.end("keep-alive expired", reason=mc.KEEP_ALIVE_TIMEOUT)
+                conn.end("keep-alive expired", reason=mq.KEEP_ALIVE_TIMEOUT)
             else:
                 self.refused(conn.address, "no CONNECT before the deadline")
                 conn.end("no CONNECT before the deadline")
-        soon = self._expiries
-        if now >= self._next_expiry or (soon and soon[0] <= now):
-            if now >= self._next_expiry:
-                # A short expiry (tests, or an operator's choice) is checked at half its length.
-                self._next_expiry = now + min(EXPIRE_S, max(SWEEP_S, self.session_expiry_s / 2))
-            while soon and soon[0] <= now:
-                heapq.heappop(soon)
+        if self._sweep_of.expiry_due(now):
             self._expire()
         self._loop.call_later(SWEEP_S, self._sweep)
 
@@ -835,81 +656,8 @@ class MqttListener:
         """Queue ``fn`` for the engine's next batch (see :class:`ConnectionHost`)."""
         self._add_op(fn, then, lazy)
 
-    def _add_op(self, fn: Op, then: Then, lazy: bool = False) -> None:
-        if self._stopping:
-            return
-        (self._lazy if lazy else self._pending).append((fn, then))
-        if not self._flush_scheduled:
-            # After every callback of this turn of the loop: one batch for all of them.
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush)
-
-    def _flush(self) -> None:
-        self._flush_scheduled = False
-        if self._stopping:
-            return
-        if self._lazy:
-            # Writes nobody waits for (acknowledgements of the devices' backlogs): they ride
-            # along with the next batch instead of costing a commit of their own.
-            lazy, self._lazy = self._lazy, []
-            self._run_batch([fn for fn, _then in lazy], self._done_for(lazy), lazy=True)
-        ops, self._pending = self._pending, []
-        if ops:
-            # Run by this thread if the engine is idle: no hand-off to the engine thread and
-            # back (two wake-ups per batch). The loop waits for the commit meanwhile; what
-            # arrives then is read after it and goes into the next batch.
-            self._inline = True
-            try:
-                self._run_batch([fn for fn, _then in ops], self._done_for(ops), run_here=True)
-            finally:
-                self._inline = False
-
-    def _done_for(self, ops: list[tuple[Op, Then]]) -> Callable[[list[Any]], None]:
-        def done(outcomes: list[Any]) -> None:  # engine thread (or this one), once durable
-            self._to_loop(self._completed, ops, outcomes)
-
-        return done
-
-    def _to_loop(self, handle: Callable[..., None], *args: Any) -> None:
-        """Have the loop run ``handle(*args)``: at once when this is the loop thread running a
-        batch itself (the batch is durable: what ZODB still does to finish its commit need not
-        delay the answers), else through the loop's wake-up (from the engine thread).
-
-        At once is safe: what a handler starts on the loop only queues (operations go to the
-        next batch through ``call_soon``; sockets are written without blocking).
-
-        In the order of the groups, always: an earlier group run by the engine thread may have
-        queued its completions and pushes just before the loop thread ran this one; handled at
-        once, this group's would overtake them (a PUBREL sent before an earlier one: the device
-        delivers QoS 2 messages out of order). So "at once" only when nothing is queued; else
-        behind what is. The counts change only under the engine's turn (both threads' callers
-        hold it), and ``_handed`` on the loop thread alone."""
-        if (
-            self._inline
-            and threading.get_ident() == self._loop_thread
-            and self._handed == self._queued
-        ):
-            try:
-                handle(*args)
-            except Exception:  # a bug here must end one connection, not the commit
-                log.exception("server %s: MQTT completion failed", self.server_id)
-            return
-        self._queued += 1
-        with contextlib.suppress(RuntimeError):  # the listener stopped meanwhile
-            self._loop.call_soon_threadsafe(self._in_turn, handle, args)
-
-    def _in_turn(self, handle: Callable[..., None], args: tuple[Any, ...]) -> None:
-        """Loop thread: a completion or push queued by :meth:`_to_loop`, in its turn."""
-        self._handed += 1
-        handle(*args)
-
-    def _completed(self, ops: list[tuple[Op, Then]], outcomes: list[Any]) -> None:
-        for (_fn, then), outcome in zip(ops, outcomes, strict=True):
-            try:
-                then(outcome)
-            except Exception:  # a bug here must end one connection, not the listener
-                log.exception("server %s: MQTT completion failed", self.server_id)
-        self.flush_writes()
+    def _is_stopping(self) -> bool:
+        return self._stopping
 
     def dirty(self, conn: MqttConnection) -> None:
         """``conn`` has bytes queued this turn (see :meth:`MqttConnection._write`)."""
@@ -933,7 +681,7 @@ class MqttListener:
             if name.startswith(BOX_PREFIX):
                 items.append((name[len(BOX_PREFIX) :], seq, delivery_of(seq, note)))
         if items:
-            self._to_loop(self._pushed, items)
+            self._batches.to_loop(self._pushed, items)
 
     def _pushed(self, items: list[tuple[str, int, Any]]) -> None:
         by_client = self._by_client
@@ -958,11 +706,11 @@ class MqttListener:
             del self._awaiting[conn.client_id]
             if not conn.ended:
                 self.refused(conn.address, f"client {conn.client_id!r}: session did not arrive")
-                conn.roam_refused(mc.SERVER_UNAVAILABLE, "its session did not arrive in time")
+                conn.roam_refused(mq.SERVER_UNAVAILABLE, "its session did not arrive in time")
 
     def _on_roam(self, values: list[object]) -> None:
         """Engine observer (engine thread, once durable): sessions arrived, were refused, left."""
-        self._to_loop(self._roamed, list(values))
+        self._batches.to_loop(self._roamed, list(values))
 
     def _roamed(self, values: list[Any]) -> None:
         for value in values:
@@ -972,7 +720,7 @@ class MqttListener:
                 self._set_stored(cid, None, False)
                 conn = self._by_client.get(cid)
                 if conn is not None and self._awaiting.get(cid) is not conn:
-                    conn.end("session moved to another server", reason=mc.SESSION_TAKEN_OVER)
+                    conn.end("session moved to another server", reason=mq.SESSION_TAKEN_OVER)
                 continue
             if kind == "ready":
                 self._set_stored(cid, value[2], True)
@@ -991,5 +739,5 @@ class MqttListener:
         often, the device retries)."""
         cid = conn.client_id
         self.refused(conn.address, f"client {cid!r}: session refused ({reason})")
-        code = mc.NOT_AUTHORIZED if reason == NOT_AUTHORIZED else mc.SERVER_BUSY
+        code = mq.NOT_AUTHORIZED if reason == NOT_AUTHORIZED else mq.SERVER_BUSY
         conn.roam_refused(code, f"session refused: {reason}")

@@ -16,7 +16,7 @@ import math
 from typing import Any, Protocol
 
 from aaabus.model.pubsub import MessageProps
-from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 
 __all__ = [
     "KEPT",
@@ -48,12 +48,12 @@ _NONE = (0, 0)
 #: The PUBLISH properties that belong to the message (a topic alias belongs to the connection).
 _MESSAGE = frozenset(
     {
-        mc.PAYLOAD_FORMAT,
-        mc.MESSAGE_EXPIRY,
-        mc.CONTENT_TYPE,
-        mc.RESPONSE_TOPIC,
-        mc.CORRELATION_DATA,
-        mc.USER_PROPERTY,
+        mq.PAYLOAD_FORMAT,
+        mq.MESSAGE_EXPIRY,
+        mq.CONTENT_TYPE,
+        mq.RESPONSE_TOPIC,
+        mq.CORRELATION_DATA,
+        mq.USER_PROPERTY,
     }
 )
 
@@ -79,13 +79,13 @@ def message_props(properties: dict[int, Any], now: float) -> MessageProps | None
     interval made a deadline from ``now`` (``time.time()``); None when it has none."""
     if not _MESSAGE.intersection(properties):
         return None
-    expiry = properties.get(mc.MESSAGE_EXPIRY)
+    expiry = properties.get(mq.MESSAGE_EXPIRY)
     return MessageProps(
-        properties.get(mc.PAYLOAD_FORMAT, 0),
-        properties.get(mc.CONTENT_TYPE),
-        properties.get(mc.RESPONSE_TOPIC),
-        properties.get(mc.CORRELATION_DATA),
-        tuple(properties.get(mc.USER_PROPERTY, ())),
+        properties.get(mq.PAYLOAD_FORMAT, 0),
+        properties.get(mq.CONTENT_TYPE),
+        properties.get(mq.RESPONSE_TOPIC),
+        properties.get(mq.CORRELATION_DATA),
+        tuple(properties.get(mq.USER_PROPERTY, ())),
         None if expiry is None else now + expiry,
     )
 
@@ -107,7 +107,7 @@ def subscription_options(
 ) -> dict[str, tuple[int, int]] | None:
     """What a 5.0 SUBSCRIBE asks of its filters beside the QoS: filter -> (options byte,
     subscription identifier or 0), for the filters that ask anything; None if none does."""
-    ids = properties.get(mc.SUBSCRIPTION_ID) if properties else None
+    ids = properties.get(mq.SUBSCRIPTION_ID) if properties else None
     sub_id = ids[0] if ids else 0
     out = {f: (o & ~0x03, sub_id) for f, o in topics if o & ~0x03 or sub_id}
     return out or None
@@ -162,19 +162,19 @@ def outgoing(
         if v5:
             out = {}
             if props.payload_format:
-                out[mc.PAYLOAD_FORMAT] = props.payload_format
+                out[mq.PAYLOAD_FORMAT] = props.payload_format
             if expiry is not None:
-                out[mc.MESSAGE_EXPIRY] = expiry
+                out[mq.MESSAGE_EXPIRY] = expiry
             if props.content_type is not None:
-                out[mc.CONTENT_TYPE] = props.content_type
+                out[mq.CONTENT_TYPE] = props.content_type
             if props.response_topic is not None:
-                out[mc.RESPONSE_TOPIC] = props.response_topic
+                out[mq.RESPONSE_TOPIC] = props.response_topic
             if props.correlation is not None:
-                out[mc.CORRELATION_DATA] = props.correlation
+                out[mq.CORRELATION_DATA] = props.correlation
             if props.user:
-                out[mc.USER_PROPERTY] = list(props.user)
+                out[mq.USER_PROPERTY] = list(props.user)
     if ids:
         if out is None:
             out = {}
-        out[mc.SUBSCRIPTION_ID] = ids
+        out[mq.SUBSCRIPTION_ID] = ids
     return filters, retain, out

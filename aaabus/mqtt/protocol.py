@@ -29,6 +29,7 @@ from typing import Any
 
 from aaabus.errors import MqttProtocolError
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 
 __all__ = ["TRANSITIONS", "MqttProtocol", "State", "connack_code"]
 
@@ -45,45 +46,45 @@ _A, _C, _OK, _X = State.AWAIT_CONNECT, State.CONNECTING, State.CONNECTED, State.
 #: (state, event) -> next state. Events: the type of a packet received from the client, or a
 #: decision of the server. The only place a connection's state changes.
 TRANSITIONS: dict[tuple[State, int | str], State] = {
-    (_A, mc.CONNECT): _C,
+    (_A, mq.CONNECT): _C,
     (_A, "close"): _X,
     (_C, "accept"): _OK,
     (_C, "refuse"): _X,
     (_C, "close"): _X,
-    (_OK, mc.PUBLISH): _OK,
-    (_OK, mc.PUBACK): _OK,
-    (_OK, mc.PUBREC): _OK,
-    (_OK, mc.PUBREL): _OK,
-    (_OK, mc.PUBCOMP): _OK,
-    (_OK, mc.SUBSCRIBE): _OK,
-    (_OK, mc.UNSUBSCRIBE): _OK,
-    (_OK, mc.PINGREQ): _OK,
-    (_OK, mc.DISCONNECT): _X,
+    (_OK, mq.PUBLISH): _OK,
+    (_OK, mq.PUBACK): _OK,
+    (_OK, mq.PUBREC): _OK,
+    (_OK, mq.PUBREL): _OK,
+    (_OK, mq.PUBCOMP): _OK,
+    (_OK, mq.SUBSCRIBE): _OK,
+    (_OK, mq.UNSUBSCRIBE): _OK,
+    (_OK, mq.PINGREQ): _OK,
+    (_OK, mq.DISCONNECT): _X,
     (_OK, "close"): _X,
     (_X, "close"): _X,
 }
 
 _NAMES = {
-    mc.CONNECT: "CONNECT",
-    mc.PUBLISH: "PUBLISH",
-    mc.PUBACK: "PUBACK",
-    mc.PUBREC: "PUBREC",
-    mc.PUBREL: "PUBREL",
-    mc.PUBCOMP: "PUBCOMP",
-    mc.SUBSCRIBE: "SUBSCRIBE",
-    mc.UNSUBSCRIBE: "UNSUBSCRIBE",
-    mc.PINGREQ: "PINGREQ",
-    mc.DISCONNECT: "DISCONNECT",
-    mc.AUTH: "AUTH",
+    mq.CONNECT: "CONNECT",
+    mq.PUBLISH: "PUBLISH",
+    mq.PUBACK: "PUBACK",
+    mq.PUBREC: "PUBREC",
+    mq.PUBREL: "PUBREL",
+    mq.PUBCOMP: "PUBCOMP",
+    mq.SUBSCRIBE: "SUBSCRIBE",
+    mq.UNSUBSCRIBE: "UNSUBSCRIBE",
+    mq.PINGREQ: "PINGREQ",
+    mq.DISCONNECT: "DISCONNECT",
+    mq.AUTH: "AUTH",
 }
 
 # A 5.0 CONNACK reason -> the 3.1.1 return code that says the same (3.1.1 has five).
 _CONNACK_311 = {
-    mc.SUCCESS: 0,
-    mc.UNSUPPORTED_VERSION: mc.UNACCEPTABLE_PROTOCOL,
-    mc.CLIENT_ID_NOT_VALID: mc.IDENTIFIER_REJECTED,
-    mc.BAD_CREDENTIALS: mc.BAD_CREDENTIALS_311,
-    mc.NOT_AUTHORIZED: mc.NOT_AUTHORIZED_311,
+    mq.SUCCESS: 0,
+    mq.UNSUPPORTED_VERSION: mq.UNACCEPTABLE_PROTOCOL,
+    mq.CLIENT_ID_NOT_VALID: mq.IDENTIFIER_REJECTED,
+    mq.BAD_CREDENTIALS: mq.BAD_CREDENTIALS_311,
+    mq.NOT_AUTHORIZED: mq.NOT_AUTHORIZED_311,
 }
 
 
@@ -91,26 +92,26 @@ def connack_code(reason: int, version: int) -> int:
     """The CONNACK code of 5.0 reason ``reason`` in ``version``: 3.1.1 has five codes, and
     everything it cannot say (busy, quota, banned...) is "server unavailable". A code under
     0x80 is taken to be a 3.1.1 code already (the codec's, for a 3.1.1 CONNECT)."""
-    if version == mc.V5 or reason < 0x80:
+    if version == mq.V5 or reason < 0x80:
         return reason
-    return _CONNACK_311.get(reason, mc.SERVER_UNAVAILABLE_311)
+    return _CONNACK_311.get(reason, mq.SERVER_UNAVAILABLE_311)
 
 
 class MqttProtocol:
     """The protocol state of one connection (see the module docstring).
 
     ``max_packet``: largest packet accepted from the client, in bytes; ``bound``: the user
-    properties one of its property sections may carry (:data:`mc.UserBound`).
+    properties one of its property sections may carry (:data:`mq.UserBound`).
     """
 
     __slots__ = ("_broken", "_buffer", "_pos", "bound", "max_packet", "state", "version")
 
-    def __init__(self, max_packet: int, bound: mc.UserBound = mc.UNBOUNDED) -> None:
+    def __init__(self, max_packet: int, bound: mq.UserBound = mq.UNBOUNDED) -> None:
         self.max_packet = max_packet
         self.bound = bound
         self.state = State.AWAIT_CONNECT
-        #: The protocol level of the CONNECT (:data:`mc.V311` or :data:`mc.V5`); 3.1.1 until then.
-        self.version = mc.V311
+        #: The protocol level of the CONNECT (:data:`mq.V311` or :data:`mq.V5`); 3.1.1 until then.
+        self.version = mq.V311
         self._buffer = bytearray()
         self._pos = 0  # bytes of _buffer already handed out as packets
         self._broken = False  # the client broke the protocol: hand out nothing more
@@ -124,7 +125,7 @@ class MqttProtocol:
             what = _NAMES.get(event, f"packet type {event}")
             if state is State.AWAIT_CONNECT:
                 raise MqttProtocolError(f"{what} before CONNECT")
-            raise MqttProtocolError(f"{what} not allowed while {state.value}", mc.PROTOCOL_ERROR)
+            raise MqttProtocolError(f"{what} not allowed while {state.value}", mq.PROTOCOL_ERROR)
         self.state = nxt
 
     # -- bytes in, packets out -----------------------------------------------------------------
@@ -156,9 +157,9 @@ class MqttProtocol:
             kind = first >> 4
             self._move(kind)  # before decoding: a packet out of order is refused as such
             body = view[start:total]
-            if kind == mc.CONNECT and len(body) > 6 and body[6] == mc.V5:
+            if kind == mq.CONNECT and len(body) > 6 and body[6] == mq.V5:
                 # The protocol level, read ahead: a refused 5.0 CONNECT is answered in 5.0.
-                self.version = mc.V5
+                self.version = mq.V5
             packet = mc.decode(first, body, self.version, bound=self.bound)
         except MqttProtocolError:
             # The owner answers (refuse() for a CONNECT, disconnect()) or closes; nothing more
@@ -184,7 +185,7 @@ class MqttProtocol:
         over: close it once the bytes are sent."""
         self._move("refuse")
         code = connack_code(reason, self.version)
-        props = properties if self.version == mc.V5 and properties else {}
+        props = properties if self.version == mq.V5 and properties else {}
         return mc.encode(mc.ConnAck(False, code, props), self.version)
 
     def disconnect(self, reason: int) -> bytes:
@@ -192,8 +193,8 @@ class MqttProtocol:
         client is not (it has no DISCONNECT from the server); close once sent."""
         connected = self.state is State.CONNECTED
         self.close()
-        if connected and self.version == mc.V5:
-            return mc.encode(mc.Disconnect(reason, {}), mc.V5)
+        if connected and self.version == mq.V5:
+            return mc.encode(mc.Disconnect(reason, {}), mq.V5)
         return b""
 
     def close(self) -> None:
@@ -217,18 +218,18 @@ class MqttProtocol:
 
     def ack(self, kind: int, packet_id: int, code: int = 0) -> bytes:
         """PUBACK, PUBREC, PUBREL or PUBCOMP; ``code`` (5.0 reason) is dropped for 3.1.1."""
-        return mc.encode_ack(kind, packet_id, self.version, code if self.version == mc.V5 else 0)
+        return mc.encode_ack(kind, packet_id, self.version, code if self.version == mq.V5 else 0)
 
     def suback(self, packet_id: int, codes: list[int]) -> bytes:
         """SUBACK: per filter the granted QoS, or a 5.0 failure reason (>= 0x80), which 3.1.1
         says as its only failure code 0x80."""
-        if self.version != mc.V5:
+        if self.version != mq.V5:
             codes = [c if c < 0x80 else 0x80 for c in codes]
         return mc.encode(mc.SubAck(packet_id, codes, {}), self.version)
 
     def unsuback(self, packet_id: int, codes: list[int]) -> bytes:
         return mc.encode(
-            mc.UnsubAck(packet_id, codes if self.version == mc.V5 else [], {}), self.version
+            mc.UnsubAck(packet_id, codes if self.version == mq.V5 else [], {}), self.version
         )
 
     def pingresp(self) -> bytes:

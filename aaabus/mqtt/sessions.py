@@ -563,7 +563,7 @@ class MqttSessions:
             record.inbound.insert(qos2_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
-        return self._to_rep(Publish(topic, value, retain, qos, client_id, props))
+        return self._to_rep(Publish(topic, value, retain, qos=qos, origin=client_id, props=props))
 
     def release_now(self, client_id: str, qos2_id: int) -> None:
         """PUBREL: the inbound QoS 2 flow ``qos2_id`` is over."""

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 from aaabus.errors import MqttProtocolError
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 
 __all__ = [
     "InboundWindow",
@@ -89,7 +90,7 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
     :class:`MqttProtocolError` with the CONNACK reason for a CONNECT refused."""
     keep_alive = packet.keep_alive
     too_long = keep_alive > limits.max_keepalive
-    if packet.version != mc.V5:
+    if packet.version != mq.V5:
         if too_long or (keep_alive == 0 and not limits.keepalive_0):
             # 3.1.1 cannot impose another keep-alive: it refuses (0x02, identifier rejected, is
             # the closest of its five codes).
@@ -97,48 +98,48 @@ def negotiate(packet: mc.Connect, limits: Limits, assigned: str | None) -> Terms
             raise MqttProtocolError(
                 f"keep-alive {what} refused (aaabus.mqtt.max_keepalive is "
                 f"{limits.max_keepalive} s)",
-                mc.CLIENT_ID_NOT_VALID,
+                mq.CLIENT_ID_NOT_VALID,
             )
         return Terms(packet.clean, 0 if packet.clean else None, keep_alive, limits.inflight)
     props = packet.properties
-    if mc.AUTH_METHOD in props:
+    if mq.AUTH_METHOD in props:
         # Enhanced authentication (5.0 §4.12) is not built: the method is refused as unknown.
         raise MqttProtocolError(
-            f"authentication method {str(props[mc.AUTH_METHOD])[:40]!r} is not supported",
-            mc.BAD_AUTH_METHOD,
+            f"authentication method {str(props[mq.AUTH_METHOD])[:40]!r} is not supported",
+            mq.BAD_AUTH_METHOD,
         )
     connack: dict[int, Any] = {}
-    requested = props.get(mc.SESSION_EXPIRY, 0)
+    requested = props.get(mq.SESSION_EXPIRY, 0)
     expiry = _expiry(requested, limits.session_expiry_s)
     if expiry != requested:
-        connack[mc.SESSION_EXPIRY] = expiry
+        connack[mq.SESSION_EXPIRY] = expiry
     if too_long or keep_alive == 0:
         # 5.0 §3.2.2.3.14: the server may impose its own keep-alive instead of refusing. For 0
         # too: a device that can be told to ping is told (a 3.1.1 one cannot: the listener's
         # max_idle_s is then its only deadline).
         keep_alive = limits.max_keepalive
-        connack[mc.SERVER_KEEP_ALIVE] = keep_alive
-    connack[mc.RECEIVE_MAXIMUM] = limits.inflight
-    connack[mc.MAXIMUM_PACKET_SIZE] = limits.max_packet
+        connack[mq.SERVER_KEEP_ALIVE] = keep_alive
+    connack[mq.RECEIVE_MAXIMUM] = limits.inflight
+    connack[mq.MAXIMUM_PACKET_SIZE] = limits.max_packet
     if limits.topic_aliases:  # absent: 0, the client may send none
-        connack[mc.TOPIC_ALIAS_MAXIMUM] = limits.topic_aliases
-    connack[mc.RETAIN_AVAILABLE] = 1
-    connack[mc.WILDCARD_SUB_AVAILABLE] = 1
-    connack[mc.SUBSCRIPTION_ID_AVAILABLE] = 1
-    connack[mc.SHARED_SUB_AVAILABLE] = 1
+        connack[mq.TOPIC_ALIAS_MAXIMUM] = limits.topic_aliases
+    connack[mq.RETAIN_AVAILABLE] = 1
+    connack[mq.WILDCARD_SUB_AVAILABLE] = 1
+    connack[mq.SUBSCRIPTION_ID_AVAILABLE] = 1
+    connack[mq.SHARED_SUB_AVAILABLE] = 1
     if assigned is not None:
-        connack[mc.ASSIGNED_CLIENT_ID] = assigned
+        connack[mq.ASSIGNED_CLIENT_ID] = assigned
     # The codec refuses a Receive Maximum or a Maximum Packet Size of 0 (a protocol error).
-    window = min(limits.inflight, props.get(mc.RECEIVE_MAXIMUM, limits.inflight))
+    window = min(limits.inflight, props.get(mq.RECEIVE_MAXIMUM, limits.inflight))
     return Terms(
         packet.clean,  # bit 1 of the flags: Clean Session in 3.1.1, Clean Start in 5.0
         expiry,
         keep_alive,
         window,
-        props.get(mc.MAXIMUM_PACKET_SIZE, 0),
+        props.get(mq.MAXIMUM_PACKET_SIZE, 0),
         connack,
         # Ours bounds what the server keeps per connection for them, whatever the device allows.
-        min(props.get(mc.TOPIC_ALIAS_MAXIMUM, 0), limits.topic_aliases),
+        min(props.get(mq.TOPIC_ALIAS_MAXIMUM, 0), limits.topic_aliases),
     )
 
 
@@ -146,13 +147,13 @@ def disconnect_expiry(terms: Terms, packet: mc.Disconnect, limits: Limits) -> in
     """The session expiry after the device's DISCONNECT (5.0 §3.14.2.2.2: it may change it), or
     None if it did not. Raises :class:`MqttProtocolError` (0x82) for a change from 0, which
     the specification forbids (the DISCONNECT is then not a valid one: the will is published)."""
-    requested = packet.properties.get(mc.SESSION_EXPIRY)
+    requested = packet.properties.get(mq.SESSION_EXPIRY)
     if requested is None or terms.expiry is None:
         return None
     if terms.expiry == 0 and requested:
         raise MqttProtocolError(
             "DISCONNECT sets a session expiry interval after a CONNECT without one",
-            mc.PROTOCOL_ERROR,
+            mq.PROTOCOL_ERROR,
         )
     return _expiry(requested, limits.session_expiry_s)
 
@@ -172,17 +173,17 @@ class TopicAliases:
         """The topic name of ``packet``. Raises :class:`MqttProtocolError` (0x94) for an alias
         out of 1..maximum or an empty topic whose alias was never set."""
         topic = packet.topic
-        alias = packet.properties.get(mc.TOPIC_ALIAS)
+        alias = packet.properties.get(mq.TOPIC_ALIAS)
         if alias is None:
             if not topic:
                 raise MqttProtocolError(
-                    "PUBLISH with an empty topic and no alias", mc.PROTOCOL_ERROR
+                    "PUBLISH with an empty topic and no alias", mq.PROTOCOL_ERROR
                 )
             return topic
         if not 0 < alias <= self.maximum:
             raise MqttProtocolError(
                 f"topic alias {alias} out of 1..{self.maximum} (aaabus.mqtt.topic_aliases)",
-                mc.TOPIC_ALIAS_INVALID,
+                mq.TOPIC_ALIAS_INVALID,
             )
         if topic:
             self._names[alias] = topic
@@ -191,7 +192,7 @@ class TopicAliases:
         if name is None:
             raise MqttProtocolError(
                 f"PUBLISH with an empty topic and alias {alias}, which was never set",
-                mc.TOPIC_ALIAS_INVALID,
+                mq.TOPIC_ALIAS_INVALID,
             )
         return name
 
@@ -235,8 +236,8 @@ class OutboundAliases:
                 alias = by_topic.popitem(last=False)[1]
             by_topic[topic] = alias
         if props is None:
-            return name, {mc.TOPIC_ALIAS: alias}
-        props[mc.TOPIC_ALIAS] = alias
+            return name, {mq.TOPIC_ALIAS: alias}
+        props[mq.TOPIC_ALIAS] = alias
         return name, props
 
     def unsent(self, topic: str, name: str) -> None:
@@ -273,7 +274,7 @@ class InboundWindow:
             raise MqttProtocolError(
                 f"more than {self.maximum} QoS 1/2 publications unacknowledged (our Receive "
                 "Maximum, aaabus.mqtt.inflight)",
-                mc.RECEIVE_MAXIMUM_EXCEEDED,
+                mq.RECEIVE_MAXIMUM_EXCEEDED,
             )
         if qos == 1:
             self._qos1 += 1

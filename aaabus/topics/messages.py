@@ -13,7 +13,7 @@ from typing import Any
 
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
-from aaabus.model.pubsub import MessageProps
+from aaabus.model.pubsub import MessageProps, MqttFields
 
 __all__ = [
     "Carried",
@@ -29,17 +29,15 @@ __all__ = [
 
 
 @dataclass
-class Carried(Notification):
+class Carried(Notification, MqttFields):
     """One publication on its way between representatives (and a topic's retained copy);
-    the fields of :class:`~aaabus.model.pubsub.Publish`, and its publisher."""
+    the fields of :class:`~aaabus.model.pubsub.Publish`, and its publisher (the MQTT ones,
+    :class:`~aaabus.model.pubsub.MqttFields`, keywords)."""
 
     topic: str
     payload: Any
     publisher: AgentId
     retain: bool = False
-    qos: int = 2
-    origin: str = ""
-    props: MessageProps | None = None
 
 
 @dataclass
@@ -154,7 +152,15 @@ class Relays(Notification):
             else:
                 yield (
                     targets,
-                    Carried(topic, payload, publisher, bool(flags & 1), flags >> 1, origin, props),
+                    Carried(
+                        topic,
+                        payload,
+                        publisher,
+                        bool(flags & 1),
+                        qos=flags >> 1,
+                        origin=origin,
+                        props=props,
+                    ),
                 )
 
 

@@ -176,9 +176,9 @@ class TopicRepresentative(Agent):
             note.payload,
             sender,
             note.retain,
-            note.qos,
-            note.origin,
-            note.props,
+            qos=note.qos,
+            origin=note.origin,
+            props=note.props,
         )
         self._handle(item)
         deliveries, hops = self._matching(item.topic)  # the topic's, kept: no second walk
@@ -329,10 +329,10 @@ class TopicRepresentative(Agent):
                 item.publisher,
                 (topic_filter,),
                 True,
-                item.qos,
-                item.origin,
-                item.props,  # a copy stored before Carried had them: the class default, None
                 True,
+                qos=item.qos,
+                origin=item.origin,
+                props=item.props,  # a copy stored before Carried had them: the class default
             )
             self.send_to(subscriber, note)
 

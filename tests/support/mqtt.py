@@ -17,6 +17,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 
 #: The Debian clients (package mosquitto-clients); tests that run them skip without them.
 TOOLS = shutil.which("mosquitto_pub") is not None and shutil.which("mosquitto_sub") is not None
@@ -204,12 +205,12 @@ class RawDevice5:
         self._raw.sock, self._raw._buffer = self.sock, b""
 
     def send(self, *packets: Any) -> None:
-        self.sock.sendall(b"".join(mc.encode(p, mc.V5) for p in packets))
+        self.sock.sendall(b"".join(mc.encode(p, mq.V5) for p in packets))
 
     def packet(self) -> Any:
         """The server's next packet, decoded; EOFError when the server closed."""
         first, body = self._raw.packet()
-        return mc.decode(first, body, mc.V5, from_client=False)
+        return mc.decode(first, body, mq.V5, from_client=False)
 
     def until(self, kind: type, timeout: float = 10.0) -> Any:
         """Skip packets up to the first of ``kind`` (EOFError if the server closes first)."""
@@ -230,7 +231,7 @@ class RawDevice5:
         properties: dict[int, Any] | None = None,
     ) -> mc.ConnAck:
         self.send(
-            mc.Connect(mc.V5, client_id, clean, keep_alive, None, None, None, properties or {})
+            mc.Connect(mq.V5, client_id, clean, keep_alive, None, None, None, properties or {})
         )
         connack = self.packet()
         assert isinstance(connack, mc.ConnAck), connack

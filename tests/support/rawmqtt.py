@@ -11,11 +11,12 @@ import time
 from typing import Any
 
 from aaabus.mqtt import codec as mc
+from aaabus.mqtt import codes as mq
 
 
 class RawClient:
     """One TCP connection to an MQTT listener on 127.0.0.1, at protocol level ``version``
-    (``mc.V311`` or ``mc.V5``). Every read has a deadline; nothing runs in the background."""
+    (``mq.V311`` or ``mq.V5``). Every read has a deadline; nothing runs in the background."""
 
     def __init__(self, port: int, version: int) -> None:
         self.version = version
@@ -46,7 +47,7 @@ class RawClient:
     def connect(self, client_id: str, *, clean: bool, expiry: int | None = None) -> mc.ConnAck:
         """CONNECT and its CONNACK (which must accept). ``expiry``: 5.0's Session Expiry
         Interval, what makes a 5.0 session outlive its connection."""
-        props: dict[int, Any] = {} if expiry is None else {mc.SESSION_EXPIRY: expiry}
+        props: dict[int, Any] = {} if expiry is None else {mq.SESSION_EXPIRY: expiry}
         self.send(mc.Connect(self.version, client_id, clean, 60, None, None, None, props))
         connack = self.packet()
         assert isinstance(connack, mc.ConnAck) and connack.code == 0, connack
@@ -67,7 +68,7 @@ class RawClient:
         """The next packet is the acknowledgement ``kind`` of ``packet_id``, with success."""
         got = self.packet()
         assert isinstance(got, mc.Ack), got
-        assert (got.kind, got.packet_id, got.code) == (kind, packet_id, mc.SUCCESS), got
+        assert (got.kind, got.packet_id, got.code) == (kind, packet_id, mq.SUCCESS), got
 
     def close(self) -> None:
         self.sock.close()

@@ -1,0 +1,138 @@
+"""The MQTT listener's store operations, gathered into one engine batch per turn of its loop.
+
+The connections' operations queued during one turn of the loop (``mqtt-<id>``) go to the
+engine as one batch (:meth:`~aaabus.mqtt.port.EnginePort.run_batch`), and the batches that
+arrive while a commit runs go into the next one (group commit across connections); each
+batch's outcomes come back to the loop once durable, in the order of the batches. Writes
+nobody waits for (``lazy``) ride along with the next batch. Threads: :meth:`Batches.add` and
+the flush on the loop; the completions on the engine thread or, when the loop ran the batch
+itself, on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from aaabus.mqtt.port import EnginePort
+
+__all__ = ["Batches", "Op", "Then"]
+
+log = logging.getLogger("aaabus.mqtt")
+
+Op = Callable[[], Any]
+Then = Callable[[Any], None]
+
+
+class Batches:
+    """Server ``sid``'s listener's batches for ``engine`` from ``loop``; ``flush_writes()``
+    sends the connections' queued bytes after a batch's answers, ``stopping()`` says the
+    listener is closing (nothing more is queued)."""
+
+    def __init__(
+        self,
+        sid: int,
+        engine: EnginePort,
+        loop: asyncio.AbstractEventLoop,
+        flush_writes: Callable[[], None],
+        stopping: Callable[[], bool],
+    ) -> None:
+        self._sid = sid
+        self._run_batch = engine.run_batch
+        self._loop = loop
+        self._flush_writes, self._stopping = flush_writes, stopping
+        self._pending: list[tuple[Op, Then]] = []
+        self._lazy: list[tuple[Op, Then]] = []
+        self._scheduled = False
+        # Whether the loop thread is running a batch itself (see to_loop).
+        self._inline = False
+        # Completions queued to the loop by to_loop, and those handled: see there.
+        self._queued = 0
+        self._handed = 0
+        self._loop_thread = 0
+
+    def bind_thread(self) -> None:
+        """The calling thread is the loop's (once, when it starts)."""
+        self._loop_thread = threading.get_ident()
+
+    def add(self, fn: Op, then: Then, lazy: bool = False) -> None:
+        """Queue ``fn`` for the engine's next batch; ``then(outcome)`` on the loop once it is
+        durable (``outcome``: its result, or the exception it raised)."""
+        if self._stopping():
+            return
+        (self._lazy if lazy else self._pending).append((fn, then))
+        if not self._scheduled:
+            # After every callback of this turn of the loop: one batch for all of them.
+            self._scheduled = True
+            self._loop.call_soon(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False
+        if self._stopping():
+            return
+        if self._lazy:
+            # Writes nobody waits for (acknowledgements of the devices' backlogs): they ride
+            # along with the next batch instead of costing a commit of their own.
+            lazy, self._lazy = self._lazy, []
+            self._run_batch([fn for fn, _then in lazy], self._done_for(lazy), lazy=True)
+        ops, self._pending = self._pending, []
+        if ops:
+            # Run by this thread if the engine is idle: no hand-off to the engine thread and
+            # back (two wake-ups per batch). The loop waits for the commit meanwhile; what
+            # arrives then is read after it and goes into the next batch.
+            self._inline = True
+            try:
+                self._run_batch([fn for fn, _then in ops], self._done_for(ops), run_here=True)
+            finally:
+                self._inline = False
+
+    def _done_for(self, ops: list[tuple[Op, Then]]) -> Callable[[list[Any]], None]:
+        def done(outcomes: list[Any]) -> None:  # engine thread (or this one), once durable
+            self.to_loop(self._completed, ops, outcomes)
+
+        return done
+
+    def to_loop(self, handle: Callable[..., None], *args: Any) -> None:
+        """Have the loop run ``handle(*args)``: at once when this is the loop thread running a
+        batch itself (the batch is durable: what ZODB still does to finish its commit need not
+        delay the answers), else through the loop's wake-up (from the engine thread).
+
+        At once is safe: what a handler starts on the loop only queues (operations go to the
+        next batch through ``call_soon``; sockets are written without blocking).
+
+        In the order of the groups, always: an earlier group run by the engine thread may have
+        queued its completions and pushes just before the loop thread ran this one; handled at
+        once, this group's would overtake them (a PUBREL sent before an earlier one: the device
+        delivers QoS 2 messages out of order). So "at once" only when nothing is queued; else
+        behind what is. The counts change only under the engine's turn (both threads' callers
+        hold it), and ``_handed`` on the loop thread alone."""
+        if (
+            self._inline
+            and threading.get_ident() == self._loop_thread
+            and self._handed == self._queued
+        ):
+            try:
+                handle(*args)
+            except Exception:  # a bug here must end one connection, not the commit
+                log.exception("server %s: MQTT completion failed", self._sid)
+            return
+        self._queued += 1
+        with contextlib.suppress(RuntimeError):  # the listener stopped meanwhile
+            self._loop.call_soon_threadsafe(self._in_turn, handle, args)
+
+    def _in_turn(self, handle: Callable[..., None], args: tuple[Any, ...]) -> None:
+        """Loop thread: a completion or push queued by :meth:`to_loop`, in its turn."""
+        self._handed += 1
+        handle(*args)
+
+    def _completed(self, ops: list[tuple[Op, Then]], outcomes: list[Any]) -> None:
+        for (_fn, then), outcome in zip(ops, outcomes, strict=True):
+            try:
+                then(outcome)
+            except Exception:  # a bug here must end one connection, not the listener
+                log.exception("server %s: MQTT completion failed", self._sid)
+        self._flush_writes()
