@@ -352,6 +352,43 @@ def test_a_peers_link_state_is_compared_before_the_acknowledgements_read_after_i
     assert server.status(TIMEOUT)["diverged"] == []
 
 
+def test_a_peers_link_state_replayed_stays_before_the_acknowledgements_read_after_it(
+    lone_server: AgentServer,
+) -> None:
+    """A group that applied a link state and a tentative frame waits for the frame's notice;
+    meanwhile an acknowledgement read after the state covers more (the peer delivered more
+    since). The connection closes without the notice: the group is replayed, and its inputs
+    went back to the queue behind the lazy work read since, so the acknowledgement was applied
+    first and the state compared after it named a peer that lost nothing ("server 0's store is
+    older than server 1 remembers"), as it did in ``perf torture``'s in-process drain."""
+    server = lone_server
+    for n in range(3):  # queued for server 0, which is not there yet
+        server.send(AgentId.server_of(0), Inc(n), TIMEOUT)
+    links = _links(server)
+    (frame,) = _frames_from_0(1)
+    peer = _peer(server, 0)
+    try:
+        wait_until("server 0 is up", lambda: links.ups == 1, TIMEOUT)
+        server.call(lambda: None, TIMEOUT)  # after the resend its coming up ran
+        # The state taken when server 0 had delivered one of the three, with a frame sent
+        # before its group was durable: server 1's group waits for the notice.
+        state = encode_state("D0", 1, 0, 1)
+        peer.send_raw(b"".join(peer.cipher.wrap_frame(p) for p in (TENTATIVE_FRAME, frame, state)))
+        wait_until("links.sleeping == 1", lambda: links.sleeping == 1, TIMEOUT)
+        # Then its acknowledgement of all three, read while the group waits.
+        peer.send(encode_ack("D0", 3))
+    finally:
+        peer.close()  # server 0 crashes before its sync: no notice, the group is replayed
+    wait_until("links.dropped == 1", lambda: links.dropped == 1, TIMEOUT)
+    wait_until(
+        "server 0 acknowledged all three",
+        lambda: server.status(TIMEOUT)["queues"]["outgoing"].get("0") == 0,
+        TIMEOUT,
+    )
+    assert server.status(TIMEOUT)["diverged"] == []
+    assert _received_from_0(server) == 0
+
+
 def test_a_tentative_frame_is_committed_only_after_its_notice(lone_server: AgentServer) -> None:
     server = lone_server
     channel = server.channel

@@ -9,12 +9,16 @@ flight, and the independent checker finds no loss, no duplicate and no causal vi
 from __future__ import annotations
 
 import dataclasses
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from aaabus.testing.crash import schedule_seed
+from aaabus.config.reader import load_config
+from aaabus.model.ids import AgentId
+from aaabus.node.inprocess import InProcessBus
+from aaabus.testing.crash import Faulted, drain_in_process, schedule_seed, write_bus_config
 from aaabus.testing.torture import (
     AccountState,
     Outcome,
@@ -23,8 +27,11 @@ from aaabus.testing.torture import (
     make_schedule,
     run_schedule,
 )
+from tests.support.agents import Inc
+from tests.support.topics import wait_until
 
 SEEDS = [schedule_seed(2024, i) for i in range(3)]
+TIMEOUT = 30.0
 
 
 @pytest.mark.slow
@@ -126,3 +133,32 @@ def test_a_held_back_frame_does_not_acknowledge_the_gap_before_it(
     # Frame 1 never arrived: acknowledging 2 ("stored everything up to 2") would let server 0
     # drop frame 1 from its outgoing queue for good.
     assert acked < 1
+
+
+def test_the_in_process_drain_hears_a_store_older_than_its_peers_remember(tmp_path: Path) -> None:
+    """The drain that ends a schedule reports, through ``hear``, each line in which a server
+    names a store older than its peers remember (``Faulted.hear`` then fails the schedule): a
+    false alarm there went unseen, only the process phase's output was read. Here the alarm is
+    real: server 1's store is deleted after server 0's messages to it were acknowledged."""
+    config = write_bus_config(tmp_path / "bus", [[0, 1]], {"aaabus.store": "log"})
+    stores = tmp_path / "stores"
+    cfg = load_config(config)
+    with InProcessBus(cfg, store_kind="log", storage_root=stores) as bus:
+        for n in range(3):
+            bus[0].send(AgentId.server_of(1), Inc(n), TIMEOUT)
+        wait_until(
+            "server 1 acknowledged all three",
+            lambda: bus[0].status(TIMEOUT)["queues"]["outgoing"].get("1") == 0,
+            TIMEOUT,
+        )
+    shutil.rmtree(stores / "s1")
+    faulted = Faulted()
+
+    def diverged(bus: InProcessBus) -> list[str]:
+        return list(bus[0].status(TIMEOUT)["diverged"])
+
+    drain_in_process(config, stores, diverged, bool, TIMEOUT, faulted.hear)
+    assert faulted.diverged, "the drain heard no line naming server 1's store"
+    assert all(
+        "server 1's store is older than server 0 remembers" in line for line in faulted.diverged
+    )

@@ -58,6 +58,9 @@ class Turns:
         self._queued = queued
         self._cond = threading.Condition()
         self._inbox: collections.deque[Input] = collections.deque()
+        # How many inputs at the head of the inbox are those of an aborted group, handed back
+        # (requeue): the next group takes them before the lazy work (guarded by _cond).
+        self._replay = 0
         self._lazy: list[Input] = []
         self.lazy_delay_s = lazy_delay_s
         # When the lazy work waiting now must be done at the latest (set as the first of it
@@ -120,9 +123,17 @@ class Turns:
             return self._take_inputs()
 
     def requeue(self, inputs: Iterable[Input]) -> None:
-        """Hand back the inputs of a group that was aborted, ahead of the rest (its holder)."""
+        """Hand back the inputs of a group that was aborted, ahead of the rest (its holder).
+
+        Ahead of the lazy work queued since, too, which a group otherwise takes before its
+        inputs: the aborted group took its own lazy work first, and lazy work must be applied
+        in the order it came (a peer's link state is compared with the acknowledgements read
+        before it, never with one read after it: :meth:`aaabus.core.channel.Channel.on_read`).
+        """
+        handed = list(inputs)
         with self._cond:
-            self._inbox.extendleft(reversed(list(inputs)))
+            self._inbox.extendleft(reversed(handed))
+            self._replay += len(handed)
 
     def give_back(self, turn: Turn, failure: BaseException | None) -> None:
         """``turn``'s holder, not the engine thread, ends its group: the turn is free, and the
@@ -242,7 +253,10 @@ class Turns:
             self._asleep_untimed = False
 
     def _take_inputs(self) -> list[Input]:
-        inputs = self._lazy + list(self._inbox)
+        inbox = list(self._inbox)
+        replay = self._replay
+        inputs = inbox[:replay] + self._lazy + inbox[replay:] if replay else self._lazy + inbox
+        self._replay = 0
         self._lazy = []
         self._lazy_deadline = None
         self._inbox.clear()

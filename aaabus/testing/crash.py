@@ -29,6 +29,7 @@ fuzzer, the fault tests): :func:`wait_progress` on the count the rally publishes
 from __future__ import annotations
 
 import json
+import logging
 import random
 import signal
 import subprocess
@@ -306,12 +307,14 @@ class Faulted:
     #: The thread stacks and last output of each server that did not stop (see stop_all).
     stuck: dict[int, list[str]] = field(default_factory=dict)
     #: Lines in which a server named a store older than its peers remember
-    #: (:meth:`aaabus.core.channel.Channel.compare_state`): no store is lost in these
-    #: schedules (a kill keeps what was committed), so each is a false alarm or a lost commit.
+    #: (:meth:`aaabus.core.channel.Channel.compare_state`), under the faults or in the drain
+    #: that follows (:func:`drain_in_process`): no store is lost in these schedules (a kill
+    #: keeps what was committed), so each is a false alarm or a lost commit.
     diverged: list[str] = field(default_factory=list)
 
     def hear(self, line: str) -> None:
-        """A server's output line (its reader thread): kept if it names a store older."""
+        """A server's output line (a process's reader thread, or an in-process server's thread
+        that logged it): kept if it names a store older."""
         if "store is older than" in line:
             self.diverged.append(line)
 
@@ -414,23 +417,46 @@ def drain_in_process(
     read: Callable[[InProcessBus], T],
     complete: Callable[[T], bool],
     timeout: float,
+    hear: Callable[[str], None] | None = None,
 ) -> tuple[T, T]:
     """Resume the stopped bus in this process until ``complete(read(bus))`` or ``timeout``.
 
     Returns the first state read (what the processes had committed when they stopped) and the
     last one. Stops at the deadline even if the workload is incomplete: its judge says what is
-    missing.
+    missing. ``hear``: called with each line the servers' channels log meanwhile (on the
+    thread that logs it), as :meth:`Faulted.hear` is with a process's output.
     """
     cfg = load_config(config)
     # The store kind the server processes used (the config's, else the default).
     kind = cfg.setting(min(cfg.servers), "aaabus.store")
-    with InProcessBus(cfg, store_kind=kind, storage_root=storage_root) as bus:
-        deadline = time.monotonic() + timeout
-        first = state = read(bus)
-        while not complete(state) and time.monotonic() < deadline:
-            pause(0.05)  # the traffic runs on the servers' threads: poll its committed state
-            state = read(bus)
-        return first, state
+    # The channel's logger, heard whatever the root logger's level: a line naming a store
+    # older than its peers remember must fail the schedule in this phase too.
+    channel_log = logging.getLogger("aaabus.channel")
+    handler = _Hearing(hear) if hear is not None else None
+    if handler is not None:
+        channel_log.addHandler(handler)
+    try:
+        with InProcessBus(cfg, store_kind=kind, storage_root=storage_root) as bus:
+            deadline = time.monotonic() + timeout
+            first = state = read(bus)
+            while not complete(state) and time.monotonic() < deadline:
+                pause(0.05)  # the traffic runs on the servers' threads: poll its committed state
+                state = read(bus)
+            return first, state
+    finally:
+        if handler is not None:
+            channel_log.removeHandler(handler)
+
+
+class _Hearing(logging.Handler):
+    """Hands each record's message to ``hear`` (on the thread that logs it)."""
+
+    def __init__(self, hear: Callable[[str], None]) -> None:
+        super().__init__(logging.INFO)
+        self._hear = hear
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._hear(record.getMessage())
 
 
 # -- a rally's progress, published by its agents in a file -----------------------------------

@@ -320,10 +320,15 @@ def run_topic_schedule(
         faulted = run_under_faults(config, schedule.servers, storage, schedule.faults, traffic)
     finally:
         traffic.close()
-    outcome.took(faulted, schedule.routers, workdir)
     first, peers = drain_in_process(
-        config, storage, read_peers, lambda ps: complete(ps, traffic.sent), drain_timeout
+        config,
+        storage,
+        read_peers,
+        lambda ps: complete(ps, traffic.sent),
+        drain_timeout,
+        faulted.hear,
     )
+    outcome.took(faulted, schedule.routers, workdir)
     outcome.delivered_at_stop = sum(len(p.history[3]) for p in first)
     judge_topics(peers, traffic.sent, outcome)
     outcome.finished_in_process = outcome.deliveries - outcome.delivered_at_stop

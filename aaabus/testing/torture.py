@@ -188,12 +188,17 @@ def judge(schedule: Schedule, accounts: list[AccountState], outcome: Outcome) ->
 
 
 def finish_in_process(
-    config: Path, storage_root: Path, schedule: Schedule, timeout: float
+    config: Path,
+    storage_root: Path,
+    schedule: Schedule,
+    timeout: float,
+    hear: Callable[[str], None] | None = None,
 ) -> tuple[list[AccountState], int]:
     """Resume the stopped bus in this process and wait until every credit is delivered.
 
     Returns the final accounts and how many deliveries had been committed when the processes
     were stopped. Stops at the deadline even if credits are missing: the judges then say what.
+    ``hear``: each line the servers' channels log (see :func:`drain_in_process`).
     """
 
     def read(bus: InProcessBus) -> list[AccountState]:
@@ -204,7 +209,7 @@ def finish_in_process(
         sent = sum(len(a.sent) for a in accounts)
         return delivered >= schedule.messages and sent >= schedule.messages
 
-    first, accounts = drain_in_process(config, storage_root, read, complete, timeout)
+    first, accounts = drain_in_process(config, storage_root, read, complete, timeout, hear)
     return accounts, sum(len(a.received) for a in first)
 
 
@@ -221,10 +226,10 @@ def run_schedule(
     config = write_config(schedule, workdir)
     storage = workdir / "stores"
     faulted = run_under_faults(config, schedule.servers, storage, schedule.faults)
-    outcome.took(faulted, schedule.routers, workdir)
     accounts, outcome.delivered_at_stop = finish_in_process(
-        config, storage, schedule, drain_timeout
+        config, storage, schedule, drain_timeout, faulted.hear
     )
+    outcome.took(faulted, schedule.routers, workdir)
     delivered = sum(len(a.received) for a in accounts)
     outcome.finished_in_process = delivered - outcome.delivered_at_stop
     judge(schedule, accounts, outcome)
