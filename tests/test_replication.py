@@ -267,12 +267,13 @@ def test_bad_replica_config_is_one_line(
     assert len(lines) == 1 and expected in lines[0] and "a3.xml:" in lines[0], check.stderr
 
 
-def test_unknown_replica_is_one_line(tmp_path: Path, make_config: Callable[..., Path]) -> None:
-    config, _port = replicated_config(make_config)
+def _refused(config: Path, storage: Path, *extra: str) -> str:
+    """Start server 0 of ``config`` (``extra``: e.g. ``--replica K``) and see it refuse: exit
+    status 2 and one line on stderr, which is returned."""
     proc = subprocess.run(
         [
-            *(sys.executable, "-m", "aaabus", "server", "--id", "0", "--replica", "2"),
-            *("--config", str(config), "--storage", str(tmp_path / "r2")),
+            *(sys.executable, "-m", "aaabus", "server", "--id", "0", *extra),
+            *("--config", str(config), "--storage", str(storage)),
         ],
         capture_output=True,
         text=True,
@@ -281,7 +282,14 @@ def test_unknown_replica_is_one_line(tmp_path: Path, make_config: Callable[..., 
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and "has no replica 2 (replicas: 1)" in lines[0], proc.stderr
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_unknown_replica_is_one_line(tmp_path: Path, make_config: Callable[..., Path]) -> None:
+    config, _port = replicated_config(make_config)
+    line = _refused(config, tmp_path / "r2", "--replica", "2")
+    assert "has no replica 2 (replicas: 1)" in line
 
 
 def test_a_replica_refuses_another_server(tmp_path: Path, make_config: Callable[..., Path]) -> None:
@@ -364,20 +372,8 @@ def test_a_key_file_without_the_replicas_key_is_one_line(
     )
     write_server_keys(tmp_path / "s0.key", tmp_path / "bus.key", 0, [0])
     for extra in (("--replica", "1"), ()):
-        proc = subprocess.run(
-            [
-                *(sys.executable, "-m", "aaabus", "server", "--id", "0", *extra),
-                *("--config", str(config), "--storage", str(tmp_path / "store")),
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO_ROOT,
-        )
-        assert proc.returncode == 2, proc.stderr
-        lines = proc.stderr.strip().splitlines()
-        assert len(lines) == 1 and "has no key for its replicas" in lines[0], proc.stderr
-        assert "aaabus secret --server 0" in lines[0]
+        line = _refused(config, tmp_path / "store", *extra)
+        assert "has no key for its replicas" in line and "aaabus secret --server 0" in line
 
 
 def test_a_server_stopped_while_a_commit_waits_stops_and_says_so(
