@@ -42,6 +42,17 @@ __all__ = ["CLIENT_ID_BASE", "AdminLink"]
 CLIENT_ID_BASE = 0x8000_0000
 
 
+def connect(address: tuple[str, int], timeout: float, who: str) -> socket.socket:
+    """A TCP connection to ``who`` at ``address``; :class:`ServerUnreachable` in one line
+    naming it when nothing answers there."""
+    try:
+        return socket.create_connection(address, timeout=timeout)
+    except OSError as exc:
+        raise ServerUnreachable(
+            f"{who} does not answer on {address[0]}:{address[1]} ({exc.strerror or exc})"
+        ) from None
+
+
 class AdminLink:
     """A blocking, authenticated connection carrying JSON objects in session frames.
 
@@ -85,13 +96,7 @@ class AdminLink:
         wire version, a certificate the server does not accept).
         """
         where = f"server {server_id} at {address[0]}:{address[1]}"
-        try:
-            sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise ServerUnreachable(
-                f"server {server_id} does not answer on {address[0]}:{address[1]} "
-                f"({exc.strerror or exc})"
-            ) from None
+        sock = connect(address, timeout, f"server {server_id}")
         if tls is not None:
             try:
                 sock = tls.wrap_socket(sock, server_hostname=address[0])

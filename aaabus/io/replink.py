@@ -20,8 +20,8 @@ import contextlib
 import socket
 import time
 
-from aaabus.errors import ServerUnreachable, WireError
-from aaabus.io.adminlink import AdminLink
+from aaabus.errors import WireError
+from aaabus.io.adminlink import AdminLink, connect
 from aaabus.wire.frames import ROLE_REPLICA, AcceptorHandshake, ConnectorHandshake
 
 __all__ = ["ReplicaLink"]
@@ -53,13 +53,7 @@ class ReplicaLink(AdminLink):
         """The server's side: connect to its replica at ``address`` and authenticate both ways
         within ``timeout`` seconds. Raises :class:`ServerUnreachable` (nothing listens) or
         :class:`WireError` / ``OSError`` (the handshake failed or the connection dropped)."""
-        try:
-            sock = socket.create_connection(address, timeout=timeout)
-        except OSError as exc:
-            raise ServerUnreachable(
-                f"replica of server {server_id} does not answer on {address[0]}:{address[1]} "
-                f"({exc.strerror or exc})"
-            ) from None
+        sock = connect(address, timeout, f"replica of server {server_id}")
         link = cls(sock, time.monotonic() + timeout)
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
