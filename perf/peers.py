@@ -931,6 +931,7 @@ _CHILDREN: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "mqtt-pong": _mqtt_pong_child,
     "mqtt-consume": _mqtt_consume_child,
     "floor-pong": floor.pong_child,
+    "floor-mirror": floor.mirror_child,
 }
 
 

@@ -27,6 +27,7 @@ import json
 import os
 import secrets
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -102,15 +103,29 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _measure_aaabus(args: argparse.Namespace) -> dict[int, dict[str, Any]]:
-    """The remote ping-pong and the stream with 0, then 1 replica per server: by replicas."""
-    from perf import pingpong, stream
+    """The remote ping-pong and the stream with 0, then 1 replica per server, each beside the
+    floor of a durable ping-pong with as many mirrors (:mod:`perf.floor`): by replicas."""
+    from perf import floor, pingpong, stream
+    from perf.brokers import free_ports
+    from perf.peers import _child
 
     out: dict[int, dict[str, Any]] = {}
     for replicas in (0, 1):
+        with tempfile.TemporaryDirectory(prefix="aaabus-safety-floor-") as work:
+            rtts = floor.pingpong(
+                _child,
+                Path(work),
+                args.rounds,
+                args.warmup,
+                args.timeout,
+                replicated=bool(replicas),
+                ports=free_ports,
+            )
         pp = pingpong.run(args.config, "remote", args.rounds, warmup=args.warmup, replicas=replicas)
         st = stream.run(args.config, args.count, replicas=replicas, timeout=args.timeout)
         out[replicas] = {
             "pingpong_ms": {k: pp["rtt_ms"][k] for k in ("p50", "p99")},
+            "floor_pingpong_ms": {"p50": round(statistics.median(rtts) / 1e6, 4)},
             "stream_msgs_per_s": st["msgs_per_s"],
             "stream_out_of_order": st["out_of_order"],
         }
@@ -329,6 +344,9 @@ def _summary(
     pp_ratio = _ratio(replica["pingpong_ms"]["p50"], plain["pingpong_ms"]["p50"])
     st_ratio = _ratio(replica["stream_msgs_per_s"], plain["stream_msgs_per_s"])
     vs_quorum = _ratio(replica["pingpong_ms"]["p50"], theirs["pingpong_ms"]["p50"])
+    # What one mirror costs a durable ping-pong with no bus at all, on this machine in this run:
+    # the physical part of the replica's price (a network hop, a second sync on the same disk).
+    floor_ratio = _ratio(replica["floor_pingpong_ms"]["p50"], plain["floor_pingpong_ms"]["p50"])
     return {
         "config": str(args.config),
         "rounds": args.rounds,
@@ -345,6 +363,13 @@ def _summary(
             "pingpong_p50_replica_vs_without": pp_ratio,
             "stream_replica_vs_without": st_ratio,
             "pingpong_p50_replica_vs_rabbitmq_quorum": vs_quorum,
+            "floor_p50_mirrored_vs_plain": floor_ratio,
+            "pingpong_p50_vs_floor": _ratio(
+                plain["pingpong_ms"]["p50"], plain["floor_pingpong_ms"]["p50"]
+            ),
+            "pingpong_p50_replica_vs_mirrored_floor": _ratio(
+                replica["pingpong_ms"]["p50"], replica["floor_pingpong_ms"]["p50"]
+            ),
         },
         "lost": {
             "rabbitmq_quorum_stream": theirs["stream_lost"],
