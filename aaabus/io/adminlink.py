@@ -21,7 +21,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aaabus.config.scopes import Scope
@@ -44,13 +44,18 @@ CLIENT_ID_BASE = 0x8000_0000
 
 def connect(address: tuple[str, int], timeout: float, who: str) -> socket.socket:
     """A TCP connection to ``who`` at ``address``; :class:`ServerUnreachable` in one line
-    naming it when nothing answers there."""
+    naming it when nothing answers there (its ``reason``: why, alone)."""
     try:
         return socket.create_connection(address, timeout=timeout)
     except OSError as exc:
+        reason = str(exc.strerror or exc)
         raise ServerUnreachable(
-            f"{who} does not answer on {address[0]}:{address[1]} ({exc.strerror or exc})"
+            f"{who} does not answer on {_where(address)} ({reason})", reason=reason
         ) from None
+
+
+def _where(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 class AdminLink:
@@ -142,6 +147,61 @@ class AdminLink:
                 f"before the handshake ({exc.strerror or exc}); try again later, or check the "
                 "config's aaabus.tls.* properties"
             ) from None
+
+    @classmethod
+    def connect_any(
+        cls,
+        addresses: Sequence[tuple[str, int]],
+        secret: bytes | Credential,
+        server_id: int,
+        *,
+        first: int = 0,
+        timeout: float = 5.0,
+        max_frame: int = 16 << 20,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[AdminLink, int]:
+        """:meth:`connect` to the first of ``addresses`` that answers, starting at ``first`` and
+        going round; returns the link and the position of its address.
+
+        The addresses of one server's members (:func:`aaabus.config.admin_port.
+        member_admin_addresses`): only the primary listens, so nothing listening at an address
+        (refused, or no answer within ``timeout``) and a busy one send the tool to the next. A
+        failed handshake (:class:`AdminError`: another bus's key, TLS) ends it at once: another
+        member would refuse the same key. When none answers, raises the first
+        :class:`ServerBusy` if one was busy (a server runs there), else one
+        :class:`ServerUnreachable` line naming every address tried.
+        """
+        if not addresses:
+            raise ServerUnreachable(f"server {server_id} has no admin address")
+        tried: list[str] = []
+        busy: ServerBusy | None = None
+        for step in range(len(addresses)):
+            at = (first + step) % len(addresses)
+            try:
+                link = cls.connect(
+                    addresses[at],
+                    secret,
+                    server_id,
+                    timeout=timeout,
+                    max_frame=max_frame,
+                    tls=tls,
+                )
+            except ServerBusy as exc:
+                busy = busy or exc
+                tried.append(f"{_where(addresses[at])} (busy)")
+                continue
+            except ServerUnreachable as exc:
+                tried.append(f"{_where(addresses[at])} ({exc.reason})")
+                continue
+            return link, at
+        if busy is not None:
+            raise busy
+        if len(tried) == 1:
+            raise ServerUnreachable(f"server {server_id} does not answer on {tried[0]}")
+        raise ServerUnreachable(
+            f"server {server_id} does not answer on any of its members' admin addresses: "
+            + ", ".join(tried)
+        )
 
     @classmethod
     def accept(

@@ -397,7 +397,27 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
-    return "\n".join(lines + [line for st in servers for line in _replica_lines(st)])
+    return "\n".join(
+        lines + [line for st in servers for line in (*_member_line(st), *_replica_lines(st))]
+    )
+
+
+def _member_line(st: dict[str, Any]) -> list[str]:
+    """One line for a server with replicas: its primary member, its epoch, each member's role
+    and lag (:func:`aaabus.tools.buswide.membership`)."""
+    view = st.get("membership")
+    if not view or len(view["members"]) < 2:
+        return []
+    roles = []
+    for m in view["members"]:
+        role = m["role"]
+        if role == "follower" and m["behind_commits"] is not None:
+            role += f" behind {m['behind_commits']} commit(s), {_size(m['behind_bytes'])}"
+        roles.append(f"{m['member']} {role}")
+    primary = view["primary"]
+    who = "no primary answers" if primary is None else f"primary member {primary}"
+    epoch = "" if view["epoch"] is None else f", epoch {view['epoch']}"
+    return [f"server {st['id']}: {who}{epoch}; members: " + "; ".join(roles)]
 
 
 def _replica_lines(st: dict[str, Any]) -> list[str]:
