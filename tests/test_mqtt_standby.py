@@ -82,14 +82,17 @@ def test_a_paho_5_0_device_is_sent_to_the_primary_with_use_another_server(
     standby: Callable[..., Standby],
 ) -> None:
     primary = Primary(("127.0.0.7", 18830))
-    port = standby(primary).address[1]
-    device = Device5(port, "meter-1")
+    responder = standby(primary)
+    device = Device5(responder.address[1], "meter-1")
     try:
         assert device.connect()[0] == mq.USE_ANOTHER_SERVER
         assert device.connack_props.get("ServerReference") == "127.0.0.7:18830"
     finally:
         device.client.loop_stop()
     assert primary.calls == 1
+    figures = responder.figures(5.0)
+    assert figures["answered"] == {"0x9c": 1}
+    assert figures["address"] == f"127.0.0.1:{responder.address[1]}"
 
 
 def test_without_a_known_primary_5_0_is_told_server_unavailable(
@@ -210,7 +213,7 @@ def test_one_address_holds_at_most_per_address_connections_the_oldest_evicted(
     socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
     try:
         # The standby has them all before the next one comes (each is in its table once read).
-        wait_until("3 waiting", lambda: len(responder._waiting) == 3)
+        wait_until("3 waiting", lambda: responder.figures(5.0)["waiting"] == 3)
         socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         assert closed_by_peer(socks[0], timeout=5.0) == b""  # the oldest went
         # The others are still served: the newest gets its answer.
@@ -231,10 +234,10 @@ def test_at_most_max_connections_are_held_the_oldest_evicted(
     port = responder.address[1]
     socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
     try:
-        wait_until("2 waiting", lambda: len(responder._waiting) == 2)
+        wait_until("2 waiting", lambda: responder.figures(5.0)["waiting"] == 2)
         socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         assert closed_by_peer(socks[0], timeout=5.0) == b""
-        wait_until("2 waiting again", lambda: len(responder._waiting) == 2)
+        wait_until("2 waiting again", lambda: responder.figures(5.0)["waiting"] == 2)
     finally:
         for sock in socks:
             sock.close()

@@ -163,8 +163,9 @@ class AdminLink:
         """:meth:`connect` to the first of ``addresses`` that answers, starting at ``first`` and
         going round; returns the link and the position of its address.
 
-        The addresses of one server's members (:func:`aaabus.config.admin_port.
-        member_admin_addresses`): only the primary listens, so nothing listening at an address
+        The addresses of one server's members
+        (:func:`~aaabus.config.admin_port.member_admin_addresses`): only the primary listens, so
+        nothing listening at an address
         (refused, or no answer within ``timeout``) and a busy one send the tool to the next. A
         failed handshake (:class:`AdminError`: another bus's key, TLS) ends it at once: another
         member would refuse the same key. When none answers, raises the first

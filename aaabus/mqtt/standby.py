@@ -41,6 +41,8 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
 
 from aaabus.errors import ConfigError, MqttProtocolError
 from aaabus.io.gate import PendingTable, RefusalLog
@@ -115,8 +117,7 @@ class Standby:
         self._server: asyncio.Server | None = None
         self._name = server_reference(self.address)
         self._refusals = RefusalLog(log, f"MQTT standby {self._name}")
-        #: Connections answered, by CONNACK code sent (read by tests and figures; loop-owned).
-        self.answered: dict[int, int] = {}
+        self._answered: dict[int, int] = {}  # CONNACKs sent, by code
 
     # -- any thread -----------------------------------------------------------------------------
 
@@ -136,6 +137,21 @@ class Standby:
             self._thread.join(THREAD_S)
         with contextlib.suppress(OSError):
             self._sock.close()
+
+    def figures(self, timeout: float) -> dict[str, Any]:
+        """What a status shows of the responder (any thread, while it runs; read on its loop):
+        ``waiting`` connections, CONNACKs ``answered`` by code (``"0x9c"``: redirected)."""
+        answer: Future[dict[str, Any]] = Future()
+
+        def read() -> None:
+            answer.set_result({
+                "address": self._name,
+                "waiting": len(self._waiting),
+                "answered": {f"{code:#04x}": n for code, n in sorted(self._answered.items())},
+            })  # fmt: skip
+
+        self._loop.call_soon_threadsafe(read)
+        return answer.result(timeout)
 
     def __enter__(self) -> Standby:
         return self.start()
@@ -241,7 +257,7 @@ class Standby:
 
     def _count(self, connack: bytes) -> bytes:
         code = connack[3]  # fixed header (2 bytes), acknowledge flags, then the code
-        self.answered[code] = self.answered.get(code, 0) + 1
+        self._answered[code] = self._answered.get(code, 0) + 1
         return connack
 
     async def _linger(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
