@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import Device, Device5, connect_packet
 from tests.support.rawmqtt import RawClient
+from tests.support.tls import make_certificate
 from tests.support.topics import wait_until
 
 
@@ -300,3 +302,21 @@ def test_a_port_already_taken_is_one_line() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match=f"MQTT standby cannot listen on 127.0.0.1:{port}"):
             Standby("127.0.0.1", port, Primary(None))
+
+
+def test_a_device_speaking_tls_reads_the_answer_over_tls(
+    tmp_path: Path, standby: Callable[..., Standby]
+) -> None:
+    cert, key = make_certificate(tmp_path)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert, key)
+    port = standby(Primary(("127.0.0.7", 18830)), tls=context).address[1]
+    device = Device(port, "tls-meter", tls_ca=str(cert))
+    try:
+        assert device.connect()[0] == mq.SERVER_UNAVAILABLE  # paho's name for 3.1.1's 0x03
+    finally:
+        device.client.loop_stop()
+    # A device that opens TCP and never starts TLS is closed at the CONNECT deadline too.
+    port = standby(Primary(None), tls=context, connect_s=0.3).address[1]
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        assert closed_by_peer(sock, timeout=5.0) == b""

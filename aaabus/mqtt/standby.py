@@ -165,12 +165,9 @@ class Standby:
         asyncio.set_event_loop(self._loop)
         try:
             self._server = self._loop.run_until_complete(
-                asyncio.start_server(
-                    self._serve,
-                    sock=self._sock,
-                    ssl=self.tls,
-                    ssl_handshake_timeout=self.connect_s if self.tls is not None else None,
-                )
+                # TLS is started by each connection (_serve), inside its deadline and once it
+                # counts in the waiting table: a flood of handshakes is bounded like the rest.
+                asyncio.start_server(self._serve, sock=self._sock)
             )
             self._ready.set()
             self._loop.run_forever()
@@ -206,6 +203,8 @@ class Standby:
             self._refusals.refused(where, "evicted: too many connections waiting for CONNECT")
         try:
             async with asyncio.timeout(self.connect_s):
+                if self.tls is not None:
+                    await writer.start_tls(self.tls)
                 answer = await self._read_connect(reader, where)
             if answer is not None:
                 writer.write(answer)
@@ -214,7 +213,7 @@ class Standby:
         except TimeoutError:
             self._refusals.refused(where, f"no CONNECT within {self.connect_s:g} s")
         except (OSError, asyncio.IncompleteReadError):
-            pass  # the device went away: nothing to answer
+            pass  # the device went away, or its TLS handshake failed: nothing to answer
         except Exception:
             # A bug here: said with its traceback (asyncio would keep it to itself), and only
             # this connection is lost.
