@@ -9,6 +9,7 @@ import json
 import os
 import queue
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -84,6 +85,15 @@ class Launcher:
             self.seen.append(line)
             if line.startswith(prefix):
                 return line
+
+    def rest(self) -> list[str]:
+        """Every line not read yet, once the launcher has exited (its output ended)."""
+        self._reader.join(30)
+        assert not self._reader.is_alive(), "the launcher's output did not end"
+        lines = []
+        while not self.lines.empty():
+            lines.append(self.lines.get_nowait())
+        return lines
 
     def children(self) -> set[int]:
         """The PIDs of the processes it started (its direct children)."""
@@ -191,3 +201,22 @@ def test_a_host_with_only_a_replica_of_a_remote_server_launches_it(
         launcher.proc.send_signal(signal.SIGTERM)
         assert launcher.expect("aaabus launch: stopped") == "aaabus launch: stopped ({'s0r1': 0})"
         assert launcher.proc.wait(30) == 0
+
+
+def test_a_member_that_cannot_start_is_named_in_one_line(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    with socket.create_server(("127.0.0.2", 0)) as taken:
+        port = taken.getsockname()[1]
+        config = make_config(
+            extra={0: f'<replica index="1" hostname="127.0.0.2" port="{port}"/>'},
+            properties={"aaabus.replication.sync": "0"},
+        )
+        launcher = Launcher(config, tmp_path / "stores")
+        assert launcher.proc.wait(60) == 2
+    lines = launcher.rest()
+    errors = [line for line in lines if line.startswith("aaabus launch: error:")]
+    assert len(errors) == 1, lines
+    assert errors[0].startswith(
+        "aaabus launch: error: replica 1 of server 0 exited (2) before ready"
+    )

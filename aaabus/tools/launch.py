@@ -68,6 +68,13 @@ class ServerProcess:
         return f"s{self.server_id}" if self.replica is None else f"s{self.server_id}r{self.replica}"
 
     @property
+    def title(self) -> str:
+        """``server <id>``, or ``replica <index> of server <id>``: what its errors call it."""
+        if self.replica is None:
+            return f"server {self.server_id}"
+        return f"replica {self.replica} of server {self.server_id}"
+
+    @property
     def pid(self) -> int:
         if self.proc is None:
             raise RuntimeError("not started")
@@ -135,13 +142,13 @@ class ServerProcess:
                     self._reader.join(2.0)
                 tail = " | ".join(list(self.lines)[-3:]) or "no output"
                 code = self.proc.returncode if self.proc is not None else None
-                raise LaunchError(f"server {self.server_id} exited ({code}) before ready: {tail}")
+                raise LaunchError(f"{self.title} exited ({code}) before ready: {tail}")
             if time.monotonic() > deadline:
                 # Its last lines say where the boot stands (it is still running: the caller
                 # stops it).
                 tail = " | ".join(list(self.lines)[-3:]) or "no output"
                 raise LaunchError(
-                    f"server {self.server_id} not ready after {timeout:.0f}s; last output: {tail}"
+                    f"{self.title} not ready after {timeout:.0f}s; last output: {tail}"
                 )
 
     def running(self) -> bool:
