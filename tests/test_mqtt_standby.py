@@ -297,6 +297,14 @@ def test_stop_frees_the_port_and_is_idempotent(standby: Callable[..., Standby]) 
     assert not any(t.name == f"mqtt-standby-{port}" for t in threading.enumerate())
 
 
+def test_a_standby_stopped_before_it_started_frees_its_port_and_loop() -> None:
+    responder = Standby("127.0.0.1", 0, Primary(None))
+    responder.stop()
+    assert responder._loop.is_closed()
+    with socket.create_server(responder.address):
+        pass
+
+
 def test_a_port_already_taken_is_one_line() -> None:
     with socket.create_server(("127.0.0.1", 0)) as taken:
         port = taken.getsockname()[1]

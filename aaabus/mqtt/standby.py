@@ -135,6 +135,8 @@ class Standby:
             with contextlib.suppress(RuntimeError):  # the loop already closed
                 self._loop.call_soon_threadsafe(self._shutdown)
             self._thread.join(THREAD_S)
+        elif self._thread.ident is None and not self._loop.is_closed():
+            self._loop.close()  # never started: the loop thread would have closed it
         with contextlib.suppress(OSError):
             self._sock.close()
 
