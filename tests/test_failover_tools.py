@@ -11,11 +11,14 @@ Real server processes, real TCP, the real CLI."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,6 +29,7 @@ import pytest
 from aaabus import Client
 from aaabus.config.reader import load_config
 from aaabus.errors import ServerUnreachable
+from aaabus.io.adminlink import QUICK_S
 from aaabus.tools.buswide import membership
 from aaabus.tools.launch import ServerProcess
 from tests.support.harness import REPO_ROOT, free_ports
@@ -132,6 +136,41 @@ def test_the_tools_reach_a_primary_on_a_replica_address(
         assert stopped.returncode == 0, stopped.stderr
         assert stopped.stdout.strip() == "server 0: stopped"
         assert server.proc is not None and server.proc.wait(30) == 0
+
+
+def test_a_member_that_accepts_and_stays_silent_costs_the_tools_a_second_not_their_timeout(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    bus, _on_0, on_1 = configs(make_config)
+    port = load_config(bus).servers[0].networks[0].port + 1000
+    # What a stopped (SIGSTOP) old primary looks like from outside: its kernel completes the
+    # TCP handshakes on its admin port, and nothing ever answers.
+    with running(on_1, tmp_path / "s0") as server, socket.create_server(("127.0.0.1", port)):
+        began = time.monotonic()
+        with Client(bus, 0, timeout=20) as client:
+            assert client.status()["pid"] == server.pid
+        assert time.monotonic() - began < QUICK_S + 2.0  # not the 5 s of a whole attempt
+        shown = aaabus("status", bus, "--json", "--timeout", "5")
+        (status,) = json.loads(shown.stdout)["servers"]
+        assert status["up"] is True and status["membership"]["primary"] == 1
+
+
+def test_a_primary_slower_than_the_first_round_is_waited_for_in_the_second(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    bus, _on_0, on_1 = configs(make_config)
+    with running(on_1, tmp_path / "s0") as server:
+        # Paused for longer than a first round's QUICK_S, then resumed: what a primary busy
+        # for a moment (a long commit, a collection) looks like. Nothing listens on member 0.
+        os.kill(server.pid, signal.SIGSTOP)
+        resume = threading.Timer(QUICK_S + 0.5, os.kill, (server.pid, signal.SIGCONT))
+        resume.start()
+        try:
+            shown = aaabus("status", bus, "--json", "--timeout", "8")
+        finally:
+            resume.join()
+        (status,) = json.loads(shown.stdout)["servers"]
+        assert status["up"] is True, status  # not "busy": one status call, no retries
 
 
 def test_when_no_member_answers_one_line_names_every_address_tried(

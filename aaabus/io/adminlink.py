@@ -41,6 +41,13 @@ __all__ = ["CLIENT_ID_BASE", "AdminLink"]
 #: Handshake ids from here up are clients (tools, programs), never servers.
 CLIENT_ID_BASE = 0x8000_0000
 
+#: Seconds each member's address gets in the first round of :meth:`AdminLink.connect_any`: a
+#: live server on a LAN accepts and challenges within milliseconds.
+QUICK_S = 1.0
+
+#: The reason of a :class:`ServerUnreachable` whose connection attempt ran out of time.
+TIMED_OUT = "timed out"
+
 
 def connect(address: tuple[str, int], timeout: float, who: str) -> socket.socket:
     """A TCP connection to ``who`` at ``address``; :class:`ServerUnreachable` in one line
@@ -48,7 +55,7 @@ def connect(address: tuple[str, int], timeout: float, who: str) -> socket.socket
     try:
         return socket.create_connection(address, timeout=timeout)
     except OSError as exc:
-        reason = str(exc.strerror or exc)
+        reason = TIMED_OUT if isinstance(exc, TimeoutError) else str(exc.strerror or exc)
         raise ServerUnreachable(
             f"{who} does not answer on {_where(address)} ({reason})", reason=reason
         ) from None
@@ -165,38 +172,53 @@ class AdminLink:
 
         The addresses of one server's members
         (:func:`~aaabus.config.admin_port.member_admin_addresses`): only the primary listens, so
-        nothing listening at an address
-        (refused, or no answer within ``timeout``) and a busy one send the tool to the next. A
-        failed handshake (:class:`AdminError`: another bus's key, TLS) ends it at once: another
-        member would refuse the same key. When none answers, raises the first
-        :class:`ServerBusy` if one was busy (a server runs there), else one
-        :class:`ServerUnreachable` line naming every address tried.
+        an address where nothing listens (refused, no answer) or where the connection is taken
+        and dropped (busy) sends the tool to the next. A failed handshake (:class:`AdminError`:
+        another bus's key, TLS) ends it at once: another member would refuse the same key.
+
+        With several addresses, a first round gives each at most :data:`QUICK_S` (a member
+        whose machine is gone, or a process stopped with its port open, would otherwise hold
+        the tool for the whole ``timeout`` before the primary is tried); the addresses that ran
+        out of time, and only those, get a second round with the whole ``timeout``. A refused
+        address is not tried again. When none answers, raises the first :class:`ServerBusy` if
+        one was busy (a server runs there), else one :class:`ServerUnreachable` line naming
+        every address tried and why.
         """
         if not addresses:
             raise ServerUnreachable(f"server {server_id} has no admin address")
-        tried: list[str] = []
+        order = [(first + step) % len(addresses) for step in range(len(addresses))]
+        rounds = [(order, min(timeout, QUICK_S) if len(order) > 1 else timeout)]
+        outcome: dict[int, str] = {}
         busy: ServerBusy | None = None
-        for step in range(len(addresses)):
-            at = (first + step) % len(addresses)
-            try:
-                link = cls.connect(
-                    addresses[at],
-                    secret,
-                    server_id,
-                    timeout=timeout,
-                    max_frame=max_frame,
-                    tls=tls,
-                )
-            except ServerBusy as exc:
-                busy = busy or exc
-                tried.append(f"{_where(addresses[at])} (busy)")
-                continue
-            except ServerUnreachable as exc:
-                tried.append(f"{_where(addresses[at])} ({exc.reason})")
-                continue
-            return link, at
+        while rounds:
+            ats, limit = rounds.pop()
+            slow: list[int] = []
+            for at in ats:
+                try:
+                    link = cls.connect(
+                        addresses[at],
+                        secret,
+                        server_id,
+                        timeout=limit,
+                        max_frame=max_frame,
+                        tls=tls,
+                    )
+                except ServerBusy as exc:
+                    busy = busy or exc
+                    outcome[at] = "busy"
+                    slow.append(at)
+                    continue
+                except ServerUnreachable as exc:
+                    outcome[at] = exc.reason
+                    if exc.reason == TIMED_OUT:
+                        slow.append(at)
+                    continue
+                return link, at
+            if slow and limit < timeout:
+                rounds.append((slow, timeout))
         if busy is not None:
             raise busy
+        tried = [f"{_where(addresses[at])} ({outcome[at]})" for at in order]
         if len(tried) == 1:
             raise ServerUnreachable(f"server {server_id} does not answer on {tried[0]}")
         raise ServerUnreachable(
