@@ -20,7 +20,7 @@ import pytest
 from aaabus.errors import ConfigError
 from aaabus.mqtt import codec as mc
 from aaabus.mqtt import codes as mq
-from aaabus.mqtt.standby import Standby, server_reference
+from aaabus.mqtt.standby import GRACE_S, Standby, server_reference
 from aaabus.tools.launch import Bus
 from tests.support.harness import REPO_ROOT, free_ports
 from tests.support.mqtt import Device, Device5, connect_packet
@@ -212,15 +212,21 @@ def test_one_address_holds_at_most_per_address_connections_the_oldest_evicted(
 ) -> None:
     responder = standby(Primary(None), per_address=3, connect_s=30.0)
     port = responder.address[1]
+    opened = time.monotonic()
     socks = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(3)]
     try:
         # The standby has them all before the next one comes (each is in its table once read).
         wait_until("3 waiting", lambda: responder.figures(5.0)["waiting"] == 3)
+        # Within the grace a burst from one address is let in (a site reconnecting at once).
+        socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+        wait_until("4 waiting", lambda: responder.figures(5.0)["waiting"] == 4)
+        # Once the oldest has waited that long, the next one from the address evicts it.
+        wait_until("the grace to pass", lambda: time.monotonic() - opened > GRACE_S)
         socks.append(socket.create_connection(("127.0.0.1", port), timeout=10))
         assert closed_by_peer(socks[0], timeout=5.0) == b""  # the oldest went
         # The others are still served: the newest gets its answer.
-        socks[3].sendall(connect_packet(level=4))
-        assert closed_by_peer(socks[3]) == bytes((0x20, 2, 0, mq.SERVER_UNAVAILABLE_311))
+        socks[4].sendall(connect_packet(level=4))
+        assert closed_by_peer(socks[4]) == bytes((0x20, 2, 0, mq.SERVER_UNAVAILABLE_311))
         socks[1].settimeout(0.2)
         with pytest.raises(TimeoutError):
             socks[1].recv(1)  # still open, still waiting for its CONNECT

@@ -18,8 +18,9 @@ is the same to everyone, and the primary's address is no secret from a device th
 to it). A malformed CONNECT is refused as the listener refuses it (the codec's code, or a close).
 
 Bounds, so that a flood costs a follower no more than a few file descriptors: at most
-``max_connections`` connections are held at once and ``per_address`` from one remote address,
-the oldest evicted first (:class:`~aaabus.io.gate.PendingTable`); each must send a whole CONNECT
+``max_connections`` connections are held at once and ``per_address`` from one remote address
+(once its oldest has waited :data:`GRACE_S`), the oldest evicted first
+(:class:`~aaabus.io.gate.PendingTable`); each must send a whole CONNECT
 within ``connect_s`` of its accept; no packet over ``max_packet`` bytes is buffered (the codec
 refuses it as soon as its length is known); after the CONNACK the responder stops writing and
 reads (discarding, for at most :data:`LINGER_S`) until the device closes, so that a device that
@@ -50,7 +51,7 @@ from aaabus.mqtt import codec as mc
 from aaabus.mqtt import codes as mq
 from aaabus.mqtt.protocol import MqttProtocol, State
 
-__all__ = ["LINGER_S", "Standby", "server_reference"]
+__all__ = ["GRACE_S", "LINGER_S", "Standby", "server_reference"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,12 @@ log = logging.getLogger(__name__)
 #: device to close first: closing with unread input would reset the connection, and a reset can
 #: destroy the CONNACK before the device reads it.
 LINGER_S = 1.0
+
+#: An address at its cap loses its oldest connection only once that one has waited this long;
+#: before, the newcomer is let in while the whole table has room: after a failover, a site's
+#: devices behind one address reconnect here at once, and each needs a moment to send its
+#: CONNECT (the listener's rule, :data:`aaabus.mqtt.listener.GRACE_S`).
+GRACE_S = 1.0
 
 #: How long :meth:`Standby.start` and :meth:`Standby.stop` wait for the loop thread.
 THREAD_S = 5.0
@@ -200,7 +207,7 @@ class Standby:
         assert task is not None
         peer = writer.get_extra_info("peername")
         where = str(peer[0]) if peer else "?"
-        for old in self._waiting.add(task, where, time.monotonic()):
+        for old in self._waiting.add(task, where, time.monotonic(), GRACE_S):
             old.cancel()  # evicted: the oldest of that address, or the oldest of all when full
             self._refusals.refused(where, "evicted: too many connections waiting for CONNECT")
         try:
