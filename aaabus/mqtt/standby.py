@@ -131,8 +131,9 @@ class Standby:
     def start(self) -> Standby:
         """Start serving on the loop thread; returns once it accepts connections."""
         self._thread.start()
-        if not self._ready.wait(THREAD_S):
-            raise RuntimeError(f"MQTT standby {self.address} did not start in {THREAD_S:g} s")
+        if not self._ready.wait(THREAD_S) or self._server is None:
+            # The loop thread logged why (or is stuck): a bug, not the operator's input.
+            raise RuntimeError(f"MQTT standby {self._name} did not start within {THREAD_S:g} s")
         return self
 
     def stop(self) -> None:
