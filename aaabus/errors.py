@@ -191,9 +191,14 @@ class AdminError(AaabusError):
 
 
 class ServerUnreachable(AdminError, TransientError):
-    """Nothing answers on the server's admin port (the server is down or unreachable)."""
+    """Nothing answers on the server's admin port (the server is down or unreachable).
+    ``reason``: why, without the address (the whole message when not given)."""
 
     exit_code = 1
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = message if reason is None else reason
 
 
 class ServerBusy(AdminError, TransientError):

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from aaabus.config.admin_port import admin_address
+from aaabus.config.admin_port import member_admin_addresses
 from aaabus.config.reader import BusConfig
 from aaabus.config.secret import Credential
 from aaabus.errors import AdminError, ServerBusy, ServerUnreachable, WireError
@@ -63,8 +63,10 @@ class Poller:
         timeout: float = TIMEOUT,
     ) -> None:
         self.server_id = server_id
-        self._address, _ = admin_address(config, server_id)
-        self._tls = tls_contexts(config, server_id)[1] if self._address is not None else None
+        # Each member's admin address: only the server's primary member listens (issue 42).
+        self._addresses = [address for _m, address in member_admin_addresses(config, server_id)]
+        self._at = 0  # the member that answered last, tried first
+        self._tls = tls_contexts(config, server_id)[1] if self._addresses else None
         self._credential = credential
         self._deliver = deliver
         self._interval = interval
@@ -108,14 +110,19 @@ class Poller:
 
     def _attempt(self) -> Reading:
         sid = self.server_id
-        if self._address is None:
+        if not self._addresses:
             return Reading(
                 sid, time.monotonic(), "down", error="no admin port (aaabus.admin.port=off)"
             )
         try:
             if self._link is None:
-                self._link = AdminLink.connect(
-                    self._address, self._credential, sid, timeout=self._timeout, tls=self._tls
+                self._link, self._at = AdminLink.connect_any(
+                    self._addresses,
+                    self._credential,
+                    sid,
+                    first=self._at,
+                    timeout=self._timeout,
+                    tls=self._tls,
                 )
             self._link.sock.settimeout(self._timeout)
             answer = self._link.request({"op": "status", "detail": True})

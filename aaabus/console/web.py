@@ -44,7 +44,7 @@ from typing import Any
 
 from aiohttp import web
 
-from aaabus.config.admin_port import admin_address
+from aaabus.config.admin_port import member_admin_addresses
 from aaabus.config.reader import BusConfig
 from aaabus.config.secret import Credential
 from aaabus.console.board import Board
@@ -288,11 +288,15 @@ def _refuse(status: int, error: str) -> web.Response:
 
 def _stop(config: BusConfig, sid: int, credential: Credential) -> None:
     """Ask server ``sid`` to stop (a thread of the loop's executor; AaabusError, one line)."""
-    address, _ = admin_address(config, sid)
-    if address is None:
+    members = member_admin_addresses(config, sid)
+    if not members:
         raise LaunchError(f"server {sid} has no admin port (aaabus.admin.port=off)")
-    link = AdminLink.connect(
-        address, credential, sid, timeout=STOP_TIMEOUT, tls=tls_contexts(config, sid)[1]
+    link, _at = AdminLink.connect_any(
+        [address for _m, address in members],
+        credential,
+        sid,
+        timeout=STOP_TIMEOUT,
+        tls=tls_contexts(config, sid)[1],
     )
     try:
         link.sock.settimeout(STOP_TIMEOUT)

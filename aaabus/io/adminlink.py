@@ -21,7 +21,7 @@ import socket
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aaabus.config.scopes import Scope
@@ -41,16 +41,28 @@ __all__ = ["CLIENT_ID_BASE", "AdminLink"]
 #: Handshake ids from here up are clients (tools, programs), never servers.
 CLIENT_ID_BASE = 0x8000_0000
 
+#: Seconds each member's address gets in the first round of :meth:`AdminLink.connect_any`: a
+#: live server on a LAN accepts and challenges within milliseconds.
+QUICK_S = 1.0
+
+#: The reason of a :class:`ServerUnreachable` whose connection attempt ran out of time.
+TIMED_OUT = "timed out"
+
 
 def connect(address: tuple[str, int], timeout: float, who: str) -> socket.socket:
     """A TCP connection to ``who`` at ``address``; :class:`ServerUnreachable` in one line
-    naming it when nothing answers there."""
+    naming it when nothing answers there (its ``reason``: why, alone)."""
     try:
         return socket.create_connection(address, timeout=timeout)
     except OSError as exc:
+        reason = TIMED_OUT if isinstance(exc, TimeoutError) else str(exc.strerror or exc)
         raise ServerUnreachable(
-            f"{who} does not answer on {address[0]}:{address[1]} ({exc.strerror or exc})"
+            f"{who} does not answer on {_where(address)} ({reason})", reason=reason
         ) from None
+
+
+def _where(address: tuple[str, int]) -> str:
+    return f"{address[0]}:{address[1]}"
 
 
 class AdminLink:
@@ -142,6 +154,77 @@ class AdminLink:
                 f"before the handshake ({exc.strerror or exc}); try again later, or check the "
                 "config's aaabus.tls.* properties"
             ) from None
+
+    @classmethod
+    def connect_any(
+        cls,
+        addresses: Sequence[tuple[str, int]],
+        secret: bytes | Credential,
+        server_id: int,
+        *,
+        first: int = 0,
+        timeout: float = 5.0,
+        max_frame: int = 16 << 20,
+        tls: ssl.SSLContext | None = None,
+    ) -> tuple[AdminLink, int]:
+        """:meth:`connect` to the first of ``addresses`` that answers, starting at ``first`` and
+        going round; returns the link and the position of its address.
+
+        The addresses of one server's members
+        (:func:`~aaabus.config.admin_port.member_admin_addresses`): only the primary listens, so
+        an address where nothing listens (refused, no answer) or where the connection is taken
+        and dropped (busy) sends the tool to the next. A failed handshake (:class:`AdminError`:
+        another bus's key, TLS) ends it at once: another member would refuse the same key.
+
+        With several addresses, a first round gives each at most :data:`QUICK_S` (a member
+        whose machine is gone, or a process stopped with its port open, would otherwise hold
+        the tool for the whole ``timeout`` before the primary is tried); the addresses that ran
+        out of time, and only those, get a second round with the whole ``timeout``. A refused
+        address is not tried again. When none answers, raises the first :class:`ServerBusy` if
+        one was busy (a server runs there), else one :class:`ServerUnreachable` line naming
+        every address tried and why.
+        """
+        if not addresses:
+            raise ServerUnreachable(f"server {server_id} has no admin address")
+        order = [(first + step) % len(addresses) for step in range(len(addresses))]
+        rounds = [(order, min(timeout, QUICK_S) if len(order) > 1 else timeout)]
+        outcome: dict[int, str] = {}
+        busy: ServerBusy | None = None
+        while rounds:
+            ats, limit = rounds.pop()
+            slow: list[int] = []
+            for at in ats:
+                try:
+                    link = cls.connect(
+                        addresses[at],
+                        secret,
+                        server_id,
+                        timeout=limit,
+                        max_frame=max_frame,
+                        tls=tls,
+                    )
+                except ServerBusy as exc:
+                    busy = busy or exc
+                    outcome[at] = "busy"
+                    slow.append(at)
+                    continue
+                except ServerUnreachable as exc:
+                    outcome[at] = exc.reason
+                    if exc.reason == TIMED_OUT:
+                        slow.append(at)
+                    continue
+                return link, at
+            if slow and limit < timeout:
+                rounds.append((slow, timeout))
+        if busy is not None:
+            raise busy
+        tried = [f"{_where(addresses[at])} ({outcome[at]})" for at in order]
+        if len(tried) == 1:
+            raise ServerUnreachable(f"server {server_id} does not answer on {tried[0]}")
+        raise ServerUnreachable(
+            f"server {server_id} does not answer on any of its members' admin addresses: "
+            + ", ".join(tried)
+        )
 
     @classmethod
     def accept(

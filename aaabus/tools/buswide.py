@@ -10,14 +10,14 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from aaabus.config.admin_port import admin_address
+from aaabus.config.admin_port import member_admin_addresses
 from aaabus.config.reader import BusConfig
 from aaabus.config.secret import Credential
 from aaabus.errors import RequestRefused, ServerBusy, ServerUnreachable, WireError
 from aaabus.io.adminlink import AdminLink
 from aaabus.io.tls import tls_contexts
 
-__all__ = ["bus_status", "stop_servers"]
+__all__ = ["bus_status", "membership", "stop_servers"]
 
 
 def _ask(
@@ -26,12 +26,19 @@ def _ask(
     secret: bytes | Credential,
     request: dict[str, Any],
     timeout: float,
-) -> tuple[AdminLink, dict[str, Any]]:
-    address, _ = admin_address(config, server_id)
-    if address is None:
+) -> tuple[AdminLink, dict[str, Any], int]:
+    """The link and answer of ``request`` to ``server_id``, and the index of the member that
+    answered (its primary)."""
+    members = member_admin_addresses(config, server_id)
+    if not members:
         raise ServerUnreachable(f"server {server_id} has no admin port (aaabus.admin.port=off)")
-    link = AdminLink.connect(
-        address, secret, server_id, timeout=timeout, tls=tls_contexts(config, server_id)[1]
+    # Only the primary member listens: each member's address in turn.
+    link, at = AdminLink.connect_any(
+        [address for _member, address in members],
+        secret,
+        server_id,
+        timeout=timeout,
+        tls=tls_contexts(config, server_id)[1],
     )
     try:
         link.sock.settimeout(timeout)
@@ -42,7 +49,7 @@ def _ask(
     if not answer.get("ok"):
         link.close()
         raise RequestRefused(f"server {server_id}: {answer.get('error', 'refused')}")
-    return link, answer
+    return link, answer, members[at][0]
 
 
 def bus_status(
@@ -52,19 +59,69 @@ def bus_status(
     busy ones (they accepted and dropped the connection) ``up: null`` with ``busy``: why."""
 
     def one(sid: int) -> dict[str, Any]:
+        # A server with replicas also says who is who among its members; one without keeps
+        # exactly the figures it had before (issue 42).
+        replicated = bool(config.server(sid).replicas)
         try:
-            link, answer = _ask(config, sid, secret, {"op": "status"}, timeout)
+            link, answer, member = _ask(config, sid, secret, {"op": "status"}, timeout)
         except ServerBusy as exc:
-            return {"id": sid, "up": None, "busy": str(exc)}
-        except ServerUnreachable:
-            return {"id": sid, "up": False}
-        link.close()
-        status: dict[str, Any] = answer["status"]
-        return status
+            down: dict[str, Any] = {"id": sid, "up": None, "busy": str(exc)}
+        except ServerUnreachable as exc:
+            down = {"id": sid, "up": False}
+            if replicated:
+                down["error"] = str(exc)  # every member's address, and why each failed
+        else:
+            link.close()
+            status: dict[str, Any] = answer["status"]
+            if replicated:
+                status["membership"] = membership(config, sid, status, member)
+            return status
+        if replicated:
+            down["membership"] = membership(config, sid)
+        return down
 
     ids = list(ids)
     with ThreadPoolExecutor(max_workers=min(16, max(1, len(ids)))) as pool:
         return list(pool.map(one, ids))
+
+
+def membership(
+    config: BusConfig,
+    server_id: int,
+    status: dict[str, Any] | None = None,
+    answered: int | None = None,
+) -> dict[str, Any]:
+    """Who is who among a server's members, from its primary's status (issue 42).
+
+    ``status``: what the member that answered the admin connection said (None: none answered),
+    ``answered``: that member's index. Returns ``{"primary": index or None, "epoch": int or
+    None, "members": [{"member", "hostname", "role", "behind_commits", "behind_bytes"}, ...]}``,
+    member 0 first; ``role``: ``primary``, ``follower`` (connected to the primary's replication,
+    with its lag in commits and bytes since its last acknowledgement: None before its first)
+    or ``unreachable`` (not connected, or no member answered). The status's own ``member`` and
+    ``epoch`` keys win where the server gives them; the primary's replication figures are
+    keyed by member index.
+    """
+    spec = config.server(server_id)
+    status = status or {}
+    primary = status.get("member", answered)
+    shipping = (status.get("replication") or {}).get("replicas", {})
+    members = []
+    for index, hostname in [(0, spec.hostname)] + [(r.index, r.hostname) for r in spec.replicas]:
+        figures = shipping.get(str(index))
+        role = "unreachable"
+        if primary is not None and index == primary:
+            role = "primary"
+        elif figures is not None and figures.get("connected"):
+            role = "follower"
+        members.append({
+            "member": index,
+            "hostname": hostname,
+            "role": role,
+            "behind_commits": None if figures is None else figures.get("behind_commits"),
+            "behind_bytes": None if figures is None else figures.get("behind_bytes"),
+        })  # fmt: skip
+    return {"primary": primary, "epoch": status.get("epoch"), "members": members}
 
 
 def stop_servers(
@@ -78,7 +135,7 @@ def stop_servers(
 
     def one(sid: int) -> str:
         try:
-            link, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
+            link, _, _ = _ask(config, sid, secret, {"op": "stop"}, timeout)
         except ServerBusy:
             return "busy"
         except ServerUnreachable:

@@ -260,12 +260,13 @@ def _cmd_secret(args: argparse.Namespace) -> int:
 def _cmd_launch(args: argparse.Namespace) -> int:
     from aaabus.config.domains import Topology
     from aaabus.config.reader import load_config
-    from aaabus.tools.launch import Bus, local_server_ids
+    from aaabus.tools.launch import Bus, local_members
 
     config = load_config(args.config)
     Topology.from_config(config)  # refuse a bad topology before starting anything
-    ids = local_server_ids([(sid, spec.hostname) for sid, spec in config.servers.items()])
-    if not ids:
+    # Every member that lives here: servers (member 0) and replicas, each on its own store.
+    ids, replicas = local_members(config)
+    if not ids and not replicas:
         print("aaabus launch: no server of this config lives on this host", file=sys.stderr)
         return 2
     stop = threading.Event()
@@ -279,8 +280,8 @@ def _cmd_launch(args: argparse.Namespace) -> int:
     bus_ref: list[Any] = []
 
     def on_usr1(signum: int, frame: FrameType | None) -> None:
-        # Pass the thread-dump request on to every server: their stacks come back as log lines.
-        for proc in bus_ref[0].servers.values() if bus_ref else ():
+        # Pass the thread-dump request on to every process: their stacks come back as log lines.
+        for proc in bus_ref[0].processes() if bus_ref else ():
             if proc.running():
                 proc.proc.send_signal(signal.SIGUSR1)
 
@@ -291,34 +292,67 @@ def _cmd_launch(args: argparse.Namespace) -> int:
         with lock:
             print(line, flush=True)
 
-    bus = Bus(args.config, ids, args.storage_root, sink=relay, log_level=args.log_level)
+    bus = Bus(
+        args.config,
+        ids,
+        args.storage_root,
+        sink=relay,
+        log_level=args.log_level,
+        replicas=replicas,
+    )
     bus_ref.append(bus)
     bus.start(timeout=args.timeout)
-    relay(f"aaabus launch: {len(ids)} server(s) ready: {', '.join(map(str, ids))}")
-    failed: list[int] = []
-    reported: set[int] = set()
+    ready = f"aaabus launch: {len(ids)} server(s) ready"
+    if ids:
+        ready += f": {', '.join(map(str, ids))}"
+    if replicas:
+        names = ", ".join(p.name for p in bus.replicas.values())
+        ready += f"; {len(replicas)} replica(s): {names}"
+    relay(ready)
+    codes = _watch(bus, config, stop, relay)
+    relay(f"aaabus launch: stopped ({codes})")
+    return 0 if all(code in (0, None) for code in codes.values()) else 1
+
+
+def _watch(
+    bus: Any, config: Any, stop: threading.Event, relay: Callable[[str], None]
+) -> dict[str, int | None]:
+    """Watch the launched processes until ``stop`` or until all have exited; then stop them
+    all (by PID) and return each one's exit status, by name (``s<id>``, ``s<id>r<index>``).
+
+    A process that stops cleanly (exit 0: `aaabus stop`) is left stopped. One that fails
+    stops everything, unless it is a member of a server with replicas: its other members go
+    on (a follower takes over where failover is on), and it is reported once.
+    """
+    failed = False
+    reported: set[str] = set()
+    processes = bus.processes()
     try:
         while not stop.is_set():
             stop.wait(0.5)
             exited = {
-                sid: proc.proc.returncode
-                for sid, proc in bus.servers.items()
+                proc.name: (proc, proc.proc.returncode)
+                for proc in processes
                 if proc.proc is not None and proc.proc.poll() is not None
             }
-            # A server stopped cleanly (`aaabus stop`, exit 0) is left stopped; a crash stops all.
-            failed = [sid for sid, code in exited.items() if code != 0]
-            if failed:
-                relay(f"aaabus launch: server(s) {failed} failed; stopping the others")
-                break
-            for sid in sorted(set(exited) - reported):
-                relay(f"aaabus launch: server {sid} stopped")
-                reported.add(sid)
-            if len(exited) == len(bus.servers):
+            for name in sorted(set(exited) - reported):
+                proc, code = exited[name]
+                reported.add(name)
+                if code == 0:
+                    relay(f"aaabus launch: {name} stopped")
+                elif config.server(proc.server_id).replicas:
+                    relay(
+                        f"aaabus launch: {name} failed (exit {code}); the other members of "
+                        f"server {proc.server_id} go on"
+                    )
+                else:
+                    relay(f"aaabus launch: {name} failed (exit {code}); stopping the others")
+                    failed = True
+            if failed or len(exited) == len(processes):
                 break
     finally:
-        codes = bus.stop()
-    relay(f"aaabus launch: stopped ({codes})")
-    return 0 if all(code in (0, None) for code in codes.values()) and not failed else 1
+        bus.stop()
+    return {proc.name: None if proc.proc is None else proc.proc.returncode for proc in processes}
 
 
 # -- status, stop, send ------------------------------------------------------------------------
@@ -397,7 +431,27 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
-    return "\n".join(lines + [line for st in servers for line in _replica_lines(st)])
+    return "\n".join(
+        lines + [line for st in servers for line in (*_member_line(st), *_replica_lines(st))]
+    )
+
+
+def _member_line(st: dict[str, Any]) -> list[str]:
+    """One line for a server with replicas: its primary member, its epoch, each member's role
+    and lag (:func:`aaabus.tools.buswide.membership`)."""
+    view = st.get("membership")
+    if not view or len(view["members"]) < 2:
+        return []
+    roles = []
+    for m in view["members"]:
+        role = m["role"]
+        if role == "follower" and m["behind_commits"] is not None:
+            role += f" behind {m['behind_commits']} commit(s), {_size(m['behind_bytes'])}"
+        roles.append(f"{m['member']} {role}")
+    primary = view["primary"]
+    who = "no primary answers" if primary is None else f"primary member {primary}"
+    epoch = "" if view["epoch"] is None else f", epoch {view['epoch']}"
+    return [f"server {st['id']}: {who}{epoch}; members: " + "; ".join(roles)]
 
 
 def _replica_lines(st: dict[str, Any]) -> list[str]:
@@ -605,10 +659,15 @@ def _main_parser() -> _Parser:
     secret.set_defaults(func=_cmd_secret)
 
     launch = sub.add_parser(
-        "launch", help="start every server of a3.xml that lives on this host, relay their logs"
+        "launch",
+        help="start every server and replica of a3.xml that lives on this host, relay their logs",
     )
     launch.add_argument("config")
-    launch.add_argument("--storage-root", default=".", help="stores go to DIR/s<id> (default .)")
+    launch.add_argument(
+        "--storage-root",
+        default=".",
+        help="stores go to DIR/s<id>, a replica's to DIR/s<id>r<index> (default .)",
+    )
     launch.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for ready")
     launch.add_argument(
         "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"]

@@ -9,7 +9,10 @@
         client.send(greeter, Hello("world"))
 
 A client talks to ONE server of the bus, through its admin port (:mod:`aaabus.node.admin`),
-authenticated with the bus secret. What it sends leaves that server as if sent by a boot
+authenticated with the bus secret. A server with replicas is reached at whichever of its members
+is primary: every connection tries each member's admin address in turn (member 0 first, then
+the one that answered last), so a client whose server fails over finds the new primary by
+itself, through the retries below. What it sends leaves that server as if sent by a boot
 service, from ``#s.s.0``: the server commits the notification (queued for its target like any
 other send) *before* it answers, so once :meth:`Client.send` returns, delivery is guaranteed
 exactly once and in causal order with everything else that server's ``#s.s.0`` sends — including
@@ -41,7 +44,7 @@ from typing import Any
 
 import cloudpickle
 
-from aaabus.config.admin_port import admin_address
+from aaabus.config.admin_port import member_admin_addresses
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import Credential, load_credential, secret_path
 from aaabus.errors import AdminError, RequestRefused, ServerBusy, ServerUnreachable, WireError
@@ -91,10 +94,15 @@ class Client:
         self.config = config if isinstance(config, BusConfig) else load_config(config)
         self.server = min(self.config.servers) if server is None else server
         self.config.server(self.server)  # a one-line ConfigError for an unknown id
-        address, _ = admin_address(self.config, self.server)
-        if address is None:
+        members = member_admin_addresses(self.config, self.server)
+        if not members:
             raise AdminError(f"server {self.server} has no admin port (aaabus.admin.port=off)")
-        self.address = address
+        #: The admin address of each member of the server, member 0 first: only the primary
+        #: listens, so a connection tries them in turn (issue 42, failover).
+        self.addresses = tuple(address for _member, address in members)
+        self._members = tuple(member for member, _address in members)
+        # The position of the member that answered last: tried first by the next connection.
+        self._at = 0
         self.secret = (
             secret if secret is not None else load_credential(secret_path(self.config, self.server))
         )
@@ -106,6 +114,17 @@ class Client:
         self.codec = Codec(pickles=self.config.setting(self.server, "aaabus.wire.pickle"))
         self._link: AdminLink | None = None
         self._pause = threading.Event()  # never set: a wait that cannot be cut short
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """The admin address in use: the member that answered last (member 0 before any)."""
+        return self.addresses[self._at]
+
+    @property
+    def member(self) -> int:
+        """The index of the member that answered last (0: the server itself; K: its replica K),
+        the primary when it answered."""
+        return self._members[self._at]
 
     # -- the API ----------------------------------------------------------------------------------
 
@@ -275,10 +294,13 @@ class Client:
             try:
                 if self._link is None:
                     left = max(0.1, deadline - time.monotonic())
-                    self._link = AdminLink.connect(
-                        self.address,
+                    # Every member in turn, the last one that answered first: after a
+                    # failover the new primary is found by the same retries.
+                    self._link, self._at = AdminLink.connect_any(
+                        self.addresses,
                         self.secret,
                         self.server,
+                        first=self._at,
                         timeout=min(5.0, left),
                         tls=self._tls,
                     )

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from aaabus.config.admin_port import ADMIN_PORT_OFFSET
+from aaabus.config.reader import BusConfig
 from aaabus.errors import LaunchError
 from aaabus.tools.readiness import READY_LINE, REPLICA_READY_LINE
 
@@ -65,6 +66,13 @@ class ServerProcess:
     def name(self) -> str:
         """``s<id>``, or ``s<id>r<index>`` for a replica: what prefixes its relayed lines."""
         return f"s{self.server_id}" if self.replica is None else f"s{self.server_id}r{self.replica}"
+
+    @property
+    def title(self) -> str:
+        """``server <id>``, or ``replica <index> of server <id>``: what its errors call it."""
+        if self.replica is None:
+            return f"server {self.server_id}"
+        return f"replica {self.replica} of server {self.server_id}"
 
     @property
     def pid(self) -> int:
@@ -134,13 +142,13 @@ class ServerProcess:
                     self._reader.join(2.0)
                 tail = " | ".join(list(self.lines)[-3:]) or "no output"
                 code = self.proc.returncode if self.proc is not None else None
-                raise LaunchError(f"server {self.server_id} exited ({code}) before ready: {tail}")
+                raise LaunchError(f"{self.title} exited ({code}) before ready: {tail}")
             if time.monotonic() > deadline:
                 # Its last lines say where the boot stands (it is still running: the caller
                 # stops it).
                 tail = " | ".join(list(self.lines)[-3:]) or "no output"
                 raise LaunchError(
-                    f"server {self.server_id} not ready after {timeout:.0f}s; last output: {tail}"
+                    f"{self.title} not ready after {timeout:.0f}s; last output: {tail}"
                 )
 
     def running(self) -> bool:
@@ -202,7 +210,11 @@ class Bus:
         sink: Callable[[str], None] | None = None,
         log_level: str = "WARNING",
         cwd: str | os.PathLike[str] | None = None,
+        replicas: Iterable[tuple[int, int]] | None = None,
     ) -> None:
+        """``replicas``: the (server id, replica index) to run beside the servers, each on its
+        own store ``s<id>r<index>`` (any server's, started here or not); default: every
+        replica of the servers started."""
         root = Path(storage_root)
         self.config = str(config)
         self.servers = {
@@ -219,24 +231,26 @@ class Bus:
         }
         from aaabus.config.reader import load_config
 
-        specs = load_config(config).servers
+        if replicas is None:
+            specs = load_config(config).servers
+            replicas = [(sid, rep.index) for sid in self.servers for rep in specs[sid].replicas]
         #: Replica processes, by (server id, replica index).
         self.replicas = {
-            (sid, rep.index): ServerProcess(
+            (sid, index): ServerProcess(
                 config,
                 sid,
-                root / f"s{sid}r{rep.index}",
+                root / f"s{sid}r{index}",
                 env=env,
                 sink=sink,
                 log_level=log_level,
                 cwd=cwd,
-                replica=rep.index,
+                replica=index,
             )
-            for sid in self.servers
-            for rep in specs[sid].replicas
+            for sid, index in replicas
         }
 
-    def _processes(self) -> list[ServerProcess]:
+    def processes(self) -> list[ServerProcess]:
+        """Every process of the bus: the replicas, then the servers."""
         # Replicas first: a server whose commits wait for its replicas boots once they listen.
         return [*self.replicas.values(), *self.servers.values()]
 
@@ -250,10 +264,10 @@ class Bus:
 
         ensure_secret(secret_path(load_config(self.config)))
         try:
-            for proc in self._processes():
+            for proc in self.processes():
                 proc.start()
             deadline = time.monotonic() + timeout
-            for proc in self._processes():
+            for proc in self.processes():
                 proc.wait_ready(max(1.0, deadline - time.monotonic()))
         except BaseException:
             self.stop()
@@ -373,7 +387,25 @@ def ports_free(host: str, ports: Iterable[int]) -> bool:
             sock.close()
 
 
+def is_local(hostname: str) -> bool:
+    """Whether ``hostname`` designates this machine (a loopback address, or its node name)."""
+    return hostname in {"localhost", "::1", os.uname().nodename} or hostname.startswith("127.")
+
+
 def local_server_ids(config_servers: Sequence[tuple[int, str]]) -> list[int]:
     """The ids of the servers whose hostname designates this machine."""
-    local = {"127.0.0.1", "localhost", "::1", os.uname().nodename}
-    return [sid for sid, host in config_servers if host in local or host.startswith("127.")]
+    return [sid for sid, host in config_servers if is_local(host)]
+
+
+def local_members(config: BusConfig) -> tuple[list[int], list[tuple[int, int]]]:
+    """The members of the config's servers that live on this machine: the ids of the servers
+    whose own hostname is local (member 0), and the (server id, replica index) of the replicas
+    whose hostname is local, whether or not their server's is (issue 42)."""
+    servers = local_server_ids([(sid, spec.hostname) for sid, spec in config.servers.items()])
+    replicas = [
+        (sid, rep.index)
+        for sid, spec in sorted(config.servers.items())
+        for rep in spec.replicas
+        if is_local(rep.hostname)
+    ]
+    return servers, replicas
