@@ -11,9 +11,11 @@ The loop itself runs the batch when the engine is idle, and so waits through tha
 every device: a PINGREQ of another device is answered after it (docs/mqtt.md says why, with the
 figures: handing every batch to the engine thread cost more per round trip than it freed).
 
-Mutant (docs/testing.md): a batch's completion run as soon as its operations ran, before the
+Mutants (docs/testing.md): a batch's completion run as soon as its operations ran, before the
 commit (``done(outcomes)`` instead of ``engine.effects.when_durable(...)`` in
-``Engine.run_batch``), fails the PUBACK's absence.
+``Engine.run_batch``), fails the PUBACK's absence; a mailbox's push run as its reaction notified
+it (``flusher()`` instead of ``effects.when_durable_once(flusher)`` in ``Sends.notify``), the
+delivery's.
 """
 
 from __future__ import annotations
