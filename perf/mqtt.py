@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from aaabus.mqtt.batchtrace import MARKS, stages
 from aaabus.tools.launch import Bus
 from perf import mqttload
 from perf.aaabus_mqtt import mqtt_bus, mqtt_servers
@@ -357,6 +358,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline per measurement")
     parser.add_argument("--workdir", help="keep broker data and logs here (default: temporary)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    parser.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="aaabus alone, QoS 1 latency with its listener traced: where one round trip's "
+        "p50 time goes (breakdown_us; see perf/README.md)",
+    )
     scale = parser.add_argument_group("scale (perf/mqttload.py's load client; see perf/README.md)")
     scale.add_argument("--devices", type=int, help="N devices: the idle, fan-in, fan-out scenarios")
     scale.add_argument(
@@ -547,6 +554,8 @@ def _protocols(text: str) -> list[int]:
 def run(args: argparse.Namespace) -> int:
     if args.devices is not None or args.storm is not None:
         return run_scale(args)
+    if args.breakdown:
+        return run_breakdown(args)
     protocols = _protocols(args.protocol)
     args.count = 5000 if args.count is None else args.count
     args.window = 200 if args.window is None else args.window
@@ -651,6 +660,68 @@ def run(args: argparse.Namespace) -> int:
         )
     )
     return 1 if failed else 0
+
+
+def run_breakdown(args: argparse.Namespace) -> int:
+    """``--breakdown``: ``--repetitions`` QoS 1 latency runs on aaabus (MQTT 3.1.1, a fresh
+    bus each, its listener traced: ``aaabus.trace``), and where a round trip's time goes: per
+    run, then per stage the median of the runs (a busy spell of the shared disk hits one run's
+    ``sync`` and its round trip together, not the others')."""
+    if min(args.repetitions, args.rounds) < 1 or args.warmup < 0:
+        raise SystemExit("perf mqtt: error: counts must be positive")
+    runs: list[dict[str, Any]] = []
+    for rep in range(args.repetitions):
+        _log(f"breakdown {rep + 1}/{args.repetitions}")
+        with scratch(args.workdir) as work:
+            props = {"aaabus.trace": "trace"}  # relative to the bus's a3.xml: work/trace
+            with mqtt_servers(work, [[0, 1]], {0: 200}, properties=props) as bus:
+                measured = latency(
+                    bus.endpoints[0], 1, args.rounds, args.warmup, args.payload, args.timeout
+                )
+            # The servers have stopped: the trace is complete. The publications' batches are
+            # those followed by a delivery; the warm-up's are the first of them.
+            lines = (work / "trace" / "mqtt-s0.jsonl").read_text().splitlines()
+            traced = [m for m in map(json.loads, filter(None, lines)) if "delivered" in m]
+        p50 = measured["latency_ms"]["p50"]
+        runs.append({"latency_ms_p50": p50, **batch_breakdown(traced[-args.rounds :], p50)})
+    stages_run = [key for key in runs[0] if key != "latency_ms_p50"]
+    result = {
+        "suite": "mqtt-breakdown",
+        "repetitions": args.repetitions,
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "latency_ms_p50": statistics.median(r["latency_ms_p50"] for r in runs),
+        "breakdown_us": {
+            key: round(statistics.median(r.get(key, 0.0) for r in runs), 1) for key in stages_run
+        },
+        "runs": runs,
+    }
+    if not args.json:
+        print(f"QoS 1 round trip p50 {result['latency_ms_p50']:.3f} ms; µs per stage:")
+        for stage, value in result["breakdown_us"].items():
+            print(f"  {stage:<20}{value:>10}")
+    print(json.dumps(result))
+    return 0
+
+
+def batch_breakdown(records: list[dict[str, int]], p50_ms: float) -> dict[str, float]:
+    """Per stage of :data:`aaabus.mqtt.batchtrace.MARKS`, the p50 in µs over the batches that
+    passed it; ``server`` (the batches' read → delivery, p50), and ``clients_and_wire``: the
+    round trip's p50 less ``server`` (two paho clients, their threads, loopback TCP)."""
+    per_stage: dict[str, list[float]] = {stage: [] for _mark, stage in MARKS}
+    server: list[float] = []
+    for marks in records:
+        for stage, ns in stages(marks).items():
+            per_stage[stage].append(ns / 1000)
+        if "delivered" in marks:
+            server.append((marks["delivered"] - marks["read"]) / 1000)
+    out = {
+        stage: round(statistics.median(values), 1) for stage, values in per_stage.items() if values
+    }
+    total = round(statistics.median(server), 1) if server else 0.0
+    out["server"] = total
+    out["clients_and_wire"] = round(p50_ms * 1000 - total, 1)
+    return out
 
 
 def _print_table(systems: dict[str, dict[str, Any] | None]) -> None:

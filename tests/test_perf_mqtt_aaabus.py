@@ -55,6 +55,23 @@ def test_perf_mqtt_measures_aaabus_with_the_paho_programs() -> None:
         assert ratios[f"mqtt5_latency_qos{level}_vs_mqtt311"] > 0
 
 
+def test_perf_mqtt_breakdown_accounts_for_the_server_side_of_a_round_trip() -> None:
+    result = perf("mqtt", "--breakdown", "--repetitions", "1", "--rounds", "30", "--warmup", "5")
+    parts = result["breakdown_us"]
+    assert isinstance(parts, dict)
+    # Every stage of a QoS 1 publication was passed (the log store reports its write and sync),
+    # each took time, and together they are the server's part, within the round trip.
+    stages = [
+        *("parse", "batch_wait", "handoff", "ops", "reaction", "commit_prepare", "write"),
+        *("sync", "commit_finish", "loop_delay", "answer", "delivery"),
+    ]
+    assert set(parts) == {*stages, "server", "clients_and_wire"}
+    assert all(parts[stage] >= 0 for stage in stages)
+    assert parts["sync"] > 0 and parts["write"] > 0
+    assert 0 < parts["server"] < float(result["latency_ms_p50"]) * 1000  # type: ignore[arg-type]
+    assert parts["clients_and_wire"] > 0
+
+
 def test_perf_mqtt_protocol_option_runs_one_version_and_refuses_others() -> None:
     result = perf(
         *("mqtt", "--systems", "aaabus", "--repetitions", "1", "--rounds", "5"),

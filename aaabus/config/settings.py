@@ -319,8 +319,9 @@ SETTINGS: tuple[Setting, ...] = (
         path,
         None,
         "A directory: every server appends one JSON line per message hop to `hops-s<id>.jsonl` "
-        "(stamp bytes, clock CPU time, commit time, clock bytes persisted). Off when unset; free "
-        "when off.",
+        "(stamp bytes, clock CPU time, commit time, clock bytes persisted), and one with an MQTT "
+        "listener one line per batch of its devices' operations to `mqtt-s<id>.jsonl` (where its "
+        "time goes: `perf mqtt --breakdown`). Off when unset; free when off.",
     ),
     Setting(
         "aaabus.traffic",

@@ -15,9 +15,11 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+from aaabus.mqtt.batchtrace import BatchTrace, Marks
 from aaabus.mqtt.port import EnginePort
 
 __all__ = ["Batches", "Op", "Then"]
@@ -31,7 +33,8 @@ Then = Callable[[Any], None]
 class Batches:
     """Server ``sid``'s listener's batches for ``engine`` from ``loop``; ``flush_writes()``
     sends the connections' queued bytes after a batch's answers, ``stopping()`` says the
-    listener is closing (nothing more is queued)."""
+    listener is closing (nothing more is queued); ``trace``: where each batch's time goes
+    (``aaabus.trace`` only)."""
 
     def __init__(
         self,
@@ -40,9 +43,13 @@ class Batches:
         loop: asyncio.AbstractEventLoop,
         flush_writes: Callable[[], None],
         stopping: Callable[[], bool],
+        trace: BatchTrace | None = None,
     ) -> None:
         self._sid = sid
+        self._engine = engine
         self._run_batch = engine.run_batch
+        self._trace = trace
+        self._marks: Marks | None = None  # the pending batch's, when traced
         self._loop = loop
         self._flush_writes, self._stopping = flush_writes, stopping
         self._pending: list[tuple[Op, Then]] = []
@@ -64,6 +71,8 @@ class Batches:
         durable (``outcome``: its result, or the exception it raised)."""
         if self._stopping():
             return
+        if self._trace is not None and not lazy and not self._pending:
+            self._marks = self._trace.opened()
         (self._lazy if lazy else self._pending).append((fn, then))
         if not self._scheduled:
             # After every callback of this turn of the loop: one batch for all of them.
@@ -80,19 +89,29 @@ class Batches:
             lazy, self._lazy = self._lazy, []
             self._run_batch([fn for fn, _then in lazy], self._done_for(lazy), lazy=True)
         ops, self._pending = self._pending, []
+        marks, self._marks = self._marks, None
         if ops:
+            fns = [fn for fn, _then in ops]
+            if marks is not None:
+                marks["handed"] = time.perf_counter_ns()
+                fns = BatchTrace.around(marks, fns, self._engine)
             # Run by this thread if the engine is idle: no hand-off to the engine thread and
             # back (two wake-ups per batch). The loop waits for the commit meanwhile; what
             # arrives then is read after it and goes into the next batch.
             self._inline = True
             try:
-                self._run_batch([fn for fn, _then in ops], self._done_for(ops), run_here=True)
+                self._run_batch(fns, self._done_for(ops, marks), run_here=True)
             finally:
                 self._inline = False
 
-    def _done_for(self, ops: list[tuple[Op, Then]]) -> Callable[[list[Any]], None]:
+    def _done_for(
+        self, ops: list[tuple[Op, Then]], marks: Marks | None = None
+    ) -> Callable[[list[Any]], None]:
         def done(outcomes: list[Any]) -> None:  # engine thread (or this one), once durable
-            self.to_loop(self._completed, ops, outcomes)
+            if marks is not None:  # the marking operations' outcomes are not the batch's
+                outcomes = outcomes[1:-1]
+                BatchTrace.durable(marks, self._engine.store)
+            self.to_loop(self._completed, ops, outcomes, marks)
 
         return done
 
@@ -129,10 +148,15 @@ class Batches:
         self._handed += 1
         handle(*args)
 
-    def _completed(self, ops: list[tuple[Op, Then]], outcomes: list[Any]) -> None:
+    def _completed(
+        self, ops: list[tuple[Op, Then]], outcomes: list[Any], marks: Marks | None
+    ) -> None:
+        at_loop = time.perf_counter_ns() if marks is not None else 0
         for (_fn, then), outcome in zip(ops, outcomes, strict=True):
             try:
                 then(outcome)
             except Exception:  # a bug here must end one connection, not the listener
                 log.exception("server %s: MQTT completion failed", self._sid)
         self._flush_writes()
+        if marks is not None and self._trace is not None:
+            self._trace.answered(marks, at_loop)

@@ -47,6 +47,7 @@ from aaabus.mqtt import codes as mq
 from aaabus.mqtt import messages as mm
 from aaabus.mqtt.auth import Credentials
 from aaabus.mqtt.backlog import Backlog
+from aaabus.mqtt.batchtrace import BatchTrace
 from aaabus.mqtt.flows import Do, QosFlows, Slot, Step
 from aaabus.mqtt.protocol import MqttProtocol, State
 from aaabus.mqtt.sessions import Delivery, MqttSessions, Opened, Will, accounted, packet_id
@@ -85,6 +86,8 @@ class ConnectionHost(Protocol):
     credentials: Credentials | None
     published_out: int
     roaming: bool
+    #: Where each batch's time goes (aaabus.trace only): told of every socket read.
+    trace: BatchTrace | None
 
     def op(
         self,
@@ -226,6 +229,8 @@ class MqttConnection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.ended:
             return
+        if self.host.trace is not None:
+            self.host.trace.reading()
         self.last_in = time.monotonic()
         if self.silence:
             self.deadline = self.last_in + self.silence

@@ -30,6 +30,13 @@ class StoreView(Protocol):
     agents: Any
     #: The ZODB connection: the bridge keeps its record under a key of the root.
     conn: Any
+    #: The transaction manager of the groups (a batch's trace marks its commit's start).
+    tm: Any
+
+    def vote_marks(self) -> tuple[int, int, int] | None:
+        """The last commit's vote, write and sync times (``perf_counter_ns``), if the store
+        reports them (the log store): a batch's trace."""
+        ...
 
 
 class EnginePort(Protocol):
