@@ -390,7 +390,8 @@ SETTINGS: tuple[Setting, ...] = (
         host_port,
         None,
         "`host:port` to dial to reach server `<id>` instead of where it listens (a tunnel, a NAT, "
-        "a test proxy).",
+        "a test proxy); without it a server with replicas is dialled at each member's host in "
+        "turn, on the same port.",
     ),
     Setting(
         "aaabus.admin.port",

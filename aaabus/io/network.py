@@ -565,7 +565,9 @@ class Network:
             else:
                 # Only a holder of this pair's key can do this: the peer restarted (fine) or its
                 # key leaked (not fine). Either way the operator should see both ends.
-                reason = f"replaced by a new connection from {conn.label} claiming the same id"
+                reason = (
+                    f"replaced by a new connection from {conn.label} claiming the same server id"
+                )
             self._close(old, reason, logging.WARNING)
         with conn.lock:
             conn.move(ConnEvent.ADMITTED)
