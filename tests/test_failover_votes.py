@@ -22,7 +22,7 @@ import pytest
 
 from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import ServerKeys, load_secret
-from aaabus.errors import AdminError
+from aaabus.errors import AdminError, ServerUnreachable
 from aaabus.io.adminlink import AdminLink
 from aaabus.node.epochs import FILE_NAME, EpochBook
 from aaabus.node.vote import request_vote, whois
@@ -158,3 +158,24 @@ def test_a_candidate_session_may_ask_nothing_else(bus: Bus2, tmp_path: Path) -> 
     with pytest.raises(AdminError):
         AdminLink.candidate(address, bus.keys0.link_key(2), 0, 1)
     assert ROLE_CANDIDATE == 254
+
+
+def test_a_voter_is_reached_at_each_of_its_members_hosts_in_turn(bus: Bus2, tmp_path: Path) -> None:
+    """As a candidate sees the bus when server 1's primary is its replica 1: the <server>'s
+    host (127.0.0.2, where nothing listens) first, then the replica's (where server 1 is)."""
+    text = bus.path.read_text()
+    moved = text.replace(
+        '<server id="1" name="s1" hostname="127.0.0.1">',
+        '<server id="1" name="s1" hostname="127.0.0.2">\n    '
+        '<replica index="1" hostname="127.0.0.1" port="1"/>',
+    )
+    assert moved != text
+    (tmp_path / "moved.xml").write_text(moved)
+    config = load_config(tmp_path / "moved.xml")
+    assert whois(config, bus.keys0, 1, 0, time.monotonic() + 10) == (0, 0)
+    # Nothing at any of them: one line naming every address tried.
+    bus.s1.stop()
+    with pytest.raises(ServerUnreachable) as info:
+        whois(config, bus.keys0, 1, 0, time.monotonic() + 10)
+    port = config.servers[1].networks[0].port + 1000
+    assert f"voter 1 does not answer at 127.0.0.2:{port}, 127.0.0.1:{port}" in str(info.value)
