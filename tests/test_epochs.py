@@ -68,6 +68,10 @@ def test_the_same_grant_asked_again_is_granted_again(tmp_path: Path) -> None:
     retry = book.grant(3, 2, 1, 0.0, DELAY)
     assert retry.granted and (retry.epoch, retry.member) == (2, 1)
     assert not book.grant(3, 2, 0, INF, DELAY).granted
+    # Once a newer epoch is known (a link showed it), that old grant is not given again.
+    assert book.raise_to(3, 3, 0)
+    late = book.grant(3, 2, 1, INF, DELAY)
+    assert not late.granted and (late.epoch, late.member) == (3, 0)
 
 
 def test_a_lower_or_equal_epoch_is_refused(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -125,7 +127,12 @@ def test_a_voter_refuses_while_the_server_lives_and_grants_once_it_is_silent(bus
         assert EpochBook(bus.store1).granted(0) == (2, 1)  # on the voter's disk
         assert (bus.store1 / FILE_NAME).stat().st_mode & 0o777 == 0o600
         assert "granted epoch 2 of server 0 to its member 1" in bus.log1()
-        assert client1.status()["epochs"] == {"0": [2, 1]}  # `aaabus status` shows it
+        assert client1.status()["epochs"] == {"0": [2, 1]}
+        shown = subprocess.run(
+            [sys.executable, "-m", "aaabus", "status", str(bus.path), "--id", "1"],
+            cwd=REPO_ROOT, capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert "server 1 knows server 0 at epoch 2 (member 1)" in shown.stdout, shown
 
         os.kill(bus.s0.pid, signal.SIGCONT)
         refusal = "server 0 speaks for its epoch 1 (member 0), which epoch 2 (member 1) took over"
