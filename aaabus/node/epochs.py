@@ -112,15 +112,16 @@ class EpochBook:
     ) -> VoteAnswer:
         """Decide the vote of a candidate ``member`` for ``epoch`` of ``server_id``.
 
-        Granted again if exactly (epoch, member) was granted before (a candidate retrying);
-        refused if ``epoch`` is not above the one known; refused if the server was heard
-        ``silent_for_s`` seconds ago, less than ``delay_s``; else granted, the grant and the
-        epoch persisted before the answer is returned.
+        Granted again if exactly (epoch, member) was granted before (a candidate retrying) and
+        no newer epoch is known since; refused if ``epoch`` is not above the one known;
+        refused if the server was heard ``silent_for_s`` seconds ago, less than ``delay_s``;
+        else granted, the grant and the epoch persisted before the answer is returned.
         """
         with self._lock:
             entry = self._table.get(server_id)
             known = FIRST if entry is None else entry.known
-            if entry is not None and entry.granted == (epoch, member):
+            if entry is not None and entry.granted == (epoch, member) and epoch >= known[0]:
+                # (A grant that a newer epoch has overtaken since is refused below.)
                 return VoteAnswer(True, epoch, member, "already granted to this member")
             if epoch <= known[0]:
                 return VoteAnswer(
