@@ -26,6 +26,7 @@ from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import ServerKeys, load_secret
 from aaabus.errors import AdminError, ServerUnreachable
 from aaabus.io.adminlink import AdminLink
+from aaabus.node.admin import CANDIDATE_SESSIONS
 from aaabus.node.epochs import FILE_NAME, EpochBook
 from aaabus.node.vote import request_vote, whois
 from aaabus.tools.client import Client
@@ -161,6 +162,17 @@ def test_a_candidate_session_may_ask_nothing_else(bus: Bus2, tmp_path: Path) -> 
             assert error in answer["error"] and "\n" not in answer["error"], answer
     finally:
         link.close()
+    # The candidates of one server hold a few sessions at most (a stolen key file of that
+    # server cannot take the slots the operator's tools need).
+    links = [AdminLink.candidate(address, key, 0, 1) for _ in range(CANDIDATE_SESSIONS + 1)]
+    try:
+        answers = [link.request({"op": "whois", "server": 0}) for link in links]
+    finally:
+        for link in links:
+            link.close()
+    assert answers[:-1] == [{"ok": True, "epoch": 0, "member": 0}] * CANDIDATE_SESSIONS
+    busy = answers[-1]
+    assert busy["ok"] is False and "candidates for server 0 already hold" in busy["error"]
     # The role needs the pair's key: a tool key or another pair's does not open it.
     with pytest.raises(AdminError):
         AdminLink.candidate(address, bus.keys0.link_key(2), 0, 1)

@@ -53,7 +53,8 @@ Threads
     more are answered "busy". Of those, ``read`` sessions take at most :data:`READ_SESSIONS`
     (:data:`READ_SESSIONS_PER_ADDRESS` from one address), so the slots left are kept for the
     ``operate`` and ``code`` keys, which can stop the server anyway: a leaked read key cannot
-    lock the operator out. A session is closed after :data:`IDLE_TIMEOUT` seconds without a
+    lock the operator out. The candidates of one server's failover take at most
+    :data:`CANDIDATE_SESSIONS`. A session is closed after :data:`IDLE_TIMEOUT` seconds without a
     request, and between two requests once it has lasted ``aaabus.admin.lifetime`` seconds,
     however often it asks: a cheap request every minute does not hold a slot forever (a
     :class:`~aaabus.tools.client.Client` reconnects by itself). Refusals are logged rate-limited
@@ -98,6 +99,9 @@ MAX_CONNECTIONS = 32
 #: for ``operate`` and ``code`` keys, which always get in while a read key floods the port.
 READ_SESSIONS = 24
 READ_SESSIONS_PER_ADDRESS = 8
+#: Of those, the most sessions of the candidates of one server's failover (issue 42): its few
+#: members ask one question each, and a stolen key file of that server cannot take more slots.
+CANDIDATE_SESSIONS = 4
 #: Connections waiting to authenticate, in all and per address; beyond, the oldest is evicted.
 MAX_PENDING = 32
 MAX_PENDING_PER_ADDRESS = 16
@@ -147,6 +151,7 @@ class AdminEndpoint:
         )
         self._sessions = 0
         self._reads: Counter[str] = Counter()  # read sessions by address
+        self._candidates: Counter[int] = Counter()  # candidates' sessions by their server
         self._lifetime = float(server.config.setting(server.server_id, "aaabus.admin.lifetime"))
         self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
@@ -240,14 +245,23 @@ class AdminEndpoint:
                 f"candidate for server {candidate}: this server's key file has no key for it"
             ) from None
 
-    def _authenticated(self, sock: socket.socket, scope: Scope | None, address: str) -> str | None:
+    def _authenticated(
+        self, sock: socket.socket, scope: Scope | None, address: str, client: int
+    ) -> str | None:
         """Leave the waiting room for a session slot: ``None``, or why none is given (any
-        connection thread). ``scope`` None: a candidate's, counted with the others."""
+        connection thread). ``scope`` None: a candidate's (``client`` is then its server)."""
         with self._lock:
             self._pending.remove(sock)
             if self._sessions >= MAX_CONNECTIONS:
                 return "busy: every admin session is taken"
-            if scope is Scope.READ:
+            if scope is None:
+                if self._candidates[client] >= CANDIDATE_SESSIONS:
+                    return (
+                        f"busy: candidates for server {client} already hold "
+                        f"{CANDIDATE_SESSIONS} sessions; close one"
+                    )
+                self._candidates[client] += 1
+            elif scope is Scope.READ:
                 if self._reads.total() >= READ_SESSIONS:
                     return "busy: every admin session for read keys is taken"
                 if self._reads[address] >= READ_SESSIONS_PER_ADDRESS:
@@ -259,11 +273,15 @@ class AdminEndpoint:
             self._sessions += 1
             return None
 
-    def _left(self, scope: Scope | None, address: str) -> None:
+    def _left(self, scope: Scope | None, address: str, client: int) -> None:
         """Give back a session slot (its connection thread, at the end)."""
         with self._lock:
             self._sessions -= 1
-            if scope is Scope.READ:
+            if scope is None:
+                self._candidates[client] -= 1
+                if not self._candidates[client]:
+                    del self._candidates[client]
+            elif scope is Scope.READ:
                 self._reads[address] -= 1
                 if not self._reads[address]:
                     del self._reads[address]
@@ -274,6 +292,7 @@ class AdminEndpoint:
         address = peer[0] if isinstance(peer, tuple) else str(peer)
         proved: Scope | None = None  # the tool's scope; None for a candidate (ROLE_CANDIDATE)
         slot = False  # whether the session holds a slot
+        client = 0  # the connector's id, once authenticated
         try:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT
             sock.settimeout(HANDSHAKE_TIMEOUT)
@@ -296,7 +315,7 @@ class AdminEndpoint:
                 self._refusals.refused(where, str(exc) or type(exc).__name__)
                 return
             proved = None if role == ROLE_CANDIDATE else Scope(role)
-            refusal = self._authenticated(sock, proved, address)
+            refusal = self._authenticated(sock, proved, address, client)
             if refusal is not None:
                 link.send({"ok": False, "error": refusal})
                 return
@@ -332,7 +351,7 @@ class AdminEndpoint:
                 self._conns.discard(sock)
                 self._pending.remove(sock)
             if slot:
-                self._left(proved, address)
+                self._left(proved, address, client)
             if isinstance(sock, ssl.SSLSocket):
                 sock.close()  # socketserver closes only the plain socket it accepted
 
