@@ -33,7 +33,10 @@ Protocol
     ``{"op": "request", "id": ..., "to": ..., "note": ...}`` (its reply is fetched from mailbox
     ``request-<id>``; see :mod:`aaabus.node.mailboxes`),
     ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
-    :meth:`AgentServer.arm_failpoints`). Answers are
+    :meth:`AgentServer.arm_failpoints`). A member of server N standing as candidate in a failover
+    (role :data:`~aaabus.wire.frames.ROLE_CANDIDATE`, connector id N, N's link key with this
+    server; issue 42) may ask ``{"op": "vote", ...}`` and ``{"op": "whois", ...}`` about N and
+    nothing else (:mod:`aaabus.node.voter`). Answers are
     ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}`` (with ``"close": true`` when
     the request's body did not decode: the server then ends the connection). Notifications,
     payloads and agents are data, as between servers (:mod:`aaabus.wire.codec`), decoded only on
@@ -50,7 +53,8 @@ Threads
     more are answered "busy". Of those, ``read`` sessions take at most :data:`READ_SESSIONS`
     (:data:`READ_SESSIONS_PER_ADDRESS` from one address), so the slots left are kept for the
     ``operate`` and ``code`` keys, which can stop the server anyway: a leaked read key cannot
-    lock the operator out. A session is closed after :data:`IDLE_TIMEOUT` seconds without a
+    lock the operator out. The candidates of one server's failover take at most
+    :data:`CANDIDATE_SESSIONS`. A session is closed after :data:`IDLE_TIMEOUT` seconds without a
     request, and between two requests once it has lasted ``aaabus.admin.lifetime`` seconds,
     however often it asks: a cheap request every minute does not hold a slot forever (a
     :class:`~aaabus.tools.client.Client` reconnects by itself). Refusals are logged rate-limited
@@ -70,11 +74,12 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from aaabus.config.scopes import Scope
-from aaabus.errors import AdminError, WireError
+from aaabus.errors import AdminError, AuthError, WireError
 from aaabus.io.adminlink import AdminLink
 from aaabus.io.gate import PendingTable, RefusalLog
 from aaabus.io.tls import tls_contexts
@@ -82,6 +87,7 @@ from aaabus.node.control import NodeControl
 from aaabus.node.dispatch import answer
 from aaabus.node.rates import RateMeter
 from aaabus.node.rights import Session
+from aaabus.wire.frames import ROLE_CANDIDATE
 
 __all__ = ["AdminEndpoint"]
 
@@ -93,6 +99,9 @@ MAX_CONNECTIONS = 32
 #: for ``operate`` and ``code`` keys, which always get in while a read key floods the port.
 READ_SESSIONS = 24
 READ_SESSIONS_PER_ADDRESS = 8
+#: Of those, the most sessions of the candidates of one server's failover (issue 42): its few
+#: members ask one question each, and a stolen key file of that server cannot take more slots.
+CANDIDATE_SESSIONS = 4
 #: Connections waiting to authenticate, in all and per address; beyond, the oldest is evicted.
 MAX_PENDING = 32
 MAX_PENDING_PER_ADDRESS = 16
@@ -142,6 +151,7 @@ class AdminEndpoint:
         )
         self._sessions = 0
         self._reads: Counter[str] = Counter()  # read sessions by address
+        self._candidates: Counter[int] = Counter()  # candidates' sessions by their server
         self._lifetime = float(server.config.setting(server.server_id, "aaabus.admin.lifetime"))
         self._refusals = RefusalLog(log, f"server {server.server_id}: admin port")
         self._closing = False
@@ -206,14 +216,52 @@ class AdminEndpoint:
         for sock in late:
             _hang_up(sock)
 
-    def _authenticated(self, sock: socket.socket, scope: Scope, address: str) -> str | None:
+    def _session(self, client: int, scope: Scope | None) -> Callable[[Any], dict[str, Any]]:
+        """How the session of ``client`` answers each request: a tool's, checked against its
+        scope (:mod:`aaabus.node.rights`); a candidate's (``scope`` None), only ``vote`` and
+        ``whois``, for its own server (:class:`aaabus.node.voter.Voter`)."""
+        server = self.server
+        if scope is None:
+            voter = server.voter
+            assert voter is not None  # the role is offered only then
+            return partial(voter.answer, client)
+        session = Session(scope)
+
+        def serve(request: Any) -> dict[str, Any]:
+            return session.serve(request, partial(answer, server, self.rates, session, request))
+
+        return serve
+
+    def _candidate_key(self, candidate: int) -> bytes:
+        """The key a candidate for server ``candidate`` proves here: that server's link key
+        with this one (connection thread, in the handshake; AuthError if there is none)."""
+        server = self.server
+        if candidate not in server.config.servers:
+            raise AuthError(f"candidate for server {candidate}, which is not in this bus")
+        try:
+            return server.keys.link_key(candidate)
+        except KeyError:
+            raise AuthError(
+                f"candidate for server {candidate}: this server's key file has no key for it"
+            ) from None
+
+    def _authenticated(
+        self, sock: socket.socket, scope: Scope | None, address: str, client: int
+    ) -> str | None:
         """Leave the waiting room for a session slot: ``None``, or why none is given (any
-        connection thread)."""
+        connection thread). ``scope`` None: a candidate's (``client`` is then its server)."""
         with self._lock:
             self._pending.remove(sock)
             if self._sessions >= MAX_CONNECTIONS:
                 return "busy: every admin session is taken"
-            if scope is Scope.READ:
+            if scope is None:
+                if self._candidates[client] >= CANDIDATE_SESSIONS:
+                    return (
+                        f"busy: candidates for server {client} already hold "
+                        f"{CANDIDATE_SESSIONS} sessions; close one"
+                    )
+                self._candidates[client] += 1
+            elif scope is Scope.READ:
                 if self._reads.total() >= READ_SESSIONS:
                     return "busy: every admin session for read keys is taken"
                 if self._reads[address] >= READ_SESSIONS_PER_ADDRESS:
@@ -225,11 +273,15 @@ class AdminEndpoint:
             self._sessions += 1
             return None
 
-    def _left(self, scope: Scope, address: str) -> None:
+    def _left(self, scope: Scope | None, address: str, client: int) -> None:
         """Give back a session slot (its connection thread, at the end)."""
         with self._lock:
             self._sessions -= 1
-            if scope is Scope.READ:
+            if scope is None:
+                self._candidates[client] -= 1
+                if not self._candidates[client]:
+                    del self._candidates[client]
+            elif scope is Scope.READ:
                 self._reads[address] -= 1
                 if not self._reads[address]:
                     del self._reads[address]
@@ -238,7 +290,9 @@ class AdminEndpoint:
         server = self.server
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         address = peer[0] if isinstance(peer, tuple) else str(peer)
-        scope: Scope | None = None  # set once the session holds a slot
+        proved: Scope | None = None  # the tool's scope; None for a candidate (ROLE_CANDIDATE)
+        slot = False  # whether the session holds a slot
+        client = 0  # the connector's id, once authenticated
         try:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT
             sock.settimeout(HANDSHAKE_TIMEOUT)
@@ -249,25 +303,31 @@ class AdminEndpoint:
                     self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client, proved = AdminLink.accept(
-                    sock, self._admin_key, server.server_id, server.max_frame, deadline
+                link, client, role = AdminLink.accept(
+                    sock,
+                    self._admin_key,
+                    server.server_id,
+                    server.max_frame,
+                    deadline,
+                    None if server.voter is None else self._candidate_key,
                 )
             except (WireError, OSError) as exc:
                 self._refusals.refused(where, str(exc) or type(exc).__name__)
                 return
-            refusal = self._authenticated(sock, proved, address)
+            proved = None if role == ROLE_CANDIDATE else Scope(role)
+            refusal = self._authenticated(sock, proved, address, client)
             if refusal is not None:
                 link.send({"ok": False, "error": refusal})
                 return
-            scope = proved
+            slot = True
             log.debug(
-                "server %s: admin client %s (scope %s) connected from %s",
+                "server %s: admin client %s (%s) connected from %s",
                 server.server_id,
                 client,
-                proved.label,
+                "candidate" if proved is None else f"scope {proved.label}",
                 where,
             )
-            session = Session(proved)
+            serve = self._session(client, proved)
             # Closed between two requests once it has lasted its lifetime: a deadline that no
             # request pushes back, so a slot is never held forever by cheap requests.
             ends = time.monotonic() + self._lifetime
@@ -280,8 +340,7 @@ class AdminEndpoint:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                perform = partial(answer, server, self.rates, session, request)
-                reply = session.serve(request, perform)
+                reply = serve(request)
                 link.send(reply)
                 if reply.get("close"):
                     return  # a request that did not decode ends its connection, not the server
@@ -291,8 +350,8 @@ class AdminEndpoint:
             with self._lock:
                 self._conns.discard(sock)
                 self._pending.remove(sock)
-            if scope is not None:
-                self._left(scope, address)
+            if slot:
+                self._left(proved, address, client)
             if isinstance(sock, ssl.SSLSocket):
                 sock.close()  # socketserver closes only the plain socket it accepted
 

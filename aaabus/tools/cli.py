@@ -432,7 +432,9 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
     return "\n".join(
-        lines + [line for st in servers for line in (*_member_line(st), *_replica_lines(st))]
+        lines
+        + [line for st in servers for line in (*_member_line(st), *_replica_lines(st))]
+        + [line for st in servers for line in _epoch_lines(st)]
     )
 
 
@@ -452,6 +454,14 @@ def _member_line(st: dict[str, Any]) -> list[str]:
     who = "no primary answers" if primary is None else f"primary member {primary}"
     epoch = "" if view["epoch"] is None else f", epoch {view['epoch']}"
     return [f"server {st['id']}: {who}{epoch}; members: " + "; ".join(roles)]
+
+
+def _epoch_lines(st: dict[str, Any]) -> list[str]:
+    """One line per other server that failed over, as this server knows it (issue 42)."""
+    return [
+        f"server {st['id']} knows server {sid} at epoch {epoch} (member {member})"
+        for sid, (epoch, member) in st.get("epochs", {}).items()
+    ]
 
 
 def _replica_lines(st: dict[str, Any]) -> list[str]:
