@@ -286,10 +286,10 @@ def test_membership_from_todays_status_the_answering_member_is_primary(
 def test_membership_takes_the_servers_own_member_and_epoch_when_it_gives_them(
     three_members: Path,
 ) -> None:
-    # After a takeover by member 2 the primary's figures name member 0 among its followers.
+    # After a takeover by member 2 the primary's figures name member 0 among its followers; the
+    # server speaks for [epoch, member] (aaabus.node.status).
     status = {
-        "member": 2,
-        "epoch": 4,
+        "epoch": [4, 2],
         "replication": shipping(**{
             "0": {"connected": True, "behind_commits": 0, "behind_bytes": 0},
             "1": {"connected": True, "behind_commits": 3, "behind_bytes": 4096},

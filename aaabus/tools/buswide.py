@@ -98,13 +98,14 @@ def membership(
     None, "members": [{"member", "hostname", "role", "behind_commits", "behind_bytes"}, ...]}``,
     member 0 first; ``role``: ``primary``, ``follower`` (connected to the primary's replication,
     with its lag in commits and bytes since its last acknowledgement: None before its first)
-    or ``unreachable`` (not connected, or no member answered). The status's own ``member`` and
-    ``epoch`` keys win where the server gives them; the primary's replication figures are
-    keyed by member index.
+    or ``unreachable`` (not connected, or no member answered). The status's own ``epoch`` key,
+    ``[epoch, member]`` (:mod:`aaabus.node.status`), wins where the server gives it; the
+    primary's replication figures are keyed by member index.
     """
     spec = config.server(server_id)
     status = status or {}
-    primary = status.get("member", answered)
+    speaks = status.get("epoch")
+    epoch, primary = (None, answered) if speaks is None else (speaks[0], speaks[1])
     shipping = (status.get("replication") or {}).get("replicas", {})
     members = []
     for index, hostname in [(0, spec.hostname)] + [(r.index, r.hostname) for r in spec.replicas]:
@@ -121,7 +122,7 @@ def membership(
             "behind_commits": None if figures is None else figures.get("behind_commits"),
             "behind_bytes": None if figures is None else figures.get("behind_bytes"),
         })  # fmt: skip
-    return {"primary": primary, "epoch": status.get("epoch"), "members": members}
+    return {"primary": primary, "epoch": epoch, "members": members}
 
 
 def stop_servers(
