@@ -189,6 +189,43 @@ SETTINGS: tuple[Setting, ...] = (
         "commits). At most the number of replicas (`aaabus check`).",
     ),
     Setting(
+        "aaabus.replication.port",
+        integer(1, 65535),
+        None,
+        "For a server with `<replica>` elements: where member 0 (the `<server>` itself) listens, "
+        "on its `hostname`, for the replication link of a replica that has taken over (a "
+        "replica listens on its `<replica>` `port`). Each (hostname, port) pair is used once in "
+        "the file (`aaabus check`).",
+        shown_default="first `<network>` port + 2000",
+    ),
+    Setting(
+        "aaabus.failover",
+        choice("on", "off"),
+        None,
+        "For a server with `<replica>` elements: `on`, a follower that hears nothing from the "
+        "primary for `aaabus.failover.delay_ms` stands for a new epoch and, voted in, takes "
+        'over (docs/architecture.md, "Replicas and failover"); `off`, the replicas only keep '
+        "copies and never take over (an operator restarts the server). No effect without "
+        "replicas.",
+        shown_default="`on` with `<replica>` elements, else `off`",
+    ),
+    Setting(
+        "aaabus.failover.delay_ms",
+        integer(100, 600_000),
+        1500,
+        "How long a primary must be silent (no frame on any link, no heartbeat) before a "
+        "follower stands for its place and a voter grants it. Shorter takes over sooner and "
+        "risks a takeover from a primary that was only slow.",
+    ),
+    Setting(
+        "aaabus.failover.heartbeat_ms",
+        integer(10, 600_000),
+        None,
+        "How often an idle link, and an idle primary's replication link, sends a heartbeat. "
+        "Keep it well under `aaabus.failover.delay_ms`.",
+        shown_default="`aaabus.failover.delay_ms` / 4",
+    ),
+    Setting(
         "aaabus.secret",
         file_name,
         "bus.key",

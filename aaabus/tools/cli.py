@@ -182,6 +182,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     topology = Topology.from_config(config)
     _check_mqtt_files(config)
+    for warning in config.member_warnings():
+        print(f"aaabus check: warning: {warning}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(topology.to_json(), indent=2))
     else:
