@@ -18,8 +18,9 @@ collector drops them; side keys the primary no longer holds are forgotten by the
 
 Messages (payloads of authenticated frames, :mod:`aaabus.io.replink`), integers big-endian::
 
-    EPOCH    primary -> replica   b"E" epoch(8) member(1)     first: who ships, at which epoch
-    NEWER    replica -> primary   b"N" epoch(8) member(1)     refused: that newer epoch exists
+    EPOCH    primary -> replica   b"E" epoch(8) member(1) 0   first: who ships, at which epoch
+    NEWER    replica -> primary   b"N" epoch(8) member(1) voted(1)  refused: a newer epoch is
+                                                              voted (1), or only claimed (0)
     HELLO    replica -> primary   b"H" index(1) epoch(8) tid(8)  its last commit and its epoch
     ACK      replica -> primary   b"A" tid(8)                 that commit is on its disk
     RECORDS  primary -> replica   b"R" (oid(8) len(4) data)*  records of the commit that follows
@@ -31,15 +32,19 @@ Messages (payloads of authenticated frames, :mod:`aaabus.io.replink`), integers 
 
 and, as the first message of a connection of their own (failover, :mod:`aaabus.node.member`)::
 
-    FENCE    candidate -> member  b"F" epoch(8) member(1)     refuse every older epoch from now
-    POSITION member -> candidate  b"S" epoch(8) tid(8)        (or NEWER, from a live primary)
+    FENCE    candidate -> member  b"F" epoch(8) member(1) how(1)  how 0: claim (a candidacy:
+                                                              refuse older epochs for a while),
+                                                              1: voted, 2: released (lost)
+    POSITION member -> candidate  b"S" epoch(8) tid(8)        (or NEWER: a live primary, or
+                                                              another candidate's claim)
     WHOIS    member -> member     b"W"                        which member is primary?
     IS       member -> member     b"I" epoch(8) member(1) role(1)  role 1: that member is
                                                               primary (itself); 0: not known
 
 The primary's EPOCH comes first; a member that knows a newer epoch (it took over, or a candidate
-fenced it) answers NEWER and closes, and the primary that reads it stops serving. WIPE and WHOIS
-share a byte: WIPE follows an EPOCH on the primary's connection, WHOIS opens a connection.
+fenced it) answers NEWER and closes; a primary that reads a NEWER of a voted epoch stops serving.
+WIPE and WHOIS share a byte: WIPE follows an EPOCH on the primary's connection, WHOIS opens a
+connection.
 
 A replica votes (writes and syncs) a COMMIT, acknowledges it, and finishes it when the next
 message comes or the connection ends (a vote ends committed unless an ABORT follows it, as on
@@ -72,7 +77,9 @@ HELLO, ACK, RECORDS, COMMIT, CATCHUP, ABORT, WIPE = (bytes([c]) for c in b"HARTC
 EPOCH, NEWER, BEAT, FENCE, POSITION, WHOIS, IS = (bytes([c]) for c in b"ENPFSWI")
 _TID = struct.Struct(">8s")
 _HELLO = struct.Struct(">BQ8s")
-_EPOCH = struct.Struct(">QB")
+_EPOCH = struct.Struct(">QBB")
+#: The ``how`` of a FENCE, the last byte of an EPOCH-like message.
+CLAIM, VOTED, RELEASED = 0, 1, 2
 _POSITION = struct.Struct(">Q8s")
 _IS = struct.Struct(">QBB")
 _REC = struct.Struct(">8sI")
@@ -98,17 +105,19 @@ def decode_hello(payload: bytes) -> tuple[int, int, bytes]:
     return index, epoch, tid
 
 
-def epoch_message(kind: bytes, epoch: int, member: int) -> bytes:
+def epoch_message(kind: bytes, epoch: int, member: int, how: int = 0) -> bytes:
     """An EPOCH, NEWER or FENCE message."""
-    return kind + _EPOCH.pack(epoch, member)
+    return kind + _EPOCH.pack(epoch, member, how)
 
 
-def decode_epoch(payload: bytes) -> tuple[int, int]:
-    """(epoch, member) of an EPOCH, NEWER or FENCE message."""
+def decode_epoch(payload: bytes) -> tuple[int, int, int]:
+    """(epoch, member, how) of an EPOCH, NEWER or FENCE message."""
     if len(payload) != 1 + _EPOCH.size:
         raise WireError(f"replication: a {payload[:1]!r} message of {len(payload)} bytes")
-    epoch, member = _EPOCH.unpack_from(payload, 1)
-    return epoch, member
+    epoch, member, how = _EPOCH.unpack_from(payload, 1)
+    if how > RELEASED:
+        raise WireError(f"replication: a {payload[:1]!r} message with how={how}")
+    return epoch, member, how
 
 
 def position_message(epoch: int, tid: bytes) -> bytes:

@@ -5,8 +5,7 @@ It listens on its replication address (a ``<replica>``'s ``hostname:port``, memb
 (:mod:`aaabus.io.replink`). Their first message says what they are:
 
 * **EPOCH**: a primary that ships. While this member follows (it is not primary itself), a
-  primary of an epoch older than its *fence* (the newest epoch it knows: its store's, or one a
-  candidate or a primary announced) is refused with NEWER; otherwise the member says which
+  primary of an epoch older than its *fence* is refused with NEWER; otherwise the member says which
   commit it has last and of which epoch (HELLO) and applies what the primary ships
   (:class:`aaabus.core.replication.Follower`) to its own log store in ``--storage`` (default
   ``./s<N>r<K>``, member 0 ``./s<N>``), which is laid out as server N's store (``log/``): stopped,
@@ -14,9 +13,17 @@ It listens on its replication address (a ``<replica>``'s ``hostname:port``, memb
   commit once it is on its disk, and nothing of an epoch older than its fence. While this member
   is primary (``serving``), a newer epoch makes it stop serving (``on_newer``) and an older one
   is refused.
-* **FENCE** (a candidate, failover): the fence rises to the candidate's epoch (kept in the file
-  ``fence`` beside the store, so that a restart keeps it) and the member answers its position
-  (POSITION); a primary answers NEWER (it is alive) and stays.
+* **FENCE** (a candidate, failover): a *claim* raises the fence to the candidate's epoch for
+  :data:`CLAIM_S` (unless another claim or a newer epoch holds it: NEWER) and the member answers
+  its position (POSITION); the candidate then says whether it was voted in (the epoch is then
+  *voted*: kept in the file ``fence`` beside the store, so that a restart keeps it) or lost
+  (the claim is released). A primary answers NEWER (it is alive) and stays.
+
+The fence is the newest epoch this member knows: voted (its store's, a primary's that shipped to
+it, a candidate's that won) or claimed by a candidacy under way. A claim expires, so that a
+candidate that dies half-way does not keep the live primary out for ever; a winner that reaches
+a follower only after its claim expired may find it acknowledging the old primary meanwhile,
+which a primary that lost its voters' links (they refuse its epoch) rarely still is.
 * **WHOIS**: the member answers IS: itself at its epoch if it is primary, else its fence.
 
 One primary connection at a time: a newer one (a primary that restarted) replaces the current
@@ -52,6 +59,8 @@ from aaabus.core.replication import (
     EPOCH,
     FENCE,
     NEWER,
+    RELEASED,
+    VOTED,
     WHOIS,
     Follower,
     decode_epoch,
@@ -73,6 +82,9 @@ MAX_HANDSHAKES = 4
 REFUSAL_LOG_S = 10.0
 #: The file beside the store that keeps the fence across restarts.
 FENCE_FILE = "fence"
+#: How long a candidacy's claim holds a member's fence (s, plus twice the failover delay): the
+#: candidate's whole procedure takes less (:mod:`aaabus.node.takeover`).
+CLAIM_S = 5.0
 
 
 def member_directory(server_id: int, index: int) -> Path:
@@ -128,12 +140,17 @@ class ReplicaServer:
         self._current: tuple[ReplicaLink, threading.Thread] | None = None
         self._acceptor: threading.Thread | None = None
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
-        #: The newest (epoch, member) this member knows of (under the lock).
-        self._fence = (0, 0)
+        #: The newest voted (epoch, member) this member knows of (under the lock).
+        self._voted = (0, 0)
+        #: A candidacy's (epoch, member, until ``time.monotonic()``), newer than ``_voted``.
+        self._claim: tuple[int, int, float] | None = None
+        self._claim_s = CLAIM_S + 2 * config.setting(server_id, "aaabus.failover.delay_ms") / 1e3
         #: (epoch, member) of the primary followed now (under the lock), None when none.
         self._following: tuple[int, int] | None = None
         #: When a primary last said something (``time.monotonic()``): boot counts as that.
         self._heard = time.monotonic()
+        #: When another member last raised the fence (a candidate at work), or -inf.
+        self._fenced_at = float("-inf")
         #: Set when the replica stops on its own (its store failed); ``failure`` says why.
         self.stopped = threading.Event()
         self.failure: str | None = None
@@ -147,7 +164,7 @@ class ReplicaServer:
 
     def start(self) -> None:
         """Open the store and listen. Raises AaabusError (one line)."""
-        self._fence = self._read_fence()
+        self._voted = self._read_fence()
         self.follow()
         try:
             listener = socket.create_server((self.spec.hostname, self.spec.replication_port))
@@ -183,8 +200,8 @@ class ReplicaServer:
             self.follower = follower
             self._heard = time.monotonic()
             held = follower.epoch()
-            if held.epoch > self._fence[0]:
-                self._fence = (held.epoch, held.member)
+            if held.epoch > self._voted[0]:
+                self._voted = (held.epoch, held.member)
 
     def release(self) -> None:
         """Stop following: close the primary's connection (waiting for its thread) and the
@@ -195,23 +212,55 @@ class ReplicaServer:
             if follower is not None:
                 follower.close()
 
-    def fence_to(self, epoch: int, member: int) -> None:
-        """Refuse every epoch older than ``epoch`` (of ``member``) from now on, across restarts;
-        the primary followed now is cut if it is older."""
+    def _fence_now(self) -> tuple[int, int, bool]:
+        """Under the lock: (epoch, member, voted) of the fence."""
+        claim = self._claim
+        if claim is not None and claim[2] > time.monotonic() and claim[0] > self._voted[0]:
+            return claim[0], claim[1], False
+        return self._voted[0], self._voted[1], True
+
+    @property
+    def fence(self) -> tuple[int, int, bool]:
+        """(epoch, member, voted) of the newest epoch this member knows."""
         with self._lock:
-            if epoch <= self._fence[0]:
-                return
-            self._fence = (epoch, member)
-            self._write_fence()
+            return self._fence_now()
+
+    def claim(self, epoch: int, member: int) -> bool:
+        """A candidacy of ``member`` for ``epoch``: refuse older epochs for a while (the primary
+        followed now is cut if older). False when the fence is already at ``epoch`` or newer
+        for another reason (another candidacy, a voted epoch)."""
+        with self._lock:
+            fence = self._fence_now()
+            if epoch < fence[0] or (epoch == fence[0] and fence[1:] != (member, False)):
+                return False
+            self._claim = (epoch, member, time.monotonic() + self._claim_s)
+            if member != self.index:
+                self._fenced_at = time.monotonic()
+        self._cut_older(epoch)
+        return True
+
+    def voted(self, epoch: int, member: int) -> None:
+        """``epoch`` is ``member``'s, voted: refuse older ones from now on, across restarts."""
+        with self._lock:
+            if epoch > self._voted[0] or (epoch == self._voted[0] and member != self._voted[1]):
+                self._voted = (epoch, member)
+                self._write_fence()
+            if self._claim is not None and self._claim[0] <= epoch:
+                self._claim = None
+        self._cut_older(epoch)
+
+    def released(self, epoch: int, member: int) -> None:
+        """The candidacy of ``member`` for ``epoch`` failed: its claim no longer holds."""
+        with self._lock:
+            if self._claim is not None and self._claim[:2] == (epoch, member):
+                self._claim = None
+
+    def _cut_older(self, epoch: int) -> None:
+        with self._lock:
             current = self._current
             cut = self._following is not None and self._following[0] < epoch
         if cut and current is not None:
             current[0].close()
-
-    @property
-    def fence(self) -> tuple[int, int]:
-        with self._lock:
-            return self._fence
 
     def store_position(self) -> tuple[EpochRecord, bytes] | None:
         """The store's epoch record and last tid (a voted commit included); None when this
@@ -226,6 +275,18 @@ class ReplicaServer:
         """(epoch, member) of the primary followed now, if one is."""
         with self._lock:
             return self._following
+
+    def heard_now(self) -> None:
+        """Count the primary as heard now (a member that was itself paused cannot tell how long
+        its primary was silent: what the primary sent meanwhile waits unread in its socket)."""
+        with self._lock:
+            self._heard = time.monotonic()
+
+    def candidate_for(self) -> float:
+        """Seconds since another member last raised this member's fence (a candidacy under
+        way, or a new primary), ``inf`` if none did since boot."""
+        with self._lock:
+            return time.monotonic() - self._fenced_at
 
     def silent_for(self) -> float:
         """Seconds since a primary last said something here (or since boot)."""
@@ -249,7 +310,7 @@ class ReplicaServer:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         path = self.directory / FENCE_FILE
         temp = path.with_suffix(".tmp")
-        data = json.dumps({"epoch": self._fence[0], "member": self._fence[1]}).encode()
+        data = json.dumps({"epoch": self._voted[0], "member": self._voted[1]}).encode()
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             os.write(fd, data)
@@ -309,7 +370,7 @@ class ReplicaServer:
         try:
             kind = first[:1]
             if kind == EPOCH:
-                self._primary(link, *decode_epoch(first))
+                self._primary(link, *decode_epoch(first)[:2])
             elif kind == FENCE:
                 self._fenced(link, *decode_epoch(first))
             elif kind == WHOIS:
@@ -327,41 +388,54 @@ class ReplicaServer:
             if epoch > serving[0]:
                 self._on_newer(epoch, member)  # it redials and finds a follower
             else:
-                link.send_many([epoch_message(NEWER, *serving)])
+                link.send_many([epoch_message(NEWER, *serving, VOTED)])
             return
         with self._lock:
-            fence = self._fence
+            fence = self._fence_now()
             holding = self.follower is not None
         if not holding:
             return  # between roles: it redials
-        if epoch < fence[0] or (epoch == fence[0] and member != fence[1] and epoch > 0):
+        # An epoch is held by one member only (voted once, or epoch 1 by member 0): any primary
+        # of the newest epoch known is that epoch's, even if this member stood for it too.
+        if epoch < fence[0]:
             log.warning(
-                "%s: refused member %s as primary at epoch %s: epoch %s of member %s is newer",
+                "%s: refused member %s as primary at epoch %s: epoch %s of member %s is %s",
                 self.name,
                 member,
                 epoch,
-                *fence,
+                fence[0],
+                fence[1],
+                "newer" if fence[2] else "claimed by a candidate",
             )
-            link.send_many([epoch_message(NEWER, *fence)])
+            link.send_many([epoch_message(NEWER, fence[0], fence[1], int(fence[2]))])
             return
-        self.fence_to(epoch, member)
+        self.voted(epoch, member)
         if self._replace((link, threading.current_thread())):
             self._serve(link, epoch, member)
 
-    def _fenced(self, link: ReplicaLink, epoch: int, member: int) -> None:
+    def _fenced(self, link: ReplicaLink, epoch: int, member: int, how: int) -> None:
         serving = self._serving()
         if serving is not None:
-            link.send_many([epoch_message(NEWER, *serving)])  # alive: the candidate backs off
+            # Alive: the candidate backs off.
+            link.send_many([epoch_message(NEWER, *serving, VOTED)])
             return
-        self.fence_to(epoch, member)
-        held = self.store_position()
-        if held is not None:
+        if how == VOTED:
+            self.voted(epoch, member)
+        elif how == RELEASED:
+            self.released(epoch, member)
+        elif not self.claim(epoch, member):
+            fence = self.fence
+            link.send_many([epoch_message(NEWER, fence[0], fence[1], int(fence[2]))])
+            return
+        else:
             log.warning(
-                "%s: fenced by member %s at epoch %s; it refuses older epochs",
+                "%s: member %s stands for epoch %s; older epochs are refused meanwhile",
                 self.name,
                 member,
                 epoch,
             )
+        held = self.store_position()
+        if held is not None:
             link.send_many([position_message(held[0].epoch, held[1])])
 
     def _whois(self, link: ReplicaLink) -> None:
@@ -369,7 +443,7 @@ class ReplicaServer:
         if serving is not None:
             link.send_many([is_message(*serving, True)])
         else:
-            link.send_many([is_message(*self.fence, False)])
+            link.send_many([is_message(*self.fence[:2], False)])
 
     def _replace(self, new: tuple[ReplicaLink, threading.Thread] | None) -> bool:
         """Make ``new`` the connection served (None: none); close the current one and wait for
@@ -410,7 +484,7 @@ class ReplicaServer:
                 payload = link.receive_bytes()
                 with self._lock:
                     self._heard = time.monotonic()
-                    fenced = self._fence[0] > epoch
+                    fenced = self._fence_now()[0] > epoch
                 if fenced:
                     # A candidate fenced this member: nothing more of this epoch is acknowledged.
                     raise OSError(f"fenced at epoch {self.fence[0]}")
@@ -425,7 +499,7 @@ class ReplicaServer:
                     # is gone by the time its acknowledgement would go.
                     if not deaf:
                         with self._lock:
-                            fenced = self._fence[0] > epoch
+                            fenced = self._fence_now()[0] > epoch
                         if fenced:
                             raise OSError(f"fenced at epoch {self.fence[0]}")
                         try:

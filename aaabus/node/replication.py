@@ -9,8 +9,8 @@ replication address (``<replica hostname port>`` in ``a3.xml``, member 0's
 or a heartbeat when it has written nothing for the heartbeat period; a second thread per
 connection, ``aaabus-repl-<id>.<index>-acks``, reads its acknowledgements. When the connection
 ends the member is detached and redialled (backoff from 50 ms to 2 s). A member that answers
-NEWER (it knows a newer epoch) ends the shipping: ``on_newer`` is called (on that link's
-thread) and the server stops serving. The committing thread only ever queues
+NEWER of a voted epoch (it knows a newer primary) ends the shipping: ``on_newer`` is called (on
+that link's thread) and the server stops serving. The committing thread only ever queues
 (:class:`_Outbox`), never writes a socket: a slow replica never stalls a commit by its socket,
 only by the acknowledgements the sync setting waits for.
 """
@@ -33,6 +33,7 @@ from aaabus.core.replication import (
     EPOCH,
     MAX_QUEUED_BYTES,
     NEWER,
+    VOTED,
     WIPE,
     Shipper,
     decode_epoch,
@@ -240,8 +241,9 @@ class ReplicationLinks:
         link.send_many([epoch_message(EPOCH, self.epoch, self.member)])
         greeting = link.receive_bytes()
         if greeting[:1] == NEWER:
-            epoch, member = decode_epoch(greeting)
-            if epoch > self.epoch and self._on_newer is not None:
+            epoch, member, voted = decode_epoch(greeting)
+            # Only a voted epoch deposes: a claim is a candidacy that may yet fail.
+            if voted == VOTED and epoch > self.epoch and self._on_newer is not None:
                 # Nothing more is shipped: the other links stop dialling too.
                 self._stop.set()
                 self._on_newer(epoch, member)

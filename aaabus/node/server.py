@@ -129,8 +129,9 @@ class AgentServer:
         self.spec = config.server(server_id)
         self.member = member
         self.members = members if members is not None else self.spec.members()
-        #: The epoch this server serves at (aaabus.core.epoch), known once started.
-        self.epoch = 1
+        #: ``(epoch, member)`` this server serves at (aaabus.core.epoch): read from its store
+        #: by :meth:`start`.
+        self.epoch: tuple[int, int] = (1, member)
         #: (epoch, member) of the newer epoch that made this primary stop serving, if one did.
         self.deposed: tuple[int, int] | None = None
         kind = store_kind or config.setting(server_id, "aaabus.store")
@@ -643,7 +644,7 @@ class AgentServer:
             record = NO_EPOCH.next(1, 0, storage.lastTransaction())
             write_epoch(storage, record)
             log.info("server %s: epoch 1 written in its store (member 0)", self.server_id)
-        self.epoch = max(1, record.epoch)
+        self.epoch = (max(1, record.epoch), self.member)
 
     def step_down(self, epoch: int, member: int) -> None:
         """A newer ``epoch`` of this server, served by ``member``, exists (any thread): this
@@ -659,14 +660,14 @@ class AgentServer:
             "it acknowledges nothing more and follows it",
             self.server_id,
             self.member,
-            self.epoch,
+            self.epoch[0],
             epoch,
             member,
         )
         if replication is not None:
             replication.shipper.depose(
                 f"server {self.server_id}: epoch {epoch} of member {member} took over from "
-                f"epoch {self.epoch}; this member acknowledges nothing more"
+                f"epoch {self.epoch[0]}; this member acknowledges nothing more"
             )
         self.request_stop()
 
@@ -696,7 +697,7 @@ class AgentServer:
             sync,
             key,
             storage,
-            epoch=self.epoch,
+            epoch=self.epoch[0],
             member=self.member,
             heartbeat_s=heartbeat_ms(self.config, self.server_id) / 1000.0,
             on_newer=self.step_down,
