@@ -211,18 +211,23 @@ SETTINGS: tuple[Setting, ...] = (
     ),
     Setting(
         "aaabus.failover.delay_ms",
-        integer(100, 600_000),
+        integer(20, 600_000),
         1500,
-        "How long a primary must be silent (no frame on any link, no heartbeat) before a "
-        "follower stands for its place and a voter grants it. Shorter takes over sooner and "
-        "risks a takeover from a primary that was only slow.",
+        "How long a server must have been silent before a takeover of it may be voted (ms): a "
+        "voter refuses a candidate while it has heard from the server within this delay, or "
+        'has itself been running for less (docs/architecture.md, "Replicas and failover"). '
+        "Give every server of a bus the same value. A follower stands for its primary's place "
+        "once it has heard nothing from it (no commit, no heartbeat) for this long.",
     ),
     Setting(
         "aaabus.failover.heartbeat_ms",
-        integer(10, 600_000),
+        integer(5, 600_000),
         None,
-        "How often an idle link, and an idle primary's replication link, sends a heartbeat. "
-        "Keep it well under `aaabus.failover.delay_ms`.",
+        "A server with `<replica>` elements sends an empty keepalive frame on each of its links "
+        "that has sent nothing for this long (ms), so that its voters can tell it is alive; a "
+        "link is then never silent for more than twice this. Keepalives reach no engine and "
+        "cost no commit. A primary sends one to its followers too (replication links). Keep it "
+        "well under `aaabus.failover.delay_ms`.",
         shown_default="`aaabus.failover.delay_ms` / 4",
     ),
     Setting(
@@ -408,7 +413,8 @@ SETTINGS: tuple[Setting, ...] = (
         host_port,
         None,
         "`host:port` to dial to reach server `<id>` instead of where it listens (a tunnel, a NAT, "
-        "a test proxy).",
+        "a test proxy); without it a server with replicas is dialled at each member's host in "
+        "turn, on the same port.",
     ),
     Setting(
         "aaabus.admin.port",
