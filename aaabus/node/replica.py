@@ -486,7 +486,9 @@ class ReplicaServer:
                     self._heard = time.monotonic()
                     fenced = self._fence_now()[0] > epoch
                 if fenced:
-                    # A candidate fenced this member: nothing more of this epoch is acknowledged.
+                    # Fenced (the link is being cut, which is what stops the acknowledgements):
+                    # nothing more of this epoch is applied either, so that the position this
+                    # member gave the candidate stays its own.
                     raise OSError(f"fenced at epoch {self.fence[0]}")
                 # A heartbeat only says the primary lives (but may end a read whose
                 # acknowledgements are still to be sent).
@@ -498,10 +500,6 @@ class ReplicaServer:
                     # write: an ABORT that followed a commit is applied even if the primary
                     # is gone by the time its acknowledgement would go.
                     if not deaf:
-                        with self._lock:
-                            fenced = self._fence_now()[0] > epoch
-                        if fenced:
-                            raise OSError(f"fenced at epoch {self.fence[0]}")
                         try:
                             link.send_many(acks)
                         except OSError:
