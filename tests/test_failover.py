@@ -9,6 +9,7 @@ log stores.
 * Server 1's primary SIGSTOPped past the failover delay: a replica takes over; woken, the old
   primary acknowledges nothing (a publication sent to it is not answered, and not delivered)
   and steps down, then follows the new primary.
+* A follower answers MQTT devices with the primary's address.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import os
 import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,6 +31,7 @@ from aaabus.errors import AaabusError
 from aaabus.tools.client import Client
 from aaabus.tools.launch import ServerProcess
 from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.mqtt import connect_packet
 from tests.test_replication import processes, records_of, wait_until
 
 pytestmark = pytest.mark.slow
@@ -217,3 +220,29 @@ def test_a_paused_primary_that_wakes_after_a_takeover_acknowledges_nothing(
         assert read_all(new, "ha", 1) == ["fresh"]
         # It follows the new primary now, caught up.
         wait_until(lambda: follows(new, 0), 30, "the old primary to follow the new one")
+
+
+def test_a_follower_sends_mqtt_devices_to_the_primary(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """A follower does not serve MQTT: on the server's MQTT port, on its own address, it answers
+    a 5.0 CONNECT "use another server" with the primary's listener as Server Reference."""
+    mqtt_port, replica_port, member0_port = free_ports(3)
+    config = make_config(
+        servers=2,
+        extra={
+            1: f'<replica index="1" hostname="127.0.0.2" port="{replica_port}"/>'
+            f'<property name="aaabus.replication.port" value="{member0_port}"/>'
+            f'<property name="aaabus.mqtt.port" value="{mqtt_port}"/>',
+        },
+        properties={"aaabus.failover.delay_ms": str(DELAY_MS)},
+    )
+    m0 = member(config, 0, tmp_path / "s1")
+    m1 = member(config, 1, tmp_path / "s1r1")
+    with processes(m1, m0), telling(m0, m1):
+        wait_until(lambda: follows(config, 1), 30, "replica 1 to follow member 0")
+        with socket.create_connection(("127.0.0.2", mqtt_port), timeout=10) as sock:
+            sock.sendall(connect_packet(level=5, props=b"\x00"))
+            connack = sock.recv(1024)
+        assert connack[0] == 0x20 and connack[3] == 0x9C, connack.hex()  # use another server
+        assert f"127.0.0.1:{mqtt_port}".encode() in connack
