@@ -77,7 +77,7 @@ def telling(*procs: ServerProcess) -> Iterator[None]:
     try:
         yield
     except AssertionError as exc:
-        tails = "\n".join(f"--- {p.name}\n" + "\n".join(list(p.lines)[:30]) for p in procs)
+        tails = "\n".join(f"--- {p.name}\n" + "\n".join(list(p.lines)[-40:]) for p in procs)
         raise AssertionError(f"{exc}\n{tails}") from None
 
 
