@@ -1,0 +1,197 @@
+"""A candidate's guards (issue 42), in process with real sockets, real log stores and a real
+voter (an in-process server with its admin port): a follower whose primary is silent does not
+take over when the voter refuses, nor when another follower holds more than it does, nor when
+another candidate already claimed the other follower; an idle primary's heartbeats keep its
+follower from standing at all."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.secret import load_server_keys, secret_path
+from aaabus.core.epoch import EPOCH_KEY, NO_EPOCH, read_epoch
+from aaabus.core.logstorage import LogStorage
+from aaabus.core.replication import CLAIM, FENCE, NEWER, decode_epoch, epoch_message
+from aaabus.core.store import LOG_DIR
+from aaabus.io.replink import ReplicaLink
+from aaabus.node.epochs import EpochBook
+from aaabus.node.replica import ReplicaServer
+from aaabus.node.replication import ReplicationLinks
+from aaabus.node.server import AgentServer
+from aaabus.node.takeover import Takeover
+from tests.support.harness import free_ports
+
+DELAY_MS = 300
+
+
+def tid(n: int) -> bytes:
+    return (0x040D000000000000 + n).to_bytes(8, "big")
+
+
+def two_replicas(make_config: Callable[..., Path]) -> BusConfig:
+    """flat-2; server 0 has replicas 1 and 2 (on 127.0.0.2, 127.0.0.3); server 1 votes."""
+    ports = free_ports(3)
+    replicas = "".join(
+        f'<replica index="{k}" hostname="127.0.0.{k + 1}" port="{ports[k]}"/>' for k in (1, 2)
+    )
+    path = make_config(
+        servers=2,
+        extra={0: replicas + f'<property name="aaabus.replication.port" value="{ports[0]}"/>'},
+        properties={"aaabus.failover.delay_ms": str(DELAY_MS)},
+    )
+    return load_config(path)
+
+
+def store_at(directory: Path, last: int) -> None:
+    """A follower's store: epoch 1 of member 0 at tid 1, commits up to tid ``last``."""
+    storage = LogStorage(directory / LOG_DIR)
+    try:
+        for n in range(1, last + 1):
+            records = {EPOCH_KEY: NO_EPOCH.next(1, 0, bytes(8)).encode()} if n == 1 else {}
+            records[bytes((0xFF, 0x7E)) + n.to_bytes(6, "big")] = b"x"
+            txn = object()
+            storage.tpc_begin(txn, tid(n))
+            storage.write_side(txn, records, ())
+            storage.tpc_vote(txn)
+            storage.tpc_finish(txn)
+    finally:
+        storage.close()
+
+
+@contextmanager
+def follower(config: BusConfig, index: int, directory: Path, last: int) -> Iterator[ReplicaServer]:
+    store_at(directory, last)
+    member = ReplicaServer(config, 0, index, directory)
+    member.start()
+    try:
+        yield member
+    finally:
+        member.stop()
+
+
+@contextmanager
+def voter(config: BusConfig, directory: Path) -> Iterator[AgentServer]:
+    server = AgentServer(config, 1, storage=directory, endpoints=True)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def silent(member: ReplicaServer) -> None:
+    """Until ``member`` has heard nothing from a primary for the delay (none runs)."""
+    done = threading.Event()
+    while member.silent_for() < DELAY_MS / 1000 or member.candidate_for() < DELAY_MS / 1000:
+        done.wait(0.02)
+
+
+def running(server: AgentServer) -> None:
+    """Until the voter has run for the delay (before, it refuses every candidate)."""
+    done = threading.Event()
+    while time.monotonic() - server.started_at < DELAY_MS / 1000 + 0.1:
+        done.wait(0.02)
+
+
+def test_a_refused_vote_keeps_the_candidate_a_follower(
+    tmp_path: Path, make_config: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = two_replicas(make_config)
+    # The voter already knows epoch 5 of server 0: a candidate for epoch 2 is refused.
+    (tmp_path / "s1").mkdir(mode=0o700)
+    EpochBook(tmp_path / "s1").raise_to(0, 5, 2)
+    with (
+        follower(config, 2, tmp_path / "r2", 3),
+        follower(config, 1, tmp_path / "r1", 3) as candidate,
+        voter(config, tmp_path / "s1") as server,
+    ):
+        running(server)
+        silent(candidate)
+        assert Takeover(config, 0, 1, candidate).stand() == 0
+        assert "0 of 1 voters granted epoch 2" in caplog.text
+        # It follows again, its claim released: a primary of epoch 1 is not refused.
+        assert candidate.store_position() is not None
+        assert candidate.fence == (1, 0, True)
+
+
+def test_a_candidate_behind_another_follower_does_not_stand(
+    tmp_path: Path, make_config: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = two_replicas(make_config)
+    with (
+        follower(config, 2, tmp_path / "r2", 4),  # one commit more
+        follower(config, 1, tmp_path / "r1", 3) as candidate,
+        voter(config, tmp_path / "s1") as server,
+    ):
+        running(server)
+        silent(candidate)
+        assert Takeover(config, 0, 1, candidate).stand() == 0
+        assert "member 2 has more" in caplog.text
+        assert "voters granted" not in caplog.text and "voted in" not in caplog.text
+
+
+def test_the_follower_behind_no_one_is_voted_in(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """The same bus, the candidate as far as the other follower: it takes over, epoch 2 in its
+    store (what the two refusals above are measured against)."""
+    config = two_replicas(make_config)
+    with (
+        follower(config, 2, tmp_path / "r2", 3),
+        follower(config, 1, tmp_path / "r1", 3) as candidate,
+        voter(config, tmp_path / "s1") as server,
+    ):
+        running(server)
+        silent(candidate)
+        assert Takeover(config, 0, 1, candidate).stand() == 2
+    storage = LogStorage(tmp_path / "r1" / LOG_DIR, read_only=True)
+    try:
+        assert read_epoch(storage).epoch == 2
+    finally:
+        storage.close()
+
+
+def test_a_second_candidate_is_refused_where_the_first_claimed(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config = two_replicas(make_config)
+    keys = load_server_keys(secret_path(config, 0), 0, config.servers)
+    with follower(config, 2, tmp_path / "r2", 3) as member:
+        address = (member.spec.hostname, member.spec.replication_port)
+        first = ReplicaLink.ask(
+            address, keys.link_key(0), 0, epoch_message(FENCE, 2, 1, CLAIM), 5, 1 << 20
+        )
+        assert first[:1] != NEWER
+        second = ReplicaLink.ask(
+            address, keys.link_key(0), 0, epoch_message(FENCE, 2, 0, CLAIM), 5, 1 << 20
+        )
+        assert second[:1] == NEWER and decode_epoch(second) == (2, 1, 0)
+
+
+def test_an_idle_primary_keeps_its_follower_hearing_it(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config = two_replicas(make_config)
+    keys = load_server_keys(secret_path(config, 0), 0, config.servers)
+    primary = LogStorage(tmp_path / "s0" / LOG_DIR)
+    with follower(config, 1, tmp_path / "r1", 2) as member:
+        links = ReplicationLinks(
+            0, (member.spec,), 1, keys.link_key(0), primary, epoch=1, heartbeat_s=0.05
+        )
+        links.start()
+        try:
+            done = threading.Event()
+            while member.following() is None:
+                done.wait(0.02)
+            done.wait(3 * DELAY_MS / 1000)  # idle: nothing is committed meanwhile
+            assert member.silent_for() < DELAY_MS / 1000
+        finally:
+            links.stop()
+            primary.close()
