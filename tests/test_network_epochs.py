@@ -156,7 +156,10 @@ def test_a_peer_is_dialled_at_each_of_its_addresses_in_turn(make_net: Factory) -
         nobody = closed.getsockname()
     net2, rec2 = make_net(2, {1: (LOCAL, 0)})
     net1, rec1 = make_net(1, {2: [nobody, addr(net2)]})
+    # Each side is up once it has read the other's EPOCH: wait for both, or net2's frame may
+    # be sent before net2 has net1 up (and dropped, as the network drops frames to a peer down).
     rec1.wait_up(2)
+    rec2.wait_up(1)
     exchange(net1, rec1, 1, net2, rec2, 2)
     net3, _ = make_net(3, {1: (LOCAL, 0)})
     _, rec1b = make_net(1, {3: [addr(net3), nobody]})
