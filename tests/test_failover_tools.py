@@ -123,7 +123,7 @@ def test_the_tools_reach_a_primary_on_a_replica_address(
         roles = [(m["member"], m["hostname"], m["role"]) for m in status["membership"]["members"]]
         assert roles == [(0, "127.0.0.1", "unreachable"), (1, "127.0.0.2", "primary")]
         table = aaabus("status", bus)
-        assert "server 0: primary member 1; members: 0 unreachable; 1 primary" in table.stdout
+        assert "server 0: primary member 1, epoch 1; members: 0 unreachable; 1 primary" in table.stdout
 
         published = aaabus("publish", bus, "ha/1", "one", "--timeout", "20")
         assert published.returncode == 0, published.stderr
@@ -283,11 +283,11 @@ def test_membership_from_todays_status_the_answering_member_is_primary(
     ]
 
 
-def test_membership_takes_the_servers_own_member_and_epoch_when_it_gives_them(
+def test_membership_names_the_member_that_answered_and_the_epoch_it_speaks_for(
     three_members: Path,
 ) -> None:
-    # After a takeover by member 2 the primary's figures name member 0 among its followers; the
-    # server speaks for [epoch, member] (aaabus.node.status).
+    # After a takeover by member 2 (which answered at its address) the primary's figures name
+    # member 0 among its followers; the server speaks for [epoch, member] (aaabus.node.status).
     status = {
         "epoch": [4, 2],
         "replication": shipping(**{
@@ -295,7 +295,7 @@ def test_membership_takes_the_servers_own_member_and_epoch_when_it_gives_them(
             "1": {"connected": True, "behind_commits": 3, "behind_bytes": 4096},
         }),
     }  # fmt: skip
-    view = membership(load_config(three_members), 0, status, 0)
+    view = membership(load_config(three_members), 0, status, 2)
     assert view["primary"] == 2 and view["epoch"] == 4
     assert [m["role"] for m in view["members"]] == ["follower", "follower", "primary"]
     assert view["members"][1]["behind_bytes"] == 4096

@@ -98,14 +98,16 @@ def membership(
     None, "members": [{"member", "hostname", "role", "behind_commits", "behind_bytes"}, ...]}``,
     member 0 first; ``role``: ``primary``, ``follower`` (connected to the primary's replication,
     with its lag in commits and bytes since its last acknowledgement: None before its first)
-    or ``unreachable`` (not connected, or no member answered). The status's own ``epoch`` key,
-    ``[epoch, member]`` (:mod:`aaabus.node.status`), wins where the server gives it; the
-    primary's replication figures are keyed by member index.
+    or ``unreachable`` (not connected, or no member answered). The primary is the member whose
+    address answered (only a primary listens there); the epoch is the one the server's status
+    speaks for (``[epoch, member]``, :mod:`aaabus.node.status`); the primary's replication
+    figures are keyed by member index.
     """
     spec = config.server(server_id)
     status = status or {}
+    primary = answered
     speaks = status.get("epoch")
-    epoch, primary = (None, answered) if speaks is None else (speaks[0], speaks[1])
+    epoch = None if speaks is None else speaks[0]
     shipping = (status.get("replication") or {}).get("replicas", {})
     members = []
     for index, hostname in [(0, spec.hostname)] + [(r.index, r.hostname) for r in spec.replicas]:
