@@ -209,7 +209,7 @@ def test_an_idle_primary_keeps_its_follower_hearing_it(
 # -- a server that shares no domain: its members vote ------------------------------------------
 
 
-def lone(make_config: Callable[..., Path], replicas: int) -> BusConfig:
+def lone(make_config: Callable[..., Path], replicas: int, sync: int = 1) -> BusConfig:
     """flat-1: server 0 alone, with ``replicas`` replicas on 127.0.0.2, 127.0.0.3..."""
     ports = free_ports(replicas + 1)
     members = "".join(
@@ -219,7 +219,10 @@ def lone(make_config: Callable[..., Path], replicas: int) -> BusConfig:
     path = make_config(
         servers=1,
         extra={0: members + f'<property name="aaabus.replication.port" value="{ports[0]}"/>'},
-        properties={"aaabus.failover.delay_ms": str(DELAY_MS)},
+        properties={
+            "aaabus.failover.delay_ms": str(DELAY_MS),
+            "aaabus.replication.sync": str(sync),
+        },
     )
     return load_config(path)
 
@@ -290,6 +293,9 @@ def test_a_member_grants_each_epoch_once_and_remembers_it_across_a_restart(
         silent(member)
         assert decode_epoch(ballot(config, member, 2, 0)) == (2, 1, RELEASED)
         assert decode_epoch(ballot(config, member, 3, 0)) == (3, 0, VOTED)
+        # What its store or fence holds is known too, whatever its book says.
+        member.voted(4, 1)
+        assert decode_epoch(ballot(config, member, 4, 0)) == (4, 1, RELEASED)
     finally:
         member.stop()
 
@@ -308,3 +314,15 @@ def test_a_lone_server_with_one_replica_never_stands(
         assert takeover.stand() == 0
         assert "standing" not in caplog.text
         assert candidate.fence == (1, 0, True)
+
+
+def test_a_lone_candidate_needs_a_majority_of_all_members_not_of_those_it_reached(
+    tmp_path: Path, make_config: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """With sync 2 of 2 the candidate needs no other follower's position; alone, its own vote
+    is 1 of 3 members."""
+    config = lone(make_config, replicas=2, sync=2)
+    with follower(config, 1, tmp_path / "r1", 3) as candidate:
+        silent(candidate)
+        assert Takeover(config, 0, 1, candidate).stand() == 0
+        assert "1 of 3 members granted epoch 2: not a majority" in caplog.text
