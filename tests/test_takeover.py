@@ -2,7 +2,9 @@
 voter (an in-process server with its admin port): a follower whose primary is silent does not
 take over when the voter refuses, nor when another follower holds more than it does, nor when
 another candidate already claimed the other follower; an idle primary's heartbeats keep its
-follower from standing at all."""
+follower from standing at all. A server that shares no domain (no voter): its members vote on
+their replication ports, a takeover needs a strict majority of all of them, each grant given
+once per epoch and kept on disk, and with one replica no member stands."""
 
 from __future__ import annotations
 
@@ -326,3 +328,20 @@ def test_a_lone_candidate_needs_a_majority_of_all_members_not_of_those_it_reache
         silent(candidate)
         assert Takeover(config, 0, 1, candidate).stand() == 0
         assert "1 of 3 members granted epoch 2: not a majority" in caplog.text
+
+
+def test_half_of_an_even_number_of_members_is_no_majority(
+    tmp_path: Path, make_config: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Four members: the candidate and one follower grant, the third follower heard the primary
+    within the delay: 2 of 4 (another candidate could have had the other 2)."""
+    config = lone(make_config, replicas=3)
+    with (
+        follower(config, 2, tmp_path / "r2", 3) as other,
+        follower(config, 1, tmp_path / "r1", 3) as candidate,
+    ):
+        silent(other)
+        silent(candidate)
+        with follower(config, 3, tmp_path / "r3", 3):
+            assert Takeover(config, 0, 1, candidate).stand() == 0
+        assert "2 of 4 members granted epoch 2: not a majority" in caplog.text
