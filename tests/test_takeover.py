@@ -345,3 +345,13 @@ def test_half_of_an_even_number_of_members_is_no_majority(
         with follower(config, 3, tmp_path / "r3", 3):
             assert Takeover(config, 0, 1, candidate).stand() == 0
         assert "2 of 4 members granted epoch 2: not a majority" in caplog.text
+
+
+def test_a_member_of_a_server_with_voters_gives_no_ballot(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    config = two_replicas(make_config)  # server 1 votes on server 0's takeovers
+    with follower(config, 2, tmp_path / "r2", 3) as member:
+        silent(member)
+        assert decode_epoch(ballot(config, member, 2, 1)) == (1, 0, RELEASED)
+        assert EpochBook(tmp_path / "r2").granted(0) is None

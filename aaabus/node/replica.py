@@ -153,6 +153,8 @@ class ReplicaServer:
         #: A candidacy's (epoch, member, until ``time.monotonic()``), newer than ``_voted``.
         self._claim: tuple[int, int, float] | None = None
         self.delay_s = config.setting(server_id, "aaabus.failover.delay_ms") / 1e3
+        #: Whether its members vote on its takeover (no other server shares a domain with it).
+        self.lone = not config.voters(server_id)
         self._claim_s = CLAIM_S + 2 * self.delay_s
         #: The newest ballot this member granted (epoch, member), from its book (under the lock).
         self._granted = (0, 0)
@@ -464,7 +466,11 @@ class ReplicaServer:
             link.send_many([epoch_message(NEWER, *serving, VOTED)])
             return
         if how == BALLOT:
-            answer = self.ballot(epoch, member)
+            answer = (
+                self.ballot(epoch, member)
+                if self.lone
+                else VoteAnswer(False, *self.fence[:2], "its voters are servers, not members")
+            )
             if not answer.granted:
                 log.warning(
                     "%s: refused member %s's ballot for epoch %s (%s)",
