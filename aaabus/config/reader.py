@@ -229,6 +229,32 @@ class BusConfig:
         chosen: str | None = self.setting(server_id, "aaabus.failover")
         return chosen != "off"
 
+    def voters(self, server_id: int) -> tuple[int, ...]:
+        """The servers that vote on a takeover of ``server_id``: those sharing a domain with it.
+        None (a one-server bus, or a server alone in its domains): its own members vote
+        (docs/architecture.md, "Replicas and failover", the lone server)."""
+        mine = set(self.server(server_id).domains)
+        return tuple(
+            sorted(
+                sid
+                for sid, srv in self.servers.items()
+                if sid != server_id and mine.intersection(srv.domains)
+            )
+        )
+
+    def lone_warning(self, server_id: int) -> str | None:
+        """The one line saying that ``server_id`` cannot fail over (failover on, no other server
+        shares a domain with it, and its members without the primary are no strict majority
+        of them: one replica), or None."""
+        members = len(self.server(server_id).members())
+        if not self.failover(server_id) or self.voters(server_id) or 2 * (members - 1) > members:
+            return None
+        return (
+            f"server {self.server(server_id).name} shares no domain with another server, so its "
+            f"{members} members vote on a takeover and need a strict majority of them: with "
+            f"{members - 1} replica(s) it cannot fail over without its primary; add a replica"
+        )
+
     def as_member(self, server_id: int, index: int) -> BusConfig:
         """This configuration as member ``index`` of ``server_id`` sees it when it serves as the
         server's primary: the server's ``hostname`` is the member's, and so are
@@ -250,7 +276,7 @@ class BusConfig:
     def member_warnings(self) -> list[str]:
         """What ``aaabus check`` warns of without refusing: members of a server with failover
         on that share a hostname (they can then serve only one at a time: the primary's ports
-        are bound on its own hostname)."""
+        are bound on its own hostname); a server that cannot fail over (:meth:`lone_warning`)."""
         out = []
         for srv in self.servers.values():
             if not self.failover(srv.id):
@@ -266,6 +292,7 @@ class BusConfig:
                     )
                 else:
                     seen[member.hostname] = member.index
+        out.extend(w for sid in sorted(self.servers) if (w := self.lone_warning(sid)))
         return out
 
 

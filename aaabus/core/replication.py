@@ -34,12 +34,18 @@ and, as the first message of a connection of their own (failover, :mod:`aaabus.n
 
     FENCE    candidate -> member  b"F" epoch(8) member(1) how(1)  how 0: claim (a candidacy:
                                                               refuse older epochs for a while),
-                                                              1: voted, 2: released (lost)
+                                                              1: voted, 2: released (lost),
+                                                              3: ballot (a lone server's vote)
     POSITION member -> candidate  b"S" epoch(8) tid(8)        (or NEWER: a live primary, or
                                                               another candidate's claim)
     WHOIS    member -> member     b"W"                        which member is primary?
     IS       member -> member     b"I" epoch(8) member(1) role(1)  role 1: that member is
                                                               primary (itself); 0: not known
+
+A ballot (FENCE, how 3) is the vote of a server that shares no domain with another: its members
+are its electorate (:meth:`aaabus.node.replica.ReplicaServer.ballot`). The member answers a
+FENCE: how 1 (granted: the epoch and member it granted) or how 2 (refused: the epoch and member
+it knows), or NEWER when it serves (a live primary).
 
 The primary's EPOCH comes first; a member that knows a newer epoch (it took over, or a candidate
 fenced it) answers NEWER and closes; a primary that reads a NEWER of a voted epoch stops serving.
@@ -79,7 +85,7 @@ _TID = struct.Struct(">8s")
 _HELLO = struct.Struct(">BQ8s")
 _EPOCH = struct.Struct(">QBB")
 #: The ``how`` of a FENCE, the last byte of an EPOCH-like message.
-CLAIM, VOTED, RELEASED = 0, 1, 2
+CLAIM, VOTED, RELEASED, BALLOT = 0, 1, 2, 3
 _POSITION = struct.Struct(">Q8s")
 _IS = struct.Struct(">QBB")
 _REC = struct.Struct(">8sI")
@@ -115,7 +121,7 @@ def decode_epoch(payload: bytes) -> tuple[int, int, int]:
     if len(payload) != 1 + _EPOCH.size:
         raise WireError(f"replication: a {payload[:1]!r} message of {len(payload)} bytes")
     epoch, member, how = _EPOCH.unpack_from(payload, 1)
-    if how > RELEASED:
+    if how > BALLOT:
         raise WireError(f"replication: a {payload[:1]!r} message with how={how}")
     return epoch, member, how
 

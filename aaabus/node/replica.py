@@ -25,6 +25,12 @@ candidate that dies half-way does not keep the live primary out for ever; a winn
 a follower only after its claim expired may find it acknowledging the old primary meanwhile,
 which a primary that lost its voters' links (they refuse its epoch) rarely still is.
 * **WHOIS**: the member answers IS: itself at its epoch if it is primary, else its fence.
+* **FENCE, how BALLOT** (a server that shares no domain with another: its members are its
+  voters): the member applies the voters' grant rule (:meth:`ballot`, with
+  :meth:`aaabus.node.epochs.EpochBook.grant` on the book ``epochs`` in its own store directory)
+  and answers FENCE how VOTED (granted) or RELEASED (refused); a primary answers NEWER. A grant
+  is a fence of its own, kept across restarts: from then on the member refuses primaries below
+  the granted epoch, even if that candidate loses (docs/architecture.md, "the lone server").
 
 One primary connection at a time: a newer one (a primary that restarted) replaces the current
 one. :meth:`release` closes the store (the member is about to serve it), :meth:`follow` opens it
@@ -55,6 +61,7 @@ from aaabus.config.secret import load_server_keys, secret_path
 from aaabus.core.epoch import EpochRecord
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.replication import (
+    BALLOT,
     BEAT,
     EPOCH,
     FENCE,
@@ -72,6 +79,7 @@ from aaabus.core.replication import (
 from aaabus.core.store import LOG_DIR
 from aaabus.errors import AaabusError, ConfigError, StoreError, WireError
 from aaabus.io.replink import ReplicaLink
+from aaabus.node.epochs import EpochBook, VoteAnswer
 from aaabus.node.replication import MAX_FRAME
 
 log = logging.getLogger("aaabus.replica")
@@ -144,7 +152,14 @@ class ReplicaServer:
         self._voted = (0, 0)
         #: A candidacy's (epoch, member, until ``time.monotonic()``), newer than ``_voted``.
         self._claim: tuple[int, int, float] | None = None
-        self._claim_s = CLAIM_S + 2 * config.setting(server_id, "aaabus.failover.delay_ms") / 1e3
+        self.delay_s = config.setting(server_id, "aaabus.failover.delay_ms") / 1e3
+        #: Whether its members vote on its takeover (no other server shares a domain with it).
+        self.lone = not config.voters(server_id)
+        self._claim_s = CLAIM_S + 2 * self.delay_s
+        #: The newest ballot this member granted (epoch, member), from its book (under the lock).
+        self._granted = (0, 0)
+        #: One ballot at a time reads and rewrites the book.
+        self._ballot_lock = threading.Lock()
         #: (epoch, member) of the primary followed now (under the lock), None when none.
         self._following: tuple[int, int] | None = None
         #: When a primary last said something (``time.monotonic()``): boot counts as that.
@@ -165,6 +180,7 @@ class ReplicaServer:
     def start(self) -> None:
         """Open the store and listen. Raises AaabusError (one line)."""
         self._voted = self._read_fence()
+        self._granted = EpochBook(self.directory).granted(self.server_id) or (0, 0)
         self.follow()
         try:
             listener = socket.create_server((self.spec.hostname, self.spec.replication_port))
@@ -213,11 +229,15 @@ class ReplicaServer:
                 follower.close()
 
     def _fence_now(self) -> tuple[int, int, bool]:
-        """Under the lock: (epoch, member, voted) of the fence."""
+        """Under the lock: (epoch, member, voted) of the fence: the voted epoch, or a newer one
+        this member granted (not voted: a grant does not depose a primary), or a newer claim."""
+        fence = (*self._voted, True)
+        if self._granted[0] > fence[0]:
+            fence = (*self._granted, False)
         claim = self._claim
-        if claim is not None and claim[2] > time.monotonic() and claim[0] > self._voted[0]:
+        if claim is not None and claim[2] > time.monotonic() and claim[0] > fence[0]:
             return claim[0], claim[1], False
-        return self._voted[0], self._voted[1], True
+        return fence
 
     @property
     def fence(self) -> tuple[int, int, bool]:
@@ -254,6 +274,32 @@ class ReplicaServer:
         with self._lock:
             if self._claim is not None and self._claim[:2] == (epoch, member):
                 self._claim = None
+
+    def ballot(self, epoch: int, member: int) -> VoteAnswer:
+        """The vote of this member on ``member``'s candidacy for ``epoch`` (a server sharing no
+        domain: its members vote), by the voters' rule (:meth:`EpochBook.grant`): not above the
+        epoch known, or the primary heard within the delay (or this member started within it),
+        is refused; a grant is persisted before this returns, and from then on primaries below
+        ``epoch`` are refused (the one followed now is cut). Any thread: a connection's, or the
+        candidate's own for itself. Raises StoreError (one line) when the book fails.
+
+        The book is read afresh for each ballot: while this member served, its server kept the
+        same file (the epochs it knows of its peers)."""
+        with self._ballot_lock:
+            book = EpochBook(self.directory)
+            with self._lock:
+                voted = self._voted
+                silent = time.monotonic() - self._heard
+            if voted[0] >= 1:
+                book.raise_to(self.server_id, *voted)  # what its store holds is known
+            answer = book.grant(self.server_id, epoch, member, silent, self.delay_s)
+            if not answer.granted:
+                return answer
+            with self._lock:
+                if epoch > self._granted[0]:
+                    self._granted = (epoch, member)
+        self._cut_older(epoch)
+        return answer
 
     def _cut_older(self, epoch: int) -> None:
         with self._lock:
@@ -418,6 +464,23 @@ class ReplicaServer:
         if serving is not None:
             # Alive: the candidate backs off.
             link.send_many([epoch_message(NEWER, *serving, VOTED)])
+            return
+        if how == BALLOT:
+            answer = (
+                self.ballot(epoch, member)
+                if self.lone
+                else VoteAnswer(False, *self.fence[:2], "its voters are servers, not members")
+            )
+            if not answer.granted:
+                log.warning(
+                    "%s: refused member %s's ballot for epoch %s (%s)",
+                    self.name,
+                    member,
+                    epoch,
+                    answer.why,
+                )
+            how = VOTED if answer.granted else RELEASED
+            link.send_many([epoch_message(FENCE, answer.epoch, answer.member, how)])
             return
         if how == VOTED:
             self.voted(epoch, member)

@@ -237,7 +237,9 @@ def _epoch_figures(server: StatusSource) -> dict[str, Any]:
     known = {} if book is None else book.everything()
     return {
         "epoch": list(server.epoch),
-        "epochs": {str(sid): list(pair) for sid, pair in known.items()},
+        # A lone server's book also holds its members' votes on itself (node.replica): not
+        # another server's epoch.
+        "epochs": {str(sid): list(pair) for sid, pair in known.items() if sid != server.server_id},
     }
 
 

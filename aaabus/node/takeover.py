@@ -11,7 +11,11 @@ and failover"): the candidate's side of a takeover.
    acknowledged the primary's last durable commit; if one of them is ahead of it, or the primary
    answers, it does not stand (another will, or the primary goes on);
 3. it asks the voters (the servers that share a domain with its server,
-   :func:`aaabus.node.vote.request_vote`) and needs a strict majority of them;
+   :func:`aaabus.node.vote.request_vote`) and needs a strict majority of them; a server that
+   shares no domain with another has its members as voters: itself and the followers it fenced
+   are asked (a ballot, :meth:`aaabus.node.replica.ReplicaServer.ballot`) and it needs a strict
+   majority of all its members, the old primary included (so one replica is not enough: said
+   once at startup);
 4. it writes epoch E in its store, the first commit of the epoch; the member then serves
    (:mod:`aaabus.node.member`).
 
@@ -25,6 +29,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TypeVar
 
 from aaabus.config.reader import BusConfig, Member
@@ -32,6 +37,7 @@ from aaabus.config.secret import load_server_keys, secret_path
 from aaabus.core.epoch import read_epoch, write_epoch
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.replication import (
+    BALLOT,
     CLAIM,
     FENCE,
     NEWER,
@@ -46,6 +52,7 @@ from aaabus.core.replication import (
 from aaabus.core.store import LOG_DIR
 from aaabus.errors import AaabusError, WireError
 from aaabus.io.replink import ReplicaLink
+from aaabus.node.epochs import VoteAnswer
 from aaabus.node.replica import ReplicaServer
 from aaabus.node.replication import MAX_FRAME
 from aaabus.node.vote import request_vote, whois
@@ -100,18 +107,20 @@ class Takeover:
         self.listener = listener
         spec = config.server(server_id)
         self.name = f"server {server_id} member {index}"
+        self.me = spec.member(index)
         self.others = [m for m in spec.members() if m.index != index]
         self.sync: int = config.setting(server_id, "aaabus.replication.sync")
         self.delay_s = config.setting(server_id, "aaabus.failover.delay_ms") / 1000.0
         self.segment_size = config.setting(server_id, "aaabus.store.segment_kb") << 10
         self.keys = load_server_keys(secret_path(config, server_id), server_id, config.servers)
-        mine = set(spec.domains)
-        self.voters = sorted(
-            sid
-            for sid, srv in config.servers.items()
-            if sid != server_id and mine.intersection(srv.domains)
-        )
-        self._told_no_voters = False
+        self.voters = list(config.voters(server_id))
+        #: The highest epoch a refusal named: the next candidacy stands above it (a grant to a
+        #: candidate that lost still holds at its voter).
+        self._refused_at = 0
+        #: Why this member never stands (a lone server with one replica), said once here.
+        self.cannot = config.lone_warning(server_id)
+        if self.cannot is not None:
+            log.warning("%s: %s", self.name, self.cannot)
 
     # -- questions ------------------------------------------------------------------------------
 
@@ -154,15 +163,7 @@ class Takeover:
         held = self.listener.store_position()
         if held is None or held[0].epoch == 0:
             return 0  # it never followed a primary: epoch 1 is member 0's, unvoted
-        if not self.voters:
-            if not self._told_no_voters:
-                self._told_no_voters = True
-                log.warning(
-                    "%s: no other server shares a domain with server %s, so no vote can be "
-                    "held (a one-server bus): this member does not take over",
-                    self.name,
-                    self.server_id,
-                )
+        if self.cannot is not None:
             return 0
         record = held[0]
         if self._primary_answers(record.member):
@@ -172,7 +173,7 @@ class Takeover:
             or self.listener.candidate_for() < self.delay_s
         ):
             return 0  # while it asked: the primary came back, or another member stands
-        epoch = self.listener.fence[0] + 1
+        epoch = max(self.listener.fence[0], self._refused_at) + 1
         if not self.listener.claim(epoch, self.index):
             return 0
         log.warning(
@@ -192,13 +193,14 @@ class Takeover:
         record, position = held
         self.listener.release()
         try:
-            granted = self._vote(epoch, position)
-            if granted * 2 <= len(self.voters):
+            granted, electorate, kind = self._vote(epoch, position, fenced)
+            if granted * 2 <= electorate:
                 log.warning(
-                    "%s: %d of %d voters granted epoch %s: not a majority; following again",
+                    "%s: %d of %d %s granted epoch %s: not a majority; following again",
                     self.name,
                     granted,
-                    len(self.voters),
+                    electorate,
+                    kind,
                     epoch,
                 )
                 self._conclude(epoch, fenced, RELEASED)
@@ -216,10 +218,11 @@ class Takeover:
                 self.listener.follow()
             raise
         log.warning(
-            "%s: voted in by %d of %d voters; serving server %s at epoch %s from %s",
+            "%s: voted in by %d of %d %s; serving server %s at epoch %s from %s",
             self.name,
             granted,
-            len(self.voters),
+            electorate,
+            kind,
             self.server_id,
             epoch,
             position.hex(),
@@ -327,28 +330,59 @@ class Takeover:
             return None
         return fenced
 
-    def _vote(self, epoch: int, position: bytes) -> int:
-        """Step 3: how many voters granted ``epoch``."""
+    def _vote(self, epoch: int, position: bytes, fenced: list[Member]) -> tuple[int, int, str]:
+        """Step 3: (how many granted ``epoch``, how many vote, "voters" or "members"). The
+        voters are the servers sharing a domain; without any, every member votes, and those
+        asked are this one and the followers it ``fenced`` (the old primary would refuse)."""
         timeout = max(self.delay_s, ASK_S)
-
-        def ask(voter: int) -> bool:
-            answer = request_vote(
-                self.config,
-                self.keys,
-                voter,
-                self.server_id,
-                epoch,
-                self.index,
-                position.hex(),
-                time.monotonic() + timeout,
-            )
-            if not answer.granted:
-                log.warning(
-                    "%s: voter %s refuses epoch %s (%s)", self.name, voter, epoch, answer.why
+        deadline = time.monotonic() + timeout
+        asks: dict[str, Callable[[], VoteAnswer]]
+        if self.voters:
+            electorate, kind = len(self.voters), "voters"
+            asks = {
+                f"voter {voter}": partial(
+                    request_vote,
+                    self.config,
+                    self.keys,
+                    voter,
+                    self.server_id,
+                    epoch,
+                    self.index,
+                    position.hex(),
+                    deadline,
                 )
-            return answer.granted
-
+                for voter in self.voters
+            }
+        else:
+            electorate, kind = len(self.others) + 1, "members"
+            asks = {
+                f"member {m.index}": partial(self._ballot, m, epoch, timeout)
+                for m in [self.me, *fenced]
+            }
         answers = in_parallel(
-            f"aaabus-vote-{self.server_id}.{self.index}", self.voters, ask, timeout
+            f"aaabus-vote-{self.server_id}.{self.index}",
+            list(asks),
+            lambda label: asks[label](),
+            timeout,
         )
-        return sum(1 for granted in answers.values() if granted)
+        for label, answer in sorted(answers.items()):
+            if not answer.granted:
+                self._refused_at = max(self._refused_at, answer.epoch)
+                log.warning("%s: %s refuses epoch %s (%s)", self.name, label, epoch, answer.why)
+        return sum(1 for answer in answers.values() if answer.granted), electorate, kind
+
+    def _ballot(self, member: Member, epoch: int, timeout: float) -> VoteAnswer:
+        """The vote of ``member`` of this server (this one's own, or a follower's through its
+        replication port: a FENCE ballot, answered FENCE VOTED or RELEASED, NEWER if it
+        serves)."""
+        if member.index == self.index:
+            return self.listener.ballot(epoch, self.index)
+        answer = self.ask(member, epoch_message(FENCE, epoch, self.index, BALLOT), timeout)
+        known, who, how = decode_epoch(answer)
+        if answer[:1] == NEWER:
+            return VoteAnswer(False, known, who, f"member {who} serves epoch {known}")
+        if answer[:1] != FENCE or how not in (VOTED, RELEASED):
+            raise WireError(f"replication: a ballot answered by a {answer[:1]!r} message")
+        if how == VOTED:
+            return VoteAnswer(True, known, who, "granted")
+        return VoteAnswer(False, known, who, f"it knows epoch {known} of member {who}")
