@@ -240,17 +240,37 @@ def _wait_events(rec: Recorder, seconds: float) -> None:
         time.sleep(min(0.02, left))
 
 
+def read_book(path: Path, server: int) -> tuple[int, int] | None:
+    """``(epoch, member)`` that a server's epoch book (the JSON file ``epochs`` in its store
+    directory, written atomically by the server) says it accepted for ``server``; None before
+    the server knows of any takeover, or when the file is not in that form."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        epoch, member = data["servers"][str(server)]["known"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if isinstance(epoch, int) and isinstance(member, int):
+        return epoch, member
+    return None
+
+
 class Primaries:
     """Finds server 1's primary by asking every member's admin port; records each answer as a
     primary accepted (observer ``tool``) when it names an epoch."""
 
-    def __init__(self, cfg: BusConfig, layout: Layout, history: History) -> None:
+    def __init__(self, cfg: BusConfig, layout: Layout, history: History, book: Path) -> None:
         self.cfg = cfg
         self.layout = layout
         self.history = history
+        self.book = book
         self.epochs: list[int] = []
 
     def ask(self) -> dict[int, Any]:
+        """Every member's answer (the primary's status), and server 0's epoch book read, each
+        recorded as an acceptance."""
+        known = read_book(self.book, FAILING)
+        if known is not None:
+            self.history.accept(time.monotonic(), "s0", FAILING, *known)
         answers = {}
         for member in range(self.layout.members):
             status = probe(self.cfg, self.layout, member)
@@ -382,7 +402,8 @@ def live(
     layout = write_config(work, args.replicas, props, dial_proxy)
     if on_layout is not None:
         on_layout(layout)
-    primaries = Primaries(load_config(layout.config), layout, rec.history)
+    book = work / "store" / "s0" / "epochs"
+    primaries = Primaries(load_config(layout.config), layout, rec.history, book)
     with (
         running(layout, work / "store", outputs.append) as procs,
         traffic_on(layout, rec.events, args, rec, deadline) as traffic,

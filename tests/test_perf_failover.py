@@ -5,12 +5,14 @@ few real failovers and schedules on server processes."""
 from __future__ import annotations
 
 import argparse
+import json
 import queue
+from pathlib import Path
 
 import pytest
 
 from aaabus.testing.failhistory import judge_history
-from perf.failover import Recorder, add_arguments
+from perf.failover import Recorder, add_arguments, read_book
 from perf.failover_load import Delivered, Event, Sent
 from perf.failover_schedules import KINDS, make_schedule
 
@@ -120,3 +122,13 @@ def test_three_schedules_keep_the_invariants() -> None:
     )
     assert result["ok"], result["problems"]
     assert result["faults"] == 9 and result["accepted"] > 0
+
+
+def test_a_peers_epoch_book_is_read_as_what_it_accepted(tmp_path: Path) -> None:
+    book = tmp_path / "epochs"
+    assert read_book(book, 1) is None  # no takeover known yet: no file
+    book.write_text(json.dumps({"format": 1, "servers": {"1": {"known": [3, 2], "granted": None}}}))
+    assert read_book(book, 1) == (3, 2)
+    assert read_book(book, 4) is None
+    book.write_text("{torn")
+    assert read_book(book, 1) is None
