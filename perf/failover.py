@@ -572,8 +572,15 @@ def beside(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
 
 def _quorum_kill(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     """RabbitMQ quorum queues beside it (``perf/safety.py``): the same run's figures."""
+    import importlib.util
+
     from perf.safety import measure_quorum_cluster, quorum_defaults
 
+    if importlib.util.find_spec("pika") is None:
+        raise SystemExit(
+            "perf failover: error: --peers needs pika in this environment; "
+            "`make peers` installs it with RabbitMQ"
+        )
     log("perf failover: RabbitMQ quorum queues on three nodes, the same ping-pong, stream, kill")
     theirs = measure_quorum_cluster(quorum_defaults(args.workdir))
     return theirs

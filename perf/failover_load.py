@@ -41,7 +41,7 @@ from aaabus.testing.workload import merge_and_tick
 #: Topics of the run.
 PONG, STREAM, CAUSAL = "fo/pong", "fo/stream", "fo/causal"
 #: Seconds between two rounds of connection attempts over every member.
-RECONNECT_PAUSE = 0.02
+RECONNECT_PAUSE = 0.05
 
 
 @dataclass(frozen=True)
