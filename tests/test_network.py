@@ -20,7 +20,13 @@ from aaabus.errors import FrameTooLarge, NetworkError
 from aaabus.io import connection
 from aaabus.io.network import Network
 from aaabus.io.states import ConnEvent, ConnState, transition
-from aaabus.wire.frames import ConnectorHandshake, FrameDecoder, encode_frame
+from aaabus.wire.frames import (
+    ConnectorHandshake,
+    FrameDecoder,
+    SessionCipher,
+    encode_epoch,
+    encode_frame,
+)
 from tests.support.tls import make_certificate
 
 SECRET = b"s" * 32
@@ -161,6 +167,21 @@ def read_frame(sock: socket.socket) -> bytes:
         frames = decoder.feed(data)
         if frames:
             return frames[0]
+
+
+def authenticate(
+    sock: socket.socket, my_id: int, peer: int, epoch: tuple[int, int] | None = (1, 0)
+) -> SessionCipher:
+    """Run the connector's handshake on ``sock`` and send its EPOCH (unless ``epoch`` is
+    None): the session's cipher."""
+    hs = ConnectorHandshake(link_key(SECRET, my_id, peer), my_id, peer)
+    sock.sendall(hs.receive(read_frame(sock)))
+    hs.receive(read_frame(sock))
+    assert hs.done
+    cipher = hs.cipher()
+    if epoch is not None:
+        sock.sendall(cipher.wrap_frame(encode_epoch(*epoch)))
+    return cipher
 
 
 def wait_closed(sock: socket.socket) -> None:
@@ -467,10 +488,8 @@ def test_intruders_are_refused_and_logged(
         sock.sendall(b"\x7f\xff\xff\xff")  # a 2 GiB length prefix, and no body
 
     def oversized_after_auth(sock: socket.socket) -> None:
-        hs = ConnectorHandshake(link_key(SECRET, 0, 2), 0, 2)
-        sock.sendall(hs.receive(read_frame(sock)))
-        hs.receive(read_frame(sock))
-        assert hs.done
+        authenticate(sock, 0, 2)
+        rec2.wait_up(0)
         sock.sendall(encode_frame(b"\x00" * ((1 << 16) + 25)))
 
     intrude(garbage, "exceeds the limit")
@@ -500,11 +519,8 @@ def test_tampered_session_frame_cuts_the_link(
     caplog.set_level(logging.WARNING, logger=LOGGER)
     net2, rec2 = make_net(2, {0: (LOCAL, 0)})
     sock = raw_socket(addr(net2))
-    hs = ConnectorHandshake(link_key(SECRET, 0, 2), 0, 2)
-    sock.sendall(hs.receive(read_frame(sock)))
-    hs.receive(read_frame(sock))
+    cipher = authenticate(sock, 0, 2)
     rec2.wait_up(0)
-    cipher = hs.cipher()
     good = cipher.wrap_frame(b"first")
     bad = bytearray(cipher.wrap_frame(b"second"))
     bad[-1] ^= 1

@@ -67,16 +67,18 @@ def test_closed_is_final_and_every_other_state_can_close() -> None:
             assert transition(state, ConnEvent.CLOSE) is ConnState.CLOSED
 
 
-def test_frames_flow_only_after_the_aaabus_handshake() -> None:
-    # TLS is optional, the aaabus handshake is not: no way to UP skips HANDSHAKE.
+def test_frames_flow_only_after_the_aaabus_handshake_and_the_epoch() -> None:
+    # TLS is optional, the aaabus handshake and the peer's EPOCH frame are not: no way to UP
+    # skips HANDSHAKE or EPOCH.
     assert ConnState.UP not in reachable(INITIAL, without=ConnEvent.AUTHENTICATED)
+    assert ConnState.UP not in reachable(INITIAL, without=ConnEvent.ADMITTED)
     into_up = [
         (state, event)
         for state, events in TRANSITIONS.items()
         for event, after in events.items()
         if after is ConnState.UP
     ]
-    assert into_up == [(ConnState.HANDSHAKE, ConnEvent.AUTHENTICATED)]
+    assert into_up == [(ConnState.EPOCH, ConnEvent.ADMITTED)]
     # Only a link that is up can be reset, and a reset one can only close.
     resettable = [state for state, events in TRANSITIONS.items() if ConnEvent.RESET in events]
     assert resettable == [ConnState.UP]
@@ -98,7 +100,8 @@ def test_a_connection_moves_by_the_table_and_keeps_its_state_when_refused() -> N
         with pytest.raises(IllegalTransition):
             conn.move(ConnEvent.RESET)  # a handshake cannot be reset: only a link that is up
         assert conn.state is ConnState.HANDSHAKE
-        for event in (ConnEvent.AUTHENTICATED, ConnEvent.RESET, ConnEvent.CLOSE):
+        steps = (ConnEvent.AUTHENTICATED, ConnEvent.ADMITTED, ConnEvent.RESET, ConnEvent.CLOSE)
+        for event in steps:
             conn.move(event)
         assert conn.state is ConnState.CLOSED
     finally:

@@ -32,7 +32,7 @@ from aaabus.config.secret import (
 )
 from aaabus.tools.buswide import bus_status
 from aaabus.tools.launch import Bus
-from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
+from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder, encode_epoch
 from tests.support.harness import REPO_ROOT
 
 pytestmark = pytest.mark.slow  # real server processes
@@ -67,6 +67,8 @@ def claim(address: tuple[str, int], key: bytes, me: int, peer: int) -> tuple[boo
         if proof is None:
             return False, local
         handshake.receive(proof)
+        if handshake.done:  # as a server does: its link's first frame names its epoch
+            sock.sendall(handshake.cipher().wrap_frame(encode_epoch(1, 0)))
         return handshake.done, local
 
 

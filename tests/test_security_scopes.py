@@ -340,7 +340,7 @@ def test_another_wire_version_is_refused_at_every_door(tmp_path: Path, make_conf
     admin0, _ = admin_address(cfg, 0)
     admin1, _ = admin_address(cfg, 1)
     assert admin0 is not None and admin1 is not None
-    both = "wire version 2, this side wire version 3"
+    both = f"wire version 2, this side wire version {wire.VERSION}"
     # Server 1 is an older release: it challenges in version 2, on its network and admin ports.
     old_peer = FakeEndpoint(network1, 1, None, version=2)
     old_admin = FakeEndpoint(admin1, 1, None, version=2)

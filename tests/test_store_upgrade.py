@@ -21,7 +21,7 @@ from aaabus.mqtt.sessions import SessionRecord
 from aaabus.tools.launch import Bus
 from aaabus.topics.mailbox import Mailbox
 from aaabus.topics.representative import TopicRepresentative
-from aaabus.wire.frames import VERSION
+from aaabus.wire.frames import BODY_VERSION as VERSION
 from aaabus.wire.linkframes import encode_data
 from aaabus.wire.message import Message
 from tests.support.harness import REPO_ROOT, free_ports

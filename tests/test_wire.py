@@ -235,7 +235,9 @@ def test_answer_for_another_acceptor_is_refused() -> None:
     ("mutate", "reason"),
     [
         (lambda m: b"XXXX" + m[4:], "bad magic"),
-        (lambda m: m[:4] + b"\x04" + m[5:], "wire version 4, this side wire version 3"),
+        (lambda m: m[:4] + b"\x05" + m[5:], "wire version 5, this side wire version 4"),
+        # A server of version 3 would take a link's EPOCH frame for a garbled one: refused.
+        (lambda m: m[:4] + b"\x03" + m[5:], "wire version 3, this side wire version 4"),
         # A server of version 1 would take early frames for durable ones: refused.
         (lambda m: m[:4] + b"\x01" + m[5:], "wire version 1"),
         (lambda m: m[:5] + b"\x03" + m[6:], "expected an answer"),
@@ -257,20 +259,20 @@ def answer_of(connector: ConnectorHandshake, acceptor: AcceptorHandshake) -> byt
 
 
 def test_both_sides_refuse_another_wire_version_in_one_line_naming_both() -> None:
-    # The connector reads a CHALLENGE of version 2 (from an older server) ...
+    # The connector reads a CHALLENGE of version 3 (from an older server) ...
     old_challenge = bytearray(one_frame(AcceptorHandshake(SECRET, 2, {1}).start()))
-    old_challenge[4] = 2
+    old_challenge[4] = 3
     with pytest.raises(AuthError) as refused:
         ConnectorHandshake(SECRET, 1, 2).receive(bytes(old_challenge))
-    # ... and the acceptor an ANSWER of version 2 (from an older connector).
+    # ... and the acceptor an ANSWER of version 3 (from an older connector).
     acceptor = AcceptorHandshake(SECRET, 2, {1})
     old_answer = bytearray(answer_of(ConnectorHandshake(SECRET, 1, 2), acceptor))
-    old_answer[4] = 2
+    old_answer[4] = 3
     with pytest.raises(AuthError) as also_refused:
         acceptor.receive(bytes(old_answer))
     for error in (refused.value, also_refused.value):
         line = str(error)
-        assert "\n" not in line and "wire version 2, this side wire version 3" in line, line
+        assert "\n" not in line and "wire version 3, this side wire version 4" in line, line
 
 
 def keyed_by_role(_connector: int, role: int) -> bytes:

@@ -189,6 +189,25 @@ SETTINGS: tuple[Setting, ...] = (
         "commits). At most the number of replicas (`aaabus check`).",
     ),
     Setting(
+        "aaabus.failover.delay_ms",
+        integer(20, 600_000),
+        1500,
+        "How long a server must have been silent before a takeover of it may be voted (ms): a "
+        "voter refuses a candidate while it has heard from the server within this delay, or "
+        'has itself been running for less (docs/architecture.md, "Replicas and failover"). '
+        "Give every server of a bus the same value.",
+    ),
+    Setting(
+        "aaabus.failover.heartbeat_ms",
+        integer(5, 600_000),
+        None,
+        "A server with `<replica>` elements sends an empty keepalive frame on each of its links "
+        "that has sent nothing for this long (ms), so that its voters can tell it is alive; a "
+        "link is then never silent for more than twice this. Keepalives reach no engine and "
+        "cost no commit. Keep it well under `aaabus.failover.delay_ms`.",
+        shown_default="`aaabus.failover.delay_ms` / 4",
+    ),
+    Setting(
         "aaabus.secret",
         file_name,
         "bus.key",
@@ -371,7 +390,8 @@ SETTINGS: tuple[Setting, ...] = (
         host_port,
         None,
         "`host:port` to dial to reach server `<id>` instead of where it listens (a tunnel, a NAT, "
-        "a test proxy).",
+        "a test proxy); without it a server with replicas is dialled at each member's host in "
+        "turn, on the same port.",
     ),
     Setting(
         "aaabus.admin.port",

@@ -53,7 +53,7 @@ from aaabus.core.records import VettedDB, check_record
 from aaabus.core.writers import FreeingDB
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
 from aaabus.model.renames import current_path
-from aaabus.wire.frames import VERSION as WIRE_VERSION
+from aaabus.wire.frames import BODY_VERSION as WIRE_VERSION
 from aaabus.wire.pickles import pickle_end
 
 log = logging.getLogger("aaabus.store")
@@ -181,7 +181,7 @@ class ServerRecord(Persistent):
         #: Which bus this store belongs to: an HMAC of the bus key
         #: (aaabus.config.secret.bus_identity).
         self.bus_identity: bytes | None = None
-        #: The wire version of the bodies its queues hold (aaabus.wire.frames.VERSION).
+        #: The wire version of the bodies its queues hold (aaabus.wire.frames.BODY_VERSION).
         self.wire_version: int | None = WIRE_VERSION
         #: Boot services already started once (their class paths): ``first_time`` is per service,
         #: so that a service added to the config later still sees its first time.

@@ -37,7 +37,7 @@ from ZODB.serialize import referencesf
 from aaabus.core.journal import Journal
 from aaabus.errors import StoreError
 from aaabus.model import renames
-from aaabus.wire.frames import VERSION as WIRE_VERSION
+from aaabus.wire.frames import BODY_VERSION as WIRE_VERSION
 from aaabus.wire.linkframes import encode_data
 
 log = logging.getLogger("aaabus.store")

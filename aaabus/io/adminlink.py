@@ -8,8 +8,11 @@ tool that talks to server N learns that the other end holds server N's admin key
 which neither another server's key file nor a key of another scope gives, before it sends a
 request or reads an answer. Server ids and client ids share the handshake's 32-bit id field, so
 clients take their ids in a reserved range, :data:`CLIENT_ID_BASE` (2**31) and above;
-:meth:`AdminLink.accept` refuses any other connector id. Runs on the caller's thread (a tool's,
-or one admin connection thread of the server); blocking sockets, no selector, no store.
+:meth:`AdminLink.accept` refuses any other connector id, except for one role: a member of server
+N standing as candidate in a failover (:data:`~aaabus.wire.frames.ROLE_CANDIDATE`, issue 42)
+connects as server N with the link key of N and the voter (:meth:`AdminLink.candidate`). Runs
+on the caller's thread (a tool's, or one admin connection thread of the server); blocking
+sockets, no selector, no store.
 """
 
 from __future__ import annotations
@@ -26,10 +29,11 @@ from typing import Any
 
 from aaabus.config.scopes import Scope
 from aaabus.config.secret import Credential, as_credential
-from aaabus.errors import AdminError, ServerBusy, ServerUnreachable, WireError
+from aaabus.errors import AdminError, AuthError, ServerBusy, ServerUnreachable, WireError
 from aaabus.wire.frames import (
     HANDSHAKE_MAX_FRAME,
     MAX_SERVER_ID,
+    ROLE_CANDIDATE,
     AcceptorHandshake,
     ConnectorHandshake,
     FrameDecoder,
@@ -95,6 +99,51 @@ class AdminLink:
         handshake fails (another bus's secret, another server or an impostor on that port, another
         wire version, a certificate the server does not accept).
         """
+        # A fresh random client id per connection: ids only have to differ from server ids.
+        client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
+        credential = as_credential(secret)
+        return cls._open(
+            address,
+            credential.admin_key(server_id),
+            client_id,
+            server_id,
+            credential.scope,
+            timeout=timeout,
+            max_frame=max_frame,
+            tls=tls,
+        )
+
+    @classmethod
+    def candidate(
+        cls,
+        address: tuple[str, int],
+        link_key: bytes,
+        candidate_id: int,
+        voter_id: int,
+        *,
+        timeout: float = 5.0,
+        tls: ssl.SSLContext | None = None,
+    ) -> AdminLink:
+        """Connect to the admin endpoint of ``voter_id`` as a member of server ``candidate_id``
+        standing in a failover (role :data:`~aaabus.wire.frames.ROLE_CANDIDATE`), proving
+        ``link_key``, the key of the link between the two servers. Raises as :meth:`connect`."""
+        return cls._open(
+            address, link_key, candidate_id, voter_id, ROLE_CANDIDATE, timeout=timeout, tls=tls
+        )
+
+    @classmethod
+    def _open(
+        cls,
+        address: tuple[str, int],
+        key: bytes,
+        my_id: int,
+        server_id: int,
+        role: int,
+        *,
+        timeout: float,
+        max_frame: int = 16 << 20,
+        tls: ssl.SSLContext | None,
+    ) -> AdminLink:
         where = f"server {server_id} at {address[0]}:{address[1]}"
         sock = connect(address, timeout, f"server {server_id}")
         if tls is not None:
@@ -113,12 +162,7 @@ class AdminLink:
         answered = False
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            # A fresh random client id per connection: ids only have to differ from server ids.
-            client_id = secrets.randbelow(MAX_SERVER_ID - CLIENT_ID_BASE + 1) + CLIENT_ID_BASE
-            credential = as_credential(secret)
-            handshake = ConnectorHandshake(
-                credential.admin_key(server_id), client_id, server_id, credential.scope
-            )
+            handshake = ConnectorHandshake(key, my_id, server_id, role)
             sock.sendall(handshake.receive(link._read_raw()))
             answered = True
             handshake.receive(link._read_raw())
@@ -151,26 +195,41 @@ class AdminLink:
         server_id: int,
         max_frame: int,
         deadline: float,
-    ) -> tuple[AdminLink, int, Scope]:
+        candidate_key: Callable[[int], bytes] | None = None,
+    ) -> tuple[AdminLink, int, int]:
         """Authenticate an accepted connection by ``deadline`` (``time.monotonic()``); returns
-        the link, the client's id and the scope it proved. ``admin_key``: this server's admin
-        key for a scope (what clients of that scope prove). Raises ``TimeoutError`` past the
-        deadline, however slowly the bytes trickle in."""
+        the link, the connector's id and the role it proved (a scope's value, or
+        :data:`~aaabus.wire.frames.ROLE_CANDIDATE`). ``admin_key``: this server's admin key for
+        a scope (what clients of that scope prove, from client ids only). ``candidate_key``:
+        the key of this server's link with a server id, for the candidates of a failover (None:
+        that role is refused); it raises :class:`AuthError` for a server it has no key for.
+        Raises ``TimeoutError`` past the deadline, however slowly the bytes trickle in."""
         link = cls(sock, deadline)
-        roles = [int(scope) for scope in Scope]  # never ROLE_SERVER: servers have no business here
-        handshake = AcceptorHandshake(
-            lambda _client, role: admin_key(Scope(role)), server_id, None, roles
-        )
+        # Never ROLE_SERVER: servers have no business here, but as candidates.
+        roles = [int(scope) for scope in Scope]
+        if candidate_key is not None:
+            roles.append(ROLE_CANDIDATE)
+
+        def key_for(connector: int, role: int) -> bytes:
+            # Checked before any key is derived, so before the MAC and the proof.
+            if role == ROLE_CANDIDATE:
+                assert candidate_key is not None
+                if connector >= CLIENT_ID_BASE:
+                    raise AuthError(f"id {connector} is a client id, not a server id")
+                return candidate_key(connector)
+            if connector < CLIENT_ID_BASE:
+                raise AuthError(f"id {connector} is a server id, not a client id")
+            return admin_key(Scope(role))
+
+        handshake = AcceptorHandshake(key_for, server_id, None, roles)
         sock.sendall(handshake.start())
         proof = handshake.receive(link._read_raw())
-        client_id, role = handshake.peer_id, handshake.role
-        assert client_id is not None and role is not None
-        if client_id < CLIENT_ID_BASE:
-            raise WireError(f"id {client_id} is a server id, not a client id")
+        connector, role = handshake.peer_id, handshake.role
+        assert connector is not None and role is not None
         sock.sendall(proof)
         link._authenticated(handshake.cipher(), max_frame)
         link._deadline = None
-        return link, client_id, Scope(role)
+        return link, connector, role
 
     def _read_raw(self) -> bytes:
         while not self._frames:

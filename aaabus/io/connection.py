@@ -35,10 +35,12 @@ class Connection:
     """
 
     __slots__ = (
+        "beat_mark",
         "cipher",
         "deadline",
         "decoder",
         "direct",
+        "epoch",
         "handshake",
         "host",
         "label",
@@ -74,6 +76,8 @@ class Connection:
         self.tls_want = selectors.EVENT_READ
         self.deadline = 0.0
         self.verified = False  # a session frame from the peer passed its MAC
+        self.epoch = 0  # the epoch the peer spoke for in its EPOCH frame (0: not yet admitted)
+        self.beat_mark = 0  # frames sent as of the last keepalive tick (aaabus.io.network)
 
     def move(self, event: ConnEvent) -> None:
         """Apply ``event`` (the lock held for a transition to or from UP); raises

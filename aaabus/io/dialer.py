@@ -8,6 +8,13 @@ connect succeeds, and, whenever an attempt fails or a link is lost, dials again 
 of that peer's :class:`~aaabus.io.peerdial.PeerDial` (jittered exponential backoff, reset once a
 session frame of the link passes its MAC).
 
+A peer may have several addresses, one per member of that server (issue 42: whichever member
+is its primary listens on the server's port on its own host): a failed attempt or a lost link
+moves on to the next address at once, and the backoff delay is taken only once every address
+of the round has failed, so that finding a new primary costs one connect per member, not one
+backoff per member. A lost link is dialled again at the next address as well: its primary may
+have moved.
+
 Host names are resolved on the I/O thread at each dial (``getaddrinfo`` blocks, so prefer
 numeric addresses or names in ``/etc/hosts``). I/O thread only (no lock).
 """
@@ -19,7 +26,7 @@ import logging
 import selectors
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 from aaabus.io.connection import Connection, tune
 from aaabus.io.loop import Loop
@@ -40,7 +47,7 @@ class Dialer:
     def __init__(
         self,
         loop: Loop,
-        peers: Mapping[int, tuple[str, int]],
+        peers: Mapping[int, Sequence[tuple[str, int]]],
         *,
         adopt: Callable[[Connection], None],
         begin: Callable[[Connection], None],
@@ -49,7 +56,7 @@ class Dialer:
         name: str,
     ) -> None:
         self._loop = loop
-        self._peers = dict(peers)
+        self._peers = {peer: tuple(addresses) for peer, addresses in peers.items()}
         self._adopt = adopt
         self._begin = begin
         self._fail = fail
@@ -82,7 +89,8 @@ class Dialer:
         return self._dials[peer].first_time(reason)
 
     def lost(self, conn: Connection) -> None:
-        """``conn``, one of ours, closed: dial its peer again after the backoff delay."""
+        """``conn``, one of ours, closed: dial its peer's next address, at once within a
+        round of its addresses, after the backoff delay when the round is over."""
         assert conn.peer is not None
         dial = self._dials[conn.peer]
         if dial.conn is conn:
@@ -91,7 +99,9 @@ class Dialer:
                 self._redial(conn.peer, dial)
 
     def _redial(self, peer: int, dial: PeerDial[Connection]) -> None:
-        self._loop.call_at(time.monotonic() + dial.next_delay(), self._due, peer)
+        dial.at = (dial.at + 1) % len(self._peers[peer])
+        delay = dial.next_delay() if dial.at == 0 else 0.0
+        self._loop.call_at(time.monotonic() + delay, self._due, peer)
 
     def _due(self, peer: int) -> None:
         """A dial timer fired: dial, unless a connection is already there (a stale timer)."""
@@ -100,7 +110,7 @@ class Dialer:
             self._dial(peer, dial)
 
     def _dial(self, peer: int, dial: PeerDial[Connection]) -> None:
-        host, port = self._peers[peer]
+        host, port = self._peers[peer][dial.at]
         label = f"{host}:{port}"
         try:
             infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)

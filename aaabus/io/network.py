@@ -2,10 +2,31 @@
 
 Topology
     Exactly one long-lived TCP connection per pair of servers: the lower id dials the higher
-    id's address (``peers[peer]``, :mod:`aaabus.io.dialer`, redialling with jittered
-    exponential backoff from 20 ms to 1 s), the higher id accepts (:mod:`aaabus.io.acceptor`).
-    If a lower peer connects again while its old connection still looks alive (it restarted,
-    or the old link is half-open), the new connection replaces the old one.
+    id's addresses (``peers[peer]``: one per member of that server, tried in turn,
+    :mod:`aaabus.io.dialer`, redialling with jittered exponential backoff from 20 ms to 1 s),
+    the higher id accepts (:mod:`aaabus.io.acceptor`). If a lower peer connects again while its
+    old connection still looks alive (it restarted, or the old link is half-open), the new
+    connection replaces the old one.
+
+Epochs (issue 42)
+    Once the handshake is done, each side's first session frame is ``EPOCH(epoch, member)``
+    (:func:`aaabus.wire.frames.encode_epoch`): the epoch of its server id it speaks for, and
+    which member of that server holds it (:attr:`Network.epoch`). The connection is up
+    (``on_up``) only once the peer's EPOCH has been read and checked against ``epochs`` (the
+    server's :class:`~aaabus.node.epochs.EpochBook`): an epoch older than the one known is
+    refused and the connection closed, with one WARNING line naming the server, its epoch and
+    the epoch that took over (through the dialler's or the acceptor's rate-limited refusal
+    lines); a newer one is raised into the book (persisted, on the I/O thread: a rare fsync)
+    and replaces the link still up with the older one. Any other first frame is a violation.
+    :meth:`Network.fence` closes a link whose epoch a vote has since overtaken.
+
+Keepalive
+    With ``heartbeat_s``, every link that has sent nothing for a tick of ``heartbeat_s``
+    seconds sends an empty session frame (:data:`~aaabus.wire.frames.KEEPALIVE`), so a link
+    that is up is never silent for more than two ticks; the receiver drops it before
+    ``on_frames`` (no engine wake-up, no commit). One timer per network, not per link, and no
+    cost on the send path: a tick compares each link's count of frames sent with the last
+    tick's. :meth:`Network.silent_for` is how long ago anything was last read from a peer.
 
 Security
     Each connection runs the mutual handshake of :mod:`aaabus.wire.frames` (optionally inside
@@ -64,15 +85,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import selectors
 import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from aaabus.config.secret import link_key
-from aaabus.errors import AuthError, FrameTooLarge, NetworkError, WireError
+from aaabus.errors import AaabusError, AuthError, FrameTooLarge, NetworkError, WireError
 from aaabus.io.acceptor import Acceptor
 from aaabus.io.connection import Connection
 from aaabus.io.dialer import Dialer
@@ -80,9 +102,19 @@ from aaabus.io.logpolicy import close_level, close_message
 from aaabus.io.loop import Loop
 from aaabus.io.states import ConnEvent, ConnState
 from aaabus.io.tlssteps import Outcome, TlsSteps
-from aaabus.wire.frames import AcceptorHandshake, ConnectorHandshake, SessionCipher
+from aaabus.wire.frames import (
+    KEEPALIVE,
+    AcceptorHandshake,
+    ConnectorHandshake,
+    SessionCipher,
+    decode_epoch,
+    encode_epoch,
+)
 
-__all__ = ["Network", "NetworkError", "Wait"]
+__all__ = ["Address", "EpochLedger", "Network", "NetworkError", "Wait"]
+
+#: ``(host, port)``.
+Address: TypeAlias = tuple[str, int]
 
 _READ = selectors.EVENT_READ
 _WRITE = selectors.EVENT_WRITE
@@ -92,6 +124,7 @@ _WRITE = selectors.EVENT_WRITE
 _CONNECTING = ConnState.CONNECTING
 _TLS = ConnState.TLS
 _HANDSHAKE = ConnState.HANDSHAKE
+_EPOCH = ConnState.EPOCH
 _UP = ConnState.UP
 _CLOSING = ConnState.CLOSING
 _CLOSED = ConnState.CLOSED
@@ -116,13 +149,27 @@ class Wait(Protocol):
         ...
 
 
+class EpochLedger(Protocol):
+    """What the network needs of the server's memory of epochs
+    (:class:`aaabus.node.epochs.EpochBook`); called on the I/O thread, once per new link."""
+
+    def known(self, server_id: int) -> tuple[int, int] | None:
+        """``(epoch, member)`` last accepted for ``server_id`` (None: epoch 1, member 0)."""
+        ...
+
+    def raise_to(self, server_id: int, epoch: int, member: int) -> bool:
+        """Record a newer epoch of ``server_id``, persisted before it returns."""
+        ...
+
+
 class Network:
     """The I/O thread and the connections of one server in one network (see module docstring).
 
     ``my_id``: this server; ``listen``: addresses to accept on (port 0: let the OS choose, see
-    :attr:`addresses`); ``peers``: every other server of the network and its address (only the
-    addresses of higher ids are dialled; lower ids are the only ones accepted). ``secret``: the
-    bus key, from which the key of each link is derived
+    :attr:`addresses`); ``peers``: every other server of the network and its address, or its
+    addresses (one per member, dialled in turn; only the addresses of higher ids are dialled;
+    lower ids are the only ones accepted, from the hosts of their addresses or anywhere else).
+    ``secret``: the bus key, from which the key of each link is derived
     (:func:`aaabus.config.secret.link_key`), or a function giving the key of the link with a peer
     (a server key file's). A connection claiming a peer's id must prove it holds that pair's key,
     which neither another pair's key nor a tool key gives.
@@ -132,6 +179,9 @@ class Network:
     ``ssl_server``/``ssl_client``: TLS around every accepted/dialled connection, before the
     aaabus handshake (same deadline); ``ssl_client`` gets the peer's host as
     ``server_hostname``. TLS authenticates machines, the link keys authenticate servers.
+    ``epochs``: the server's memory of the peers' epochs (None: every epoch is accepted, for a
+    network tested alone); ``epoch``: ``(epoch, member)`` this server speaks for, settable as
+    :attr:`epoch` until :meth:`start`. ``heartbeat_s``: the keepalive tick (None: no keepalive).
     """
 
     def __init__(
@@ -139,7 +189,7 @@ class Network:
         *,
         my_id: int,
         listen: Sequence[tuple[str, int]],
-        peers: Mapping[int, tuple[str, int]],
+        peers: Mapping[int, Address | Sequence[Address]],
         secret: bytes | Callable[[int], bytes],
         on_frames: Callable[[int, list[bytes]], Wait | None],
         on_up: Callable[[int], None],
@@ -150,6 +200,9 @@ class Network:
         log: logging.Logger | None = None,
         name: str = "net",
         handshake_timeout: float = 5.0,
+        epochs: EpochLedger | None = None,
+        epoch: tuple[int, int] = (1, 0),
+        heartbeat_s: float | None = None,
     ) -> None:
         if not secret:
             raise ValueError("the bus secret is empty")
@@ -160,7 +213,7 @@ class Network:
         )
         self._my_id = my_id
         self._listen_addrs = list(listen)
-        self._peers = {p: addr for p, addr in peers.items() if p != my_id}
+        self._peers = {p: _addresses(addr) for p, addr in peers.items() if p != my_id}
         self._on_frames = on_frames
         self._on_up = on_up
         self._on_down = on_down
@@ -170,6 +223,13 @@ class Network:
         self._log = log or logging.getLogger("aaabus.network")
         self._name = name
         self._handshake_timeout = handshake_timeout
+        self._epochs = epochs
+        #: ``(epoch, member)`` this server speaks for in its EPOCH frames (set before start).
+        self.epoch = epoch
+        self._heartbeat_s = heartbeat_s
+        #: ``perf_counter_ns`` of the last read from each peer on an admitted link (I/O thread
+        #: writes, any thread reads: a dict lookup is atomic under the GIL).
+        self._heard: dict[int, int] = {}
         # Lower ids dial us; we dial higher ids.
         self._acceptable = frozenset(p for p in self._peers if p < my_id)
         self._loop = Loop(self._on_event, self._on_error)
@@ -218,8 +278,10 @@ class Network:
             raise RuntimeError("Network already started")
         self._acceptor.bind(self._listen_addrs)
         self._loop.open()
-        self._acceptor.open([self._peers[p][0] for p in self._acceptable])
+        self._acceptor.open([host for p in self._acceptable for host, _port in self._peers[p]])
         self._dialer.start()
+        if self._heartbeat_s is not None:
+            self._loop.call_at(time.monotonic() + self._heartbeat_s, self._beat, None)
         if self._ssl_server is not None or self._ssl_client is not None:
             self._tls = TlsSteps(self._loop, self._tls_result, name=self._name)
         self._thread = threading.Thread(target=self._run, name=f"{self._name}-io", daemon=True)
@@ -263,6 +325,30 @@ class Network:
         """Whether an authenticated connection to ``peer`` is currently established."""
         return peer in self._up
 
+    def silent_for(self, peer: int) -> float:
+        """Seconds since anything was last read from ``peer`` on an admitted link (``inf``:
+        never since this network started); any thread."""
+        heard = self._heard.get(peer)
+        if heard is None:
+            return math.inf
+        return (time.perf_counter_ns() - heard) / 1e9
+
+    def fence(self, peer: int, epoch: int) -> None:
+        """Close the link with ``peer`` if it speaks for an epoch older than ``epoch`` (any
+        thread; a vote gave ``epoch`` away, already in the book). Checked now, and again on the
+        I/O thread, which may be admitting an older link at this very moment."""
+        reason = f"server {peer}'s epoch was taken over by epoch {epoch}"
+        conn = self._up.get(peer)
+        if conn is not None and conn.epoch < epoch:
+            self._reset(conn, reason)
+        if self._thread is not None:
+            self._loop.post(self._fence_io, peer, epoch, reason)
+
+    def _fence_io(self, peer: int, epoch: int, reason: str) -> None:
+        conn = self._up.get(peer)
+        if conn is not None and conn.epoch < epoch:
+            self._reset(conn, reason)
+
     def reset(self, peer: int, reason: str) -> None:
         """Close the connection with ``peer`` now up, logging ``reason``; any thread.
 
@@ -271,8 +357,10 @@ class Network:
         sockets), before that thread reads anything more from the connection (CLOSING).
         """
         conn = self._up.get(peer)
-        if conn is None:
-            return
+        if conn is not None:
+            self._reset(conn, reason)
+
+    def _reset(self, conn: Connection, reason: str) -> None:
         with conn.lock:
             if conn.state is not _UP:
                 return  # already closing, or closed
@@ -339,7 +427,7 @@ class Network:
 
     def _on_event(self, conn: Connection, events: int) -> None:
         state = conn.state
-        if state is _UP or state is _HANDSHAKE or state is _CLOSING:
+        if state is _UP or state is _HANDSHAKE or state is _CLOSING or state is _EPOCH:
             if events & _READ:
                 self._readable(conn)
             if events & _WRITE and conn.state is not _CLOSED:
@@ -423,7 +511,7 @@ class Network:
             self._write_io(conn, first)
 
     def _handshake_step(self, conn: Connection) -> bool:
-        """Run buffered handshake messages; True once the connection is up."""
+        """Run buffered handshake messages; True once the peer is authenticated (EPOCH)."""
         handshake = conn.handshake
         assert handshake is not None
         while True:
@@ -436,39 +524,84 @@ class Network:
                 if conn.state is _CLOSED:
                     return False
             if handshake.done:
-                self._established(conn)
-                return conn.state is _UP
+                self._authenticated(conn)
+                return conn.state is _EPOCH
 
-    def _established(self, conn: Connection) -> None:
+    def _authenticated(self, conn: Connection) -> None:
+        """The handshake proved the peer: our EPOCH goes out first, and its own is awaited."""
         handshake = conn.handshake
         assert handshake is not None and handshake.peer_id is not None
-        peer = handshake.peer_id
+        conn.peer = handshake.peer_id
         conn.handshake = None
         conn.decoder.max_frame = self._max_frame + SessionCipher.OVERHEAD
+        cipher = handshake.cipher()
+        with conn.lock:
+            conn.cipher = cipher
+            conn.move(ConnEvent.AUTHENTICATED)
+            first = cipher.wrap_frame(encode_epoch(*self.epoch))
+        self._write_io(conn, first)
+
+    def _admit(self, conn: Connection, frames: list[bytes]) -> list[bytes]:
+        """``conn`` (EPOCH) read ``frames``: the first must be the peer's EPOCH, of an epoch
+        not older than the book's. Returns the frames after it once the link is up, else none
+        (the connection is then closed)."""
+        peer, cipher = conn.peer, conn.cipher
+        assert peer is not None and cipher is not None
+        try:
+            epoch, member = decode_epoch(cipher.unwrap(frames[0]))
+            refusal = self._check_epoch(peer, epoch, member)
+        except WireError as exc:
+            self._fail(conn, str(exc), violation=True)
+            return []
+        if refusal is not None:
+            self._fail(conn, refusal)
+            return []
+        conn.epoch = epoch
         self._acceptor.forget(conn)
         old = self._up.get(peer)
         if old is not None:
-            # Only a holder of this pair's key can do this: the peer restarted (fine) or its key
-            # leaked (not fine). Either way the operator should see both ends.
-            self._close(
-                old,
-                f"replaced by a new connection from {conn.label} claiming the same server id",
-                logging.WARNING,
-            )
-        conn.peer = peer
+            if old.epoch < epoch:
+                reason = f"server {peer} now speaks for epoch {epoch} (member {member})"
+            else:
+                # Only a holder of this pair's key can do this: the peer restarted (fine) or its
+                # key leaked (not fine). Either way the operator should see both ends.
+                reason = (
+                    f"replaced by a new connection from {conn.label} claiming the same server id"
+                )
+            self._close(old, reason, logging.WARNING)
         with conn.lock:
-            conn.cipher = handshake.cipher()
-            conn.move(ConnEvent.AUTHENTICATED)
+            conn.move(ConnEvent.ADMITTED)
             conn.direct = not isinstance(conn.sock, ssl.SSLSocket)
         self._up[peer] = conn
         self._log.info(
-            "%s: server %d %s %s is up",
+            "%s: server %d %s %s is up (epoch %d, member %d)",
             self._name,
             peer,
             "at" if conn.outgoing else "from",
             conn.label,
+            epoch,
+            member,
         )
         self._callback(self._on_up, peer)
+        return frames[1:] if conn.state is _UP else []
+
+    def _check_epoch(self, peer: int, epoch: int, member: int) -> str | None:
+        """Why ``peer`` at ``epoch`` held by ``member`` is refused, or None (a newer epoch is
+        then in the book). A failing book write is a :class:`WireError`-like refusal too."""
+        book = self._epochs
+        if book is None:
+            return None
+        known = book.known(peer)
+        if known is not None and epoch < known[0]:
+            return (
+                f"server {peer} speaks for its epoch {epoch} (member {member}), which epoch "
+                f"{known[0]} (member {known[1]}) took over: refused"
+            )
+        try:
+            book.raise_to(peer, epoch, member)
+        except AaabusError as exc:
+            return f"server {peer} at epoch {epoch} could not be recorded: {exc}"
+        return None
 
     # ---- reading
 
@@ -510,20 +643,28 @@ class Network:
             return
         if not frames:
             return
+        if conn.state is not _UP:  # EPOCH: the peer's first frame says which epoch it is
+            frames = self._admit(conn, frames)
         cipher = conn.cipher
         peer = conn.peer
         assert cipher is not None and peer is not None
+        if conn.state is _UP:
+            self._heard[peer] = self.read_ns
+        if not frames:
+            return
         payloads: list[bytes] = []
         failure: AuthError | None = None
         for frame in frames:
             try:
-                payloads.append(cipher.unwrap(frame))
+                payload = cipher.unwrap(frame)
             except AuthError as exc:
                 failure = exc  # what came before it was genuine: it is delivered first
                 break
+            if payload:  # else a keepalive: it has done its job by being read
+                payloads.append(payload)
+        if not conn.verified and (payloads or failure is None):
+            self._verified(conn)
         if payloads:
-            if not conn.verified:
-                self._verified(conn)
             # One call per read, not per frame: the layer above hands the whole batch to its
             # engine at once (one lock, one wake-up).
             try:
@@ -567,9 +708,24 @@ class Network:
         elif again is not None:
             self._set_aside(again)
 
+    def _beat(self, _: None) -> None:
+        """The keepalive tick (I/O thread): an empty frame on every link up that has sent
+        nothing since the previous tick."""
+        assert self._heartbeat_s is not None
+        if self._loop.stopping:
+            return
+        for peer, conn in list(self._up.items()):
+            cipher = conn.cipher
+            assert cipher is not None
+            if cipher.sent == conn.beat_mark:
+                self.send(peer, KEEPALIVE)
+            conn.beat_mark = cipher.sent
+        self._loop.call_at(time.monotonic() + self._heartbeat_s, self._beat, None)
+
     def _verified(self, conn: Connection) -> None:
-        """The first session frame of ``conn`` passed its MAC: the link really works (a dial
-        counts as a success only now: see :meth:`Dialer.verified`)."""
+        """A session frame after the EPOCHs passed its MAC: the link really works, both ways
+        (a dial counts as a success only now: see :meth:`Dialer.verified`; a peer that refuses
+        our epoch has admitted nothing, so an old primary redials at the backoff's pace)."""
         conn.verified = True
         if conn.outgoing and conn.peer is not None:
             self._dialer.verified(conn.peer)
@@ -674,3 +830,10 @@ class Network:
             callback(peer)
         except Exception:
             self._log.exception("%s: callback %r(%d) failed", self._name, callback, peer)
+
+
+def _addresses(value: Address | Sequence[Address]) -> tuple[Address, ...]:
+    """A peer's addresses: one ``(host, port)``, or several (one per member of that server)."""
+    if len(value) == 2 and isinstance(value[0], str) and isinstance(value[1], int):
+        return ((value[0], value[1]),)
+    return tuple(value)  # type: ignore[arg-type]  # a sequence of addresses

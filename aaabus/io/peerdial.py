@@ -28,10 +28,12 @@ C = TypeVar("C")
 class PeerDial(Generic[C]):
     """Dialling state for one higher peer: its connection attempt, backoff, last error."""
 
-    __slots__ = ("backoff", "conn", "last_error")
+    __slots__ = ("at", "backoff", "conn", "last_error")
 
     def __init__(self) -> None:
         self.conn: C | None = None
+        #: Which of the peer's addresses (one per member of that server) is dialled.
+        self.at = 0
         self.backoff = Backoff(BACKOFF_FIRST, BACKOFF_MAX)
         self.last_error = ""
 

@@ -2,8 +2,9 @@
 
 A connection's life, whichever side opened it (each of the first two may go through TLS or not)::
 
-    CONNECTING ──┬── SECURE ──► TLS ── GREET ──┬──► HANDSHAKE ── AUTHENTICATED ──► UP
+    CONNECTING ──┬── SECURE ──► TLS ── GREET ──┬──► HANDSHAKE ── AUTHENTICATED ──► EPOCH
     ACCEPTED ────┴───────────── GREET ─────────┘
+    EPOCH ── ADMITTED ──► UP
 
     UP ── RESET ──► CLOSING          every state but CLOSED ── CLOSE ──► CLOSED
 
@@ -11,10 +12,13 @@ A connection's life, whichever side opened it (each of the first two may go thro
 :func:`transition` is the only way a connection changes state
 (:meth:`aaabus.io.connection.Connection.move`): an event the table does not list for the current
 state raises :class:`IllegalTransition`, a bug of the network's, never a peer's doing (what a
-peer does wrong closes its connection, which is legal from every state but CLOSED). Frames flow
-only UP; CLOSED is final (a redial is a new connection). CLOSING is a link the layer above asked
-to close (:meth:`aaabus.io.network.Network.reset`, any thread): from then on nothing more is sent
-on it or delivered from it, and the I/O thread closes it at the end of its turn.
+peer does wrong closes its connection, which is legal from every state but CLOSED). EPOCH is
+an authenticated connection waiting for the peer's first session frame, which names the epoch
+it speaks for (issue 42): the network admits it (UP) only if that epoch is not older than the
+one it knows. Frames flow only UP; CLOSED is final (a redial is a new connection). CLOSING is a
+link the layer above asked to close (:meth:`aaabus.io.network.Network.reset`, any thread): from
+then on nothing more is sent on it or delivered from it, and the I/O thread closes it at the end
+of its turn.
 
 Sans-IO: no socket, no thread; the network's I/O thread applies the events (and, for the
 transitions to and from UP, under the connection's lock: senders read the state without the I/O
@@ -39,6 +43,7 @@ class ConnState(enum.Enum):
     ACCEPTED = "accepted"  # taken from a listening socket; nothing exchanged yet
     TLS = "tls"  # TLS handshake in progress
     HANDSHAKE = "handshake"  # aaabus handshake in progress
+    EPOCH = "epoch"  # authenticated; waiting for the peer's EPOCH frame
     UP = "up"  # authenticated; frames flow
     CLOSING = "closing"  # reset by the layer above: nothing more goes either way
     CLOSED = "closed"
@@ -59,7 +64,8 @@ class ConnEvent(enum.Enum):
 
     SECURE = "secure"  # TLS begins on the TCP connection (this side has a TLS context)
     GREET = "greet"  # the aaabus handshake begins: right after TCP, or once TLS is done
-    AUTHENTICATED = "authenticated"  # the handshake proved the peer: frames may flow
+    AUTHENTICATED = "authenticated"  # the handshake proved the peer: its EPOCH comes next
+    ADMITTED = "admitted"  # the peer's epoch is current: frames may flow
     RESET = "reset"  # the layer above asked for the link to be closed
     CLOSE = "close"  # closed: error, timeout, the peer hung up, eviction, replacement, stop
 
@@ -67,7 +73,7 @@ class ConnEvent(enum.Enum):
 _S = ConnState
 _E = ConnEvent
 
-_HANDSHAKING = frozenset({_S.CONNECTING, _S.ACCEPTED, _S.TLS, _S.HANDSHAKE})
+_HANDSHAKING = frozenset({_S.CONNECTING, _S.ACCEPTED, _S.TLS, _S.HANDSHAKE, _S.EPOCH})
 
 #: Every legal transition: state -> event -> next state. Anything not listed is illegal.
 TRANSITIONS: Mapping[ConnState, Mapping[ConnEvent, ConnState]] = MappingProxyType(
@@ -75,7 +81,8 @@ TRANSITIONS: Mapping[ConnState, Mapping[ConnEvent, ConnState]] = MappingProxyTyp
         _S.CONNECTING: {_E.SECURE: _S.TLS, _E.GREET: _S.HANDSHAKE, _E.CLOSE: _S.CLOSED},
         _S.ACCEPTED: {_E.SECURE: _S.TLS, _E.GREET: _S.HANDSHAKE, _E.CLOSE: _S.CLOSED},
         _S.TLS: {_E.GREET: _S.HANDSHAKE, _E.CLOSE: _S.CLOSED},
-        _S.HANDSHAKE: {_E.AUTHENTICATED: _S.UP, _E.CLOSE: _S.CLOSED},
+        _S.HANDSHAKE: {_E.AUTHENTICATED: _S.EPOCH, _E.CLOSE: _S.CLOSED},
+        _S.EPOCH: {_E.ADMITTED: _S.UP, _E.CLOSE: _S.CLOSED},
         _S.UP: {_E.RESET: _S.CLOSING, _E.CLOSE: _S.CLOSED},
         _S.CLOSING: {_E.CLOSE: _S.CLOSED},
         _S.CLOSED: {},

@@ -33,7 +33,10 @@ Protocol
     ``{"op": "request", "id": ..., "to": ..., "note": ...}`` (its reply is fetched from mailbox
     ``request-<id>``; see :mod:`aaabus.node.mailboxes`),
     ``{"op": "failpoints", "arm": "name:action[:skip[:times]]"}`` (tests only, see
-    :meth:`AgentServer.arm_failpoints`). Answers are
+    :meth:`AgentServer.arm_failpoints`). A member of server N standing as candidate in a failover
+    (role :data:`~aaabus.wire.frames.ROLE_CANDIDATE`, connector id N, N's link key with this
+    server; issue 42) may ask ``{"op": "vote", ...}`` and ``{"op": "whois", ...}`` about N and
+    nothing else (:mod:`aaabus.node.voter`). Answers are
     ``{"ok": true, ...}`` or ``{"ok": false, "error": "one line"}`` (with ``"close": true`` when
     the request's body did not decode: the server then ends the connection). Notifications,
     payloads and agents are data, as between servers (:mod:`aaabus.wire.codec`), decoded only on
@@ -70,11 +73,12 @@ import ssl
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 from aaabus.config.scopes import Scope
-from aaabus.errors import AdminError, WireError
+from aaabus.errors import AdminError, AuthError, WireError
 from aaabus.io.adminlink import AdminLink
 from aaabus.io.gate import PendingTable, RefusalLog
 from aaabus.io.tls import tls_contexts
@@ -82,6 +86,7 @@ from aaabus.node.control import NodeControl
 from aaabus.node.dispatch import answer
 from aaabus.node.rates import RateMeter
 from aaabus.node.rights import Session
+from aaabus.wire.frames import ROLE_CANDIDATE
 
 __all__ = ["AdminEndpoint"]
 
@@ -206,9 +211,38 @@ class AdminEndpoint:
         for sock in late:
             _hang_up(sock)
 
-    def _authenticated(self, sock: socket.socket, scope: Scope, address: str) -> str | None:
+    def _session(self, client: int, scope: Scope | None) -> Callable[[Any], dict[str, Any]]:
+        """How the session of ``client`` answers each request: a tool's, checked against its
+        scope (:mod:`aaabus.node.rights`); a candidate's (``scope`` None), only ``vote`` and
+        ``whois``, for its own server (:class:`aaabus.node.voter.Voter`)."""
+        server = self.server
+        if scope is None:
+            voter = server.voter
+            assert voter is not None  # the role is offered only then
+            return partial(voter.answer, client)
+        session = Session(scope)
+
+        def serve(request: Any) -> dict[str, Any]:
+            return session.serve(request, partial(answer, server, self.rates, session, request))
+
+        return serve
+
+    def _candidate_key(self, candidate: int) -> bytes:
+        """The key a candidate for server ``candidate`` proves here: that server's link key
+        with this one (connection thread, in the handshake; AuthError if there is none)."""
+        server = self.server
+        if candidate not in server.config.servers:
+            raise AuthError(f"candidate for server {candidate}, which is not in this bus")
+        try:
+            return server.keys.link_key(candidate)
+        except KeyError:
+            raise AuthError(
+                f"candidate for server {candidate}: this server's key file has no key for it"
+            ) from None
+
+    def _authenticated(self, sock: socket.socket, scope: Scope | None, address: str) -> str | None:
         """Leave the waiting room for a session slot: ``None``, or why none is given (any
-        connection thread)."""
+        connection thread). ``scope`` None: a candidate's, counted with the others."""
         with self._lock:
             self._pending.remove(sock)
             if self._sessions >= MAX_CONNECTIONS:
@@ -225,7 +259,7 @@ class AdminEndpoint:
             self._sessions += 1
             return None
 
-    def _left(self, scope: Scope, address: str) -> None:
+    def _left(self, scope: Scope | None, address: str) -> None:
         """Give back a session slot (its connection thread, at the end)."""
         with self._lock:
             self._sessions -= 1
@@ -238,7 +272,8 @@ class AdminEndpoint:
         server = self.server
         where = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
         address = peer[0] if isinstance(peer, tuple) else str(peer)
-        scope: Scope | None = None  # set once the session holds a slot
+        proved: Scope | None = None  # the tool's scope; None for a candidate (ROLE_CANDIDATE)
+        slot = False  # whether the session holds a slot
         try:
             deadline = time.monotonic() + HANDSHAKE_TIMEOUT
             sock.settimeout(HANDSHAKE_TIMEOUT)
@@ -249,25 +284,31 @@ class AdminEndpoint:
                     self._refusals.refused(where, f"TLS handshake failed ({exc})")
                     return
             try:
-                link, client, proved = AdminLink.accept(
-                    sock, self._admin_key, server.server_id, server.max_frame, deadline
+                link, client, role = AdminLink.accept(
+                    sock,
+                    self._admin_key,
+                    server.server_id,
+                    server.max_frame,
+                    deadline,
+                    None if server.voter is None else self._candidate_key,
                 )
             except (WireError, OSError) as exc:
                 self._refusals.refused(where, str(exc) or type(exc).__name__)
                 return
+            proved = None if role == ROLE_CANDIDATE else Scope(role)
             refusal = self._authenticated(sock, proved, address)
             if refusal is not None:
                 link.send({"ok": False, "error": refusal})
                 return
-            scope = proved
+            slot = True
             log.debug(
-                "server %s: admin client %s (scope %s) connected from %s",
+                "server %s: admin client %s (%s) connected from %s",
                 server.server_id,
                 client,
-                proved.label,
+                "candidate" if proved is None else f"scope {proved.label}",
                 where,
             )
-            session = Session(proved)
+            serve = self._session(client, proved)
             # Closed between two requests once it has lasted its lifetime: a deadline that no
             # request pushes back, so a slot is never held forever by cheap requests.
             ends = time.monotonic() + self._lifetime
@@ -280,8 +321,7 @@ class AdminEndpoint:
                     request = link.receive()
                 except (WireError, OSError):
                     return  # the client left, idled out, or broke the session: nothing to say
-                perform = partial(answer, server, self.rates, session, request)
-                reply = session.serve(request, perform)
+                reply = serve(request)
                 link.send(reply)
                 if reply.get("close"):
                     return  # a request that did not decode ends its connection, not the server
@@ -291,8 +331,8 @@ class AdminEndpoint:
             with self._lock:
                 self._conns.discard(sock)
                 self._pending.remove(sock)
-            if scope is not None:
-                self._left(scope, address)
+            if slot:
+                self._left(proved, address)
             if isinstance(sock, ssl.SSLSocket):
                 sock.close()  # socketserver closes only the plain socket it accepted
 

@@ -16,6 +16,7 @@ from aaabus.model.agent import Agent
 from aaabus.model.ids import AgentId
 from aaabus.model.notifications import Notification
 from aaabus.node.mailboxes import MailboxDesk
+from aaabus.node.voter import Voter
 from aaabus.wire.codec import Codec
 
 __all__ = ["NodeControl"]
@@ -46,6 +47,11 @@ class NodeControl(Protocol):
 
     @property
     def max_frame(self) -> int: ...
+
+    @property
+    def voter(self) -> Voter | None:
+        """What answers the candidates of a failover (None: the server is not started)."""
+        ...
 
     @property
     def mailboxes(self) -> MailboxDesk:

@@ -24,6 +24,7 @@ from BTrees.LOBTree import LOBTree
 from BTrees.OOBTree import OOBTree
 
 from aaabus.config.domains import Topology
+from aaabus.config.hosts import member_hosts
 from aaabus.config.reader import BusConfig, ServiceConfig
 from aaabus.config.secret import load_server_keys, secret_path
 from aaabus.config.trust import policy_for
@@ -44,9 +45,11 @@ from aaabus.model.pubsub import Publish, Subscribe, Unsubscribe
 from aaabus.mqtt.bridge import MqttBridge, forget_now
 from aaabus.mqtt.bridgesettings import BridgeSettings
 from aaabus.mqtt.sessions import MqttSessions, RetainedBounds
+from aaabus.node.epochs import EpochBook
 from aaabus.node.mailboxes import MailboxDesk
 from aaabus.node.replication import ReplicationLinks
 from aaabus.node.status import server_status
+from aaabus.node.voter import Voter
 from aaabus.topics.messages import TopicRoutes
 from aaabus.topics.representative import TopicRepresentative
 from aaabus.wire.codec import Codec
@@ -216,6 +219,20 @@ class AgentServer:
         self.endpoints = endpoints
         self.admin: AdminEndpoint | None = None
         self.metrics: MetricsEndpoint | None = None
+        #: ``(epoch, member)`` this server speaks for on its links (issue 42): epoch 1 of
+        #: member 0 unless the one that starts it says otherwise (set it before :meth:`start`).
+        self.epoch: tuple[int, int] = (1, 0)
+        delay_ms: int = config.setting(server_id, "aaabus.failover.delay_ms")
+        heartbeat_ms: int | None = config.setting(server_id, "aaabus.failover.heartbeat_ms")
+        #: How long a server must have been silent before its voters grant a takeover (s).
+        self.failover_delay_s = delay_ms / 1000.0
+        #: The keepalive tick of its links (s); sent only by a server with replicas, the only
+        #: kind that can fail over, whose voters must tell it is alive.
+        self.heartbeat_s = (heartbeat_ms if heartbeat_ms is not None else delay_ms // 4) / 1000.0
+        #: What it remembers of the others' epochs and the votes it gave (set by start()).
+        self.epochs: EpochBook | None = None
+        #: Its answers to the candidates of the others' failovers (set by start()).
+        self.voter: Voter | None = None
         # stop() may come from a signal, the admin port and the owner at once: one at a time.
         self._stop_lock = threading.Lock()
         self._stop_requested = False
@@ -235,6 +252,15 @@ class AgentServer:
             pack_every=self.pack_every,
         )
         try:
+            self.epochs = EpochBook(None if self.store_kind == "memory" else self.storage)
+            self.voter = Voter(
+                self.server_id,
+                self.config,
+                self.epochs,
+                lambda: self.network,
+                self.failover_delay_s,
+                time.monotonic(),
+            )
             self._start_replication(self.store)
             self.engine = Engine(
                 self.store,
@@ -577,22 +603,27 @@ class AgentServer:
 
     def _make_network(self, engine: Engine, channel: Channel) -> Network:
         me = self.spec
-        peers: dict[int, tuple[str, int]] = {}
+        peers: dict[int, tuple[tuple[str, int], ...]] = {}
         for peer in self.topology.neighbours(self.server_id):
             other = self.config.servers[peer]
             shared = next(d for d in other.domains if d in me.domains)
-            peers[peer] = (other.hostname, other.port_in(shared))
-            # Where to dial a peer, if not where it listens (a NAT, a tunnel, a test proxy).
+            # Whichever member of the peer is its primary listens on the peer's port on its own
+            # host (issue 42): each member's host in turn, the <server>'s first.
+            port = other.port_in(shared)
+            peers[peer] = tuple((host, port) for host in member_hosts(other))
+            # Where to dial a peer, if not where it listens (a NAT, a tunnel, a test proxy):
+            # then only there. A lower peer dials us, and may do so from any of its members.
             override: tuple[str, int] | None = self.config.setting(
                 self.server_id, f"aaabus.dial.{peer}"
             )
-            if override is not None:
-                peers[peer] = override
+            if override is not None and peer > self.server_id:
+                peers[peer] = (override,)
 
         def on_up(peer: int) -> None:
             channel.links.up(peer)
             engine.submit(lambda _engine: channel.resend(peer))
 
+        assert self.epochs is not None
         ssl_server, ssl_client = tls_contexts(self.config, self.server_id)
         return Network(
             my_id=self.server_id,
@@ -607,6 +638,9 @@ class AgentServer:
             ssl_client=ssl_client,
             log=logging.getLogger(f"aaabus.network.s{self.server_id}"),
             name=f"net-{self.server_id}",
+            epochs=self.epochs,
+            epoch=self.epoch,
+            heartbeat_s=self.heartbeat_s if me.replicas else None,
         )
 
     def _require_engine(self) -> Engine:

@@ -37,6 +37,13 @@ class FigureSource(Protocol):
     def figures(self, timeout: float) -> dict[str, Any]: ...
 
 
+class EpochSource(Protocol):
+    """What a server remembers of the others' epochs (:class:`aaabus.node.epochs.EpochBook`),
+    read under its own lock on the caller's thread."""
+
+    def everything(self) -> dict[int, tuple[int, int]]: ...
+
+
 class ReplicationSource(Protocol):
     """A primary's replication links (:class:`aaabus.node.replication.ReplicationLinks`): their
     figures, read under their own lock on the caller's thread, never the engine's."""
@@ -86,6 +93,10 @@ class StatusSource(Protocol):
     def bridge(self) -> FigureSource | None: ...
     @property
     def replication(self) -> ReplicationSource | None: ...
+    @property
+    def epoch(self) -> tuple[int, int]: ...
+    @property
+    def epochs(self) -> EpochSource | None: ...
     def call(self, fn: Callable[[], T], timeout: float = 30.0) -> T: ...
 
 
@@ -215,6 +226,18 @@ def _identity(server: StatusSource) -> dict[str, Any]:
         "links": {
             str(p): network is not None and network.is_up(p) for p in server.topology.neighbours(me)
         },
+        **_epoch_figures(server),
+    }
+
+
+def _epoch_figures(server: StatusSource) -> dict[str, Any]:
+    """The epoch this server speaks for, ``[epoch, member]``, and those it knows of the other
+    servers that ever failed over (issue 42): ``{"<id>": [epoch, member]}``."""
+    book = server.epochs
+    known = {} if book is None else book.everything()
+    return {
+        "epoch": list(server.epoch),
+        "epochs": {str(sid): list(pair) for sid, pair in known.items()},
     }
 
 

@@ -43,7 +43,12 @@ class FakePeer:
 
     def __init__(self, addr: tuple[str, int], secret: bytes, me: int, peer: int) -> None:
         from aaabus.config.secret import link_key
-        from aaabus.wire.frames import HANDSHAKE_MAX_FRAME, ConnectorHandshake, FrameDecoder
+        from aaabus.wire.frames import (
+            HANDSHAKE_MAX_FRAME,
+            ConnectorHandshake,
+            FrameDecoder,
+            encode_epoch,
+        )
 
         self.sock = socket.create_connection(addr, timeout=5)
         decoder = FrameDecoder(HANDSHAKE_MAX_FRAME)
@@ -63,6 +68,8 @@ class FakePeer:
         self.sock.sendall(handshake.receive(next_message()))  # challenge -> answer
         handshake.receive(next_message())  # proof
         self.cipher = handshake.cipher()
+        # A link's first session frame says which epoch of its server id it speaks for.
+        self.sock.sendall(self.cipher.wrap_frame(encode_epoch(1, 0)))
         self.sock.settimeout(None)
         self._reader = threading.Thread(target=self._drain, daemon=True, name="fake-peer-drain")
         self._reader.start()

@@ -397,7 +397,19 @@ def _status_table(servers: list[dict[str, Any]]) -> str:
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows
     ]
-    return "\n".join(lines + [line for st in servers for line in _replica_lines(st)])
+    return "\n".join(
+        lines
+        + [line for st in servers for line in _replica_lines(st)]
+        + [line for st in servers for line in _epoch_lines(st)]
+    )
+
+
+def _epoch_lines(st: dict[str, Any]) -> list[str]:
+    """One line per other server that failed over, as this server knows it (issue 42)."""
+    return [
+        f"server {st['id']} knows server {sid} at epoch {epoch} (member {member})"
+        for sid, (epoch, member) in st.get("epochs", {}).items()
+    ]
 
 
 def _replica_lines(st: dict[str, Any]) -> list[str]:

@@ -57,6 +57,13 @@ Session frames (after the handshake)
     in front of every payload. The receiver insists on the exact next ``seq``, so a frame cannot
     be replayed, dropped, reordered, reflected or injected without the session failing with
     :class:`AuthError`.
+
+Link opening and keepalive (links between servers only, version 4)
+    The first session frame each side of a link sends is ``EPOCH``: ``b"E" epoch(8)
+    member(4)``, 13 bytes, the epoch of the sender's server id and the member holding it
+    (issue 42; :mod:`aaabus.io.network` checks it before the link is up, and any other first
+    frame is a violation). An empty session frame is a keepalive (:data:`KEEPALIVE`), which the
+    network reads and drops: it tells the peer the sender is alive, nothing more.
 """
 
 from __future__ import annotations
@@ -71,7 +78,10 @@ from typing import Any
 from aaabus.errors import AuthError, FrameTooLarge, WireError
 
 __all__ = [
+    "BODY_VERSION",
+    "KEEPALIVE",
     "MAGIC",
+    "ROLE_CANDIDATE",
     "ROLE_REPLICA",
     "ROLE_SERVER",
     "VERSION",
@@ -82,6 +92,8 @@ __all__ = [
     "FrameTooLarge",
     "SessionCipher",
     "WireError",
+    "decode_epoch",
+    "encode_epoch",
     "encode_frame",
 ]
 
@@ -90,9 +102,19 @@ MAGIC = b"AAAB"
 #: take tentative frames for durable ones, so the versions refuse each other at the handshake.
 #: 3: notifications travel as data, not pickles (aaabus.wire.codec), and the handshake carries
 #: the connector's role (a server, or a tool's scope) inside its MACs, with per-server admin keys.
-VERSION = 3
+#: 4: the first session frame of a link between servers is EPOCH, an empty session frame is a
+#: keepalive, and a candidate of a failover may open an admin session (issue 42). A version-3
+#: server would take EPOCH for a garbled frame and never see the epoch.
+VERSION = 4
+#: The format of the notification bodies and queued frames (:mod:`aaabus.wire.codec`,
+#: :mod:`aaabus.wire.linkframes`), which a store records: unchanged by version 4, so a store
+#: written under version 3 boots with its queues (:mod:`aaabus.core.upgrades`).
+BODY_VERSION = 3
 #: The ``role`` of a connector that is a server opening a link; tools' roles are their scopes.
 ROLE_SERVER = 0
+#: The ``role`` of a member of a server asking a voter of the bus for a vote (issue 42): the
+#: connector id is that server's, the key its link key with the voter (:mod:`aaabus.node.voter`).
+ROLE_CANDIDATE = 254
 #: The ``role`` of a server connecting to a replica of its own (the acceptor has the same id).
 ROLE_REPLICA = 255
 NONCE_BYTES = 32
@@ -120,6 +142,10 @@ _PROOF = struct.Struct(f">4sBB{MAC_BYTES}s")
 _CONTEXT = struct.Struct(">BIIB")  # version, connector_id, acceptor_id, role
 _SEQ = struct.Struct(">Q")
 _FRAME_HEAD = struct.Struct(">IQ")  # length prefix + seq of a session frame
+_EPOCH = struct.Struct(">cQI")  # kind, epoch, member
+_EPOCH_KIND = b"E"
+#: The payload of a keepalive session frame.
+KEEPALIVE = b""
 
 
 # --------------------------------------------------------------------------------------------
@@ -514,6 +540,11 @@ class SessionCipher:
         self._send_seq = 0
         self._recv_seq = 0
 
+    @property
+    def sent(self) -> int:
+        """Frames wrapped so far (any thread may read it: a keepalive timer compares it)."""
+        return self._send_seq
+
     def wrap(self, payload: bytes) -> bytes:
         """``seq | payload | mac16`` for the next outgoing frame."""
         seq = _SEQ.pack(self._send_seq)
@@ -551,3 +582,26 @@ class SessionCipher:
             )
         self._recv_seq += 1
         return frame[_SEQ.size : -16]
+
+
+# --------------------------------------------------------------------------------------------
+# Link opening
+
+
+def encode_epoch(epoch: int, member: int) -> bytes:
+    """The EPOCH payload: "I speak for ``epoch`` of my server id, held by ``member``"."""
+    return _EPOCH.pack(_EPOCH_KIND, epoch, member)
+
+
+def decode_epoch(payload: bytes) -> tuple[int, int]:
+    """``(epoch, member)`` of an EPOCH payload; :class:`WireError` (one line) for anything
+    else, in constant time (only the length and the first byte are looked at before unpacking)."""
+    if len(payload) != _EPOCH.size or payload[:1] != _EPOCH_KIND:
+        raise WireError(
+            f"the first frame of a link must be EPOCH ({_EPOCH.size} bytes, kind E), not "
+            f"{len(payload)} bytes of kind {bytes(payload[:1])!r}"
+        )
+    _kind, epoch, member = _EPOCH.unpack(payload)
+    if epoch < 1:
+        raise WireError("EPOCH names epoch 0; epochs start at 1")
+    return epoch, member
