@@ -191,12 +191,12 @@ def probe(cfg: BusConfig, layout: Layout, member: int, timeout: float = 0.5) -> 
 
 
 def epoch_of(status: Mapping[str, Any]) -> int | None:
-    """The epoch a primary's status names (None when it names none: a bus without failover)."""
-    for holder in (status, status.get("failover") or {}):
-        value = holder.get("epoch") if isinstance(holder, Mapping) else None
-        if isinstance(value, int):
-            return value
-    return None
+    """The epoch a primary's status says it serves at (``"epoch": [epoch, member]``); None when
+    it says none."""
+    value = status.get("epoch")
+    if isinstance(value, list) and value and isinstance(value[0], int):
+        return value[0]
+    return value if isinstance(value, int) else None
 
 
 def caught_up(status: Mapping[str, Any], members: int, lag: int) -> bool:
