@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 from xml.sax import SAXParseException
 from xml.sax.handler import ContentHandler
@@ -43,6 +43,7 @@ __all__ = [
     "STAMPS",
     "BusConfig",
     "DomainConfig",
+    "Member",
     "NetworkConfig",
     "ReplicaConfig",
     "ServerConfig",
@@ -109,6 +110,18 @@ class ReplicaConfig:
 
 
 @dataclass(frozen=True)
+class Member:
+    """One member of a server (issue 42, failover): member 0 is the ``<server>`` itself, member
+    K >= 1 its ``<replica index="K">``. Whichever member is primary serves the server's ports on
+    its own ``hostname``; every member listens for a primary's replication link on
+    ``replication_port`` (member 0: ``aaabus.replication.port``, K: the replica's ``port``)."""
+
+    index: int
+    hostname: str
+    replication_port: int
+
+
+@dataclass(frozen=True)
 class ServerConfig:
     """A ``<server>`` element with its networks, services and own properties."""
 
@@ -121,6 +134,23 @@ class ServerConfig:
     line: int
     #: Its replicas, in document order (none: the server's store is on its own disk only).
     replicas: tuple[ReplicaConfig, ...] = ()
+    #: Member 0's replication port (``aaabus.replication.port``; 0 without replicas).
+    replication_port: int = 0
+
+    def members(self) -> tuple[Member, ...]:
+        """Its members, member 0 (the server itself) first, then the replicas in document
+        order."""
+        return (
+            Member(0, self.hostname, self.replication_port),
+            *(Member(r.index, r.hostname, r.port) for r in self.replicas),
+        )
+
+    def member(self, index: int) -> Member:
+        """Member ``index`` (0: the server itself), or the ConfigError of :meth:`replica`."""
+        if index == 0:
+            return self.members()[0]
+        rep = self.replica(index)
+        return Member(rep.index, rep.hostname, rep.port)
 
     def replica(self, index: int) -> ReplicaConfig:
         """Replica ``index``, or a :class:`ConfigError` listing the ones that exist."""
@@ -190,6 +220,53 @@ class BusConfig:
     def where(self, line: int) -> str:
         """``path:line``, the location format of every configuration error."""
         return f"{self.path}:{line}"
+
+    def failover(self, server_id: int) -> bool:
+        """Whether a follower of ``server_id`` may take over (``aaabus.failover``; default: on
+        when the server has replicas). Never without replicas: there is no one to take over."""
+        if not self.server(server_id).replicas:
+            return False
+        chosen: str | None = self.setting(server_id, "aaabus.failover")
+        return chosen != "off"
+
+    def as_member(self, server_id: int, index: int) -> BusConfig:
+        """This configuration as member ``index`` of ``server_id`` sees it when it serves as the
+        server's primary: the server's ``hostname`` is the member's, and so are
+        ``aaabus.mqtt.host`` and ``aaabus.metrics.host`` where they were the server's hostname
+        (every port of the server is then bound on the member's own address). Member 0: this
+        configuration itself."""
+        spec = self.server(server_id)
+        if index == 0:
+            return self
+        host = spec.member(index).hostname
+        props = dict(spec.properties)
+        for name in ("aaabus.mqtt.host", "aaabus.metrics.host"):
+            if self.setting(server_id, name) == spec.hostname:
+                props[name] = host
+        servers = dict(self.servers)
+        servers[server_id] = replace(spec, hostname=host, properties=props)
+        return replace(self, servers=servers)
+
+    def member_warnings(self) -> list[str]:
+        """What ``aaabus check`` warns of without refusing: members of a server with failover
+        on that share a hostname (they can then serve only one at a time: the primary's ports
+        are bound on its own hostname)."""
+        out = []
+        for srv in self.servers.values():
+            if not self.failover(srv.id):
+                continue
+            seen: dict[str, int] = {}
+            for member in srv.members():
+                if member.hostname in seen:
+                    out.append(
+                        f"server {srv.name}: members {seen[member.hostname]} and {member.index} "
+                        f"share hostname {member.hostname}; with aaabus.failover on, give each "
+                        "member a hostname of its own (a member that takes over binds the "
+                        "server's ports on it)"
+                    )
+                else:
+                    seen[member.hostname] = member.index
+        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,6 +394,8 @@ _CHILDREN = {
 }
 #: Replica indexes: small, so that a replica's index fits in a byte wherever it travels.
 MAX_REPLICA_INDEX = 255
+#: Member 0's default replication port: the server's first network port plus this.
+REPLICATION_PORT_OFFSET = 2000
 
 
 class _Checker:
@@ -524,6 +603,23 @@ class _Checker:
             line=elem.line,
         )
 
+    def member0_port(self, srv: ServerConfig, props: Mapping[str, str]) -> int:
+        """Member 0's replication port: ``aaabus.replication.port``, else the first network
+        port + :data:`REPLICATION_PORT_OFFSET`."""
+        name = "aaabus.replication.port"
+        text = srv.properties.get(name, props.get(name))
+        if text is not None:
+            port: int = settings.parse(name, text)
+            return port
+        port = srv.networks[0].port + REPLICATION_PORT_OFFSET if srv.networks else 0
+        if not 1 <= port <= 65535:
+            raise self.error(
+                f"server {srv.name} has replicas and its default replication port ({port}: its "
+                f"first network port + {REPLICATION_PORT_OFFSET}) is not a port; set {name}",
+                srv.line,
+            )
+        return port
+
     def sync_counts(self, servers: Mapping[int, ServerConfig], props: Mapping[str, str]) -> None:
         """Each server with replicas asks for at most as many synchronous ones as it has."""
         name = "aaabus.replication.sync"
@@ -618,6 +714,20 @@ class _Checker:
             )
         props = self.properties([e for e in root.children if e.tag == "property"], "the bus")
         self.sync_counts(servers, props)
+        for sid, srv in servers.items():
+            if srv.replicas:
+                servers[sid] = srv = replace(srv, replication_port=self.member0_port(srv, props))
+                key = (srv.hostname, srv.replication_port)
+                if key in endpoints:
+                    osrv, onet = endpoints[key]
+                    raise self.error(
+                        f"port {srv.replication_port} on host {srv.hostname} is used twice "
+                        f"(server {osrv.name} at line {onet.line} and the replication port of "
+                        f"server {srv.name}, aaabus.replication.port); set "
+                        "aaabus.replication.port to a free port",
+                        srv.line,
+                    )
+                endpoints[key] = (srv, NetworkConfig("", srv.replication_port, srv.line))
         return BusConfig(path=self.path, domains=domains, servers=servers, properties=props)
 
 

@@ -189,13 +189,35 @@ SETTINGS: tuple[Setting, ...] = (
         "commits). At most the number of replicas (`aaabus check`).",
     ),
     Setting(
+        "aaabus.replication.port",
+        integer(1, 65535),
+        None,
+        "For a server with `<replica>` elements: where member 0 (the `<server>` itself) listens, "
+        "on its `hostname`, for the replication link of a replica that has taken over (a "
+        "replica listens on its `<replica>` `port`). Each (hostname, port) pair is used once in "
+        "the file (`aaabus check`).",
+        shown_default="first `<network>` port + 2000",
+    ),
+    Setting(
+        "aaabus.failover",
+        choice("on", "off"),
+        None,
+        "For a server with `<replica>` elements: `on`, a follower that hears nothing from the "
+        "primary for `aaabus.failover.delay_ms` stands for a new epoch and, voted in, takes "
+        'over (docs/architecture.md, "Replicas and failover"); `off`, the replicas only keep '
+        "copies and never take over (an operator restarts the server). No effect without "
+        "replicas.",
+        shown_default="`on` with `<replica>` elements, else `off`",
+    ),
+    Setting(
         "aaabus.failover.delay_ms",
         integer(20, 600_000),
         1500,
         "How long a server must have been silent before a takeover of it may be voted (ms): a "
         "voter refuses a candidate while it has heard from the server within this delay, or "
         'has itself been running for less (docs/architecture.md, "Replicas and failover"). '
-        "Give every server of a bus the same value.",
+        "Give every server of a bus the same value. A follower stands for its primary's place "
+        "once it has heard nothing from it (no commit, no heartbeat) for this long.",
     ),
     Setting(
         "aaabus.failover.heartbeat_ms",
@@ -204,7 +226,8 @@ SETTINGS: tuple[Setting, ...] = (
         "A server with `<replica>` elements sends an empty keepalive frame on each of its links "
         "that has sent nothing for this long (ms), so that its voters can tell it is alive; a "
         "link is then never silent for more than twice this. Keepalives reach no engine and "
-        "cost no commit. Keep it well under `aaabus.failover.delay_ms`.",
+        "cost no commit. A primary sends one to its followers too (replication links). Keep it "
+        "well under `aaabus.failover.delay_ms`.",
         shown_default="`aaabus.failover.delay_ms` / 4",
     ),
     Setting(

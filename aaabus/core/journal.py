@@ -69,6 +69,7 @@ from zope.interface import implementer
 
 from aaabus.core.clock import DomainClock
 from aaabus.core.commitorder import sort_key
+from aaabus.core.epoch import EPOCH_KEY
 from aaabus.errors import StoreError
 from aaabus.wire.linkframes import decode_data, encode_data
 from aaabus.wire.message import Message
@@ -84,6 +85,7 @@ K_OUT = 4
 K_WAIT = 5
 K_PAGE = 6
 K_ACKED = 7
+#: Kind 8 is the server's epoch (aaabus.core.epoch.EPOCH_KEY), not the journal's own.
 #: The page number of a full-stamp clock's matrix (kept in the clock object itself).
 MATRIX = 0xFFFFFFFF
 _LOW32 = 0xFFFFFFFF
@@ -152,7 +154,8 @@ class Journal:
                 f"{description} holds damaged queue records ({type(exc).__name__}: {exc}); "
                 "restore the store from a backup"
             ) from None
-        dead = [key for key in records if key not in self._live]
+        # The server's epoch (aaabus.core.epoch) is a side record the journal keeps alive.
+        dead = [key for key in records if key not in self._live and key != EPOCH_KEY]
         if dead:
             storage.forget_side(dead)
         del self._live

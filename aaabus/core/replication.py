@@ -18,13 +18,33 @@ collector drops them; side keys the primary no longer holds are forgotten by the
 
 Messages (payloads of authenticated frames, :mod:`aaabus.io.replink`), integers big-endian::
 
-    HELLO    replica -> primary   b"H" index(1) tid(8)       the last tid on its disk
+    EPOCH    primary -> replica   b"E" epoch(8) member(1) 0   first: who ships, at which epoch
+    NEWER    replica -> primary   b"N" epoch(8) member(1) voted(1)  refused: a newer epoch is
+                                                              voted (1), or only claimed (0)
+    HELLO    replica -> primary   b"H" index(1) epoch(8) tid(8)  its last commit and its epoch
     ACK      replica -> primary   b"A" tid(8)                 that commit is on its disk
     RECORDS  primary -> replica   b"R" (oid(8) len(4) data)*  records of the commit that follows
     COMMIT   primary -> replica   b"T" tid(8) key(8)*         store the records (tid), forget keys
     CATCHUP  primary -> replica   b"C" tid(8) key(8)*         store them at tid, keep only keys
     ABORT    primary -> replica   b"X" tid(8)                 the commit just shipped is aborted
     WIPE     primary -> replica   b"W"                        start again from an empty store
+    BEAT     primary -> replica   b"P"                        heartbeat of an idle primary
+
+and, as the first message of a connection of their own (failover, :mod:`aaabus.node.member`)::
+
+    FENCE    candidate -> member  b"F" epoch(8) member(1) how(1)  how 0: claim (a candidacy:
+                                                              refuse older epochs for a while),
+                                                              1: voted, 2: released (lost)
+    POSITION member -> candidate  b"S" epoch(8) tid(8)        (or NEWER: a live primary, or
+                                                              another candidate's claim)
+    WHOIS    member -> member     b"W"                        which member is primary?
+    IS       member -> member     b"I" epoch(8) member(1) role(1)  role 1: that member is
+                                                              primary (itself); 0: not known
+
+The primary's EPOCH comes first; a member that knows a newer epoch (it took over, or a candidate
+fenced it) answers NEWER and closes; a primary that reads a NEWER of a voted epoch stops serving.
+WIPE and WHOIS share a byte: WIPE follows an EPOCH on the primary's connection, WHOIS opens a
+connection.
 
 A replica votes (writes and syncs) a COMMIT, acknowledges it, and finishes it when the next
 message comes or the connection ends (a vote ends committed unless an ABORT follows it, as on
@@ -46,6 +66,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from aaabus.core.epoch import EpochRecord, read_epoch
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import Z64
 from aaabus.errors import ReplicationStopped, StoreError, WireError
@@ -53,7 +74,14 @@ from aaabus.errors import ReplicationStopped, StoreError, WireError
 log = logging.getLogger("aaabus.replication")
 
 HELLO, ACK, RECORDS, COMMIT, CATCHUP, ABORT, WIPE = (bytes([c]) for c in b"HARTCXW")
+EPOCH, NEWER, BEAT, FENCE, POSITION, WHOIS, IS = (bytes([c]) for c in b"ENPFSWI")
 _TID = struct.Struct(">8s")
+_HELLO = struct.Struct(">BQ8s")
+_EPOCH = struct.Struct(">QBB")
+#: The ``how`` of a FENCE, the last byte of an EPOCH-like message.
+CLAIM, VOTED, RELEASED = 0, 1, 2
+_POSITION = struct.Struct(">Q8s")
+_IS = struct.Struct(">QBB")
 _REC = struct.Struct(">8sI")
 #: Records per RECORDS message are cut at about this many bytes (a catch-up may be the store).
 CHUNK_BYTES = 1 << 20
@@ -65,8 +93,55 @@ WAIT_REPEAT_S = 10.0
 MAX_QUEUED_BYTES = 256 << 20
 
 
-def hello(index: int, tid: bytes) -> bytes:
-    return HELLO + bytes([index]) + tid
+def hello(index: int, epoch: int, tid: bytes) -> bytes:
+    return HELLO + _HELLO.pack(index, epoch, tid)
+
+
+def decode_hello(payload: bytes) -> tuple[int, int, bytes]:
+    """(index, epoch, tid) of a HELLO."""
+    if payload[:1] != HELLO or len(payload) != 1 + _HELLO.size:
+        raise WireError(f"replication: expected a HELLO, got {len(payload)} bytes")
+    index, epoch, tid = _HELLO.unpack_from(payload, 1)
+    return index, epoch, tid
+
+
+def epoch_message(kind: bytes, epoch: int, member: int, how: int = 0) -> bytes:
+    """An EPOCH, NEWER or FENCE message."""
+    return kind + _EPOCH.pack(epoch, member, how)
+
+
+def decode_epoch(payload: bytes) -> tuple[int, int, int]:
+    """(epoch, member, how) of an EPOCH, NEWER or FENCE message."""
+    if len(payload) != 1 + _EPOCH.size:
+        raise WireError(f"replication: a {payload[:1]!r} message of {len(payload)} bytes")
+    epoch, member, how = _EPOCH.unpack_from(payload, 1)
+    if how > RELEASED:
+        raise WireError(f"replication: a {payload[:1]!r} message with how={how}")
+    return epoch, member, how
+
+
+def position_message(epoch: int, tid: bytes) -> bytes:
+    return POSITION + _POSITION.pack(epoch, tid)
+
+
+def decode_position(payload: bytes) -> tuple[int, bytes]:
+    """(epoch, tid) of a POSITION."""
+    if payload[:1] != POSITION or len(payload) != 1 + _POSITION.size:
+        raise WireError(f"replication: expected a POSITION, got {len(payload)} bytes")
+    epoch, tid = _POSITION.unpack_from(payload, 1)
+    return epoch, tid
+
+
+def is_message(epoch: int, member: int, primary: bool) -> bytes:
+    return IS + _IS.pack(epoch, member, int(primary))
+
+
+def decode_is(payload: bytes) -> tuple[int, int, bool]:
+    """(epoch, member, whether that member says it is primary) of an IS."""
+    if payload[:1] != IS or len(payload) != 1 + _IS.size:
+        raise WireError(f"replication: expected an IS, got {len(payload)} bytes")
+    epoch, member, primary = _IS.unpack_from(payload, 1)
+    return epoch, member, bool(primary)
 
 
 def ack(tid: bytes) -> bytes:
@@ -166,6 +241,8 @@ class Shipper:
         self._waiting_since: float | None = None
         #: The commit whose wait :meth:`close` cut short, until its ABORT is shipped.
         self._abandoned: bytes | None = None
+        #: Why this primary acknowledges nothing any more (a newer epoch exists), once known.
+        self._deposed: str | None = None
         self.waits = 0
 
     # -- the committing thread -------------------------------------------------------------
@@ -187,10 +264,11 @@ class Shipper:
     def wait(self, tid: bytes) -> None:
         """Return once ``sync`` attached replicas acknowledged ``tid``; ReplicationStopped (a
         FatalError: the vote fails, the commit is aborted, the engine stops) once closed."""
-        if self.sync == 0:
-            return
         with self._cond:
-            if self._count(tid) >= self.sync:
+            if self._deposed is not None:
+                self._abandoned = tid
+                raise ReplicationStopped(self._deposed)
+            if self.sync == 0 or self._count(tid) >= self.sync:
                 return
             start = time.monotonic()
             self._waiting_since = start
@@ -198,6 +276,9 @@ class Shipper:
             warn_at = start + WAIT_WARN_S
             try:
                 while self._count(tid) < self.sync:
+                    if self._deposed is not None:
+                        self._abandoned = tid
+                        raise ReplicationStopped(self._deposed)
                     if self._closed:
                         self._abandoned = tid
                         raise ReplicationStopped(
@@ -315,6 +396,15 @@ class Shipper:
             rep.inflight.clear()
             self._cond.notify_all()
 
+    def depose(self, why: str) -> None:
+        """A newer epoch exists (any thread): every vote from now on, and the one waiting,
+        fails with ``why`` (ReplicationStopped): this primary acknowledges nothing more, even
+        what a replica that is not fenced yet would acknowledge, or with ``sync`` 0."""
+        with self._cond:
+            if self._deposed is None:
+                self._deposed = why
+            self._cond.notify_all()
+
     def close(self) -> None:
         """Stop waiting: a vote waiting now fails (its commit is aborted, unacknowledged)."""
         with self._cond:
@@ -389,6 +479,10 @@ class Follower:
         if self._voted is not None:
             return self._voted[1]
         return self.storage.lastTransaction()
+
+    def epoch(self) -> EpochRecord:
+        """The epoch record of the store's last finished commit."""
+        return read_epoch(self.storage)
 
     def receive(self, payload: bytes) -> bytes | None:
         """Apply one message; returns the acknowledgement to send, if any. WireError for a

@@ -121,6 +121,37 @@ class ReplicaLink(AdminLink):
             raise WireError("replication link is not authenticated")
         return cipher.unwrap(self._read_raw())
 
+    def receive_within(self, seconds: float) -> bytes:
+        """The next payload, within ``seconds`` (``TimeoutError`` after); blocking again after."""
+        self._deadline = time.monotonic() + seconds
+        try:
+            return self.receive_bytes()
+        finally:
+            self._deadline = None
+            with contextlib.suppress(OSError):
+                self.sock.settimeout(None)
+
+    @classmethod
+    def ask(
+        cls,
+        address: tuple[str, int],
+        key: bytes,
+        server_id: int,
+        question: bytes,
+        timeout: float,
+        max_frame: int,
+    ) -> bytes:
+        """One question to a member of server ``server_id`` on a connection of its own, and its
+        answer, within ``timeout`` seconds in all (the failover's FENCE and WHOIS). Raises what
+        :meth:`dial` raises, or ``TimeoutError``."""
+        deadline = time.monotonic() + timeout
+        link = cls.dial(address, key, server_id, timeout=timeout, max_frame=max_frame)
+        try:
+            link.send_many([question])
+            return link.receive_within(max(0.0, deadline - time.monotonic()))
+        finally:
+            link.close()
+
     def close(self) -> None:
         """Close both directions (a thread blocked in a read returns)."""
         with contextlib.suppress(OSError):

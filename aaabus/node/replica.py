@@ -1,33 +1,74 @@
-"""A replica of a server (issue 42): ``aaabus-server --id N --replica K --config a3.xml``.
+"""A member of a server on its replication port (issue 42): ``aaabus-server --id N --replica K``.
 
-It listens on its ``<replica>`` address for its primary (server N, proving N's key of its link
-with itself, :mod:`aaabus.io.replink`), says which commit it has last, and applies what the
-primary ships (:class:`aaabus.core.replication.Follower`) to its own log store in
-``--storage`` (default ``./s<N>r<K>``), which is laid out as server N's store (``log/``): stopped,
-it opens as server N's store with everything the primary had acknowledged. It acknowledges a
-commit once it is on its disk. One primary connection at a time: a newer one (a primary that
-restarted) replaces the current one.
+It listens on its replication address (a ``<replica>``'s ``hostname:port``, member 0's
+``aaabus.replication.port``) for connections proving N's key of its link with itself
+(:mod:`aaabus.io.replink`). Their first message says what they are:
+
+* **EPOCH**: a primary that ships. While this member follows (it is not primary itself), a
+  primary of an epoch older than its *fence* is refused with NEWER; otherwise the member says which
+  commit it has last and of which epoch (HELLO) and applies what the primary ships
+  (:class:`aaabus.core.replication.Follower`) to its own log store in ``--storage`` (default
+  ``./s<N>r<K>``, member 0 ``./s<N>``), which is laid out as server N's store (``log/``): stopped,
+  it opens as server N's store with everything the primary had acknowledged. It acknowledges a
+  commit once it is on its disk, and nothing of an epoch older than its fence. While this member
+  is primary (``serving``), a newer epoch makes it stop serving (``on_newer``) and an older one
+  is refused.
+* **FENCE** (a candidate, failover): a *claim* raises the fence to the candidate's epoch for
+  :data:`CLAIM_S` (unless another claim or a newer epoch holds it: NEWER) and the member answers
+  its position (POSITION); the candidate then says whether it was voted in (the epoch is then
+  *voted*: kept in the file ``fence`` beside the store, so that a restart keeps it) or lost
+  (the claim is released). A primary answers NEWER (it is alive) and stays.
+
+The fence is the newest epoch this member knows: voted (its store's, a primary's that shipped to
+it, a candidate's that won) or claimed by a candidacy under way. A claim expires, so that a
+candidate that dies half-way does not keep the live primary out for ever; a winner that reaches
+a follower only after its claim expired may find it acknowledging the old primary meanwhile,
+which a primary that lost its voters' links (they refuse its epoch) rarely still is.
+* **WHOIS**: the member answers IS: itself at its epoch if it is primary, else its fence.
+
+One primary connection at a time: a newer one (a primary that restarted) replaces the current
+one. :meth:`release` closes the store (the member is about to serve it), :meth:`follow` opens it
+again.
 
 Threads: ``aaabus-replica-<N>.<K>`` accepts; one ``aaabus-replica-<N>.<K>-link`` thread per
-connection authenticates it (5 s deadline, at most 4 at once: more are closed) and, for its
-primary, serves it, owning the store while it does (a newer one closes it and waits for it).
+connection authenticates it (5 s deadline, at most 4 at once: more are closed) and answers it
+or, for its primary, serves it, owning the store while it does (a newer one closes it and waits
+for it). The fence and the figures are under one lock; ``serving`` and ``on_newer`` are called
+on a connection's thread.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
 import socket
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from aaabus.config.reader import BusConfig
 from aaabus.config.secret import load_server_keys, secret_path
+from aaabus.core.epoch import EpochRecord
 from aaabus.core.logstorage import LogStorage
-from aaabus.core.replication import Follower, hello
+from aaabus.core.replication import (
+    BEAT,
+    EPOCH,
+    FENCE,
+    NEWER,
+    RELEASED,
+    VOTED,
+    WHOIS,
+    Follower,
+    decode_epoch,
+    epoch_message,
+    hello,
+    is_message,
+    position_message,
+)
 from aaabus.core.store import LOG_DIR
 from aaabus.errors import AaabusError, ConfigError, StoreError, WireError
 from aaabus.io.replink import ReplicaLink
@@ -39,10 +80,23 @@ HANDSHAKE_S = 5.0
 #: Connections authenticating at once; more are closed at once.
 MAX_HANDSHAKES = 4
 REFUSAL_LOG_S = 10.0
+#: The file beside the store that keeps the fence across restarts.
+FENCE_FILE = "fence"
+#: How long a candidacy's claim holds a member's fence (s, plus twice the failover delay): the
+#: candidate's whole procedure takes less (:mod:`aaabus.node.takeover`).
+CLAIM_S = 5.0
+
+
+def member_directory(server_id: int, index: int) -> Path:
+    """A member's default store directory: ``s<N>`` for member 0, ``s<N>r<K>`` for replica K."""
+    return Path(f"s{server_id}" if index == 0 else f"s{server_id}r{index}")
 
 
 class ReplicaServer:
-    """Replica ``index`` of server ``server_id`` of ``config``."""
+    """Member ``index`` of server ``server_id`` of ``config`` on its replication port.
+
+    ``serving()``: (epoch, member) while this member is primary, else None; ``on_newer(epoch,
+    member)``: a primary of a newer epoch reached this member while it served."""
 
     def __init__(
         self,
@@ -50,12 +104,15 @@ class ReplicaServer:
         server_id: int,
         index: int,
         storage: str | os.PathLike[str] | None = None,
+        *,
+        serving: Callable[[], tuple[int, int] | None] = lambda: None,
+        on_newer: Callable[[int, int], None] = lambda epoch, member: None,
     ) -> None:
         spec = config.server(server_id)
-        self.spec = spec.replica(index)
+        self.spec = spec.member(index)
         self.server_id = server_id
         self.index = index
-        self.name = f"replica {index} of server {server_id}"
+        self.name = f"{'replica' if index else 'member'} {index} of server {server_id}"
         kind = config.setting(server_id, "aaabus.store")
         if kind != "log":
             raise ConfigError(
@@ -65,13 +122,17 @@ class ReplicaServer:
         self.segment_size = config.setting(server_id, "aaabus.store.segment_kb") << 10
         keys = load_server_keys(secret_path(config, server_id), server_id, ())
         try:
-            self._key = keys.link_key(server_id)
+            self.key = keys.link_key(server_id)
         except KeyError:
             raise ConfigError(
                 f"the key file of server {server_id} has no key for its replicas; make it again "
                 f"with `aaabus secret --server {server_id} --config a3.xml --out FILE`"
             ) from None
-        self.directory = Path(storage) if storage is not None else Path(f"s{server_id}r{index}")
+        self.directory = (
+            Path(storage) if storage is not None else member_directory(server_id, index)
+        )
+        self._serving = serving
+        self._on_newer = on_newer
         self.follower: Follower | None = None
         self._listener: socket.socket | None = None
         self._stop = threading.Event()
@@ -79,6 +140,17 @@ class ReplicaServer:
         self._current: tuple[ReplicaLink, threading.Thread] | None = None
         self._acceptor: threading.Thread | None = None
         self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
+        #: The newest voted (epoch, member) this member knows of (under the lock).
+        self._voted = (0, 0)
+        #: A candidacy's (epoch, member, until ``time.monotonic()``), newer than ``_voted``.
+        self._claim: tuple[int, int, float] | None = None
+        self._claim_s = CLAIM_S + 2 * config.setting(server_id, "aaabus.failover.delay_ms") / 1e3
+        #: (epoch, member) of the primary followed now (under the lock), None when none.
+        self._following: tuple[int, int] | None = None
+        #: When a primary last said something (``time.monotonic()``): boot counts as that.
+        self._heard = time.monotonic()
+        #: When another member last raised the fence (a candidate at work), or -inf.
+        self._fenced_at = float("-inf")
         #: Set when the replica stops on its own (its store failed); ``failure`` says why.
         self.stopped = threading.Event()
         self.failure: str | None = None
@@ -92,14 +164,16 @@ class ReplicaServer:
 
     def start(self) -> None:
         """Open the store and listen. Raises AaabusError (one line)."""
-        self.follower = Follower(self._open, self._wipe)
+        self._voted = self._read_fence()
+        self.follow()
         try:
-            listener = socket.create_server((self.spec.hostname, self.spec.port))
+            listener = socket.create_server((self.spec.hostname, self.spec.replication_port))
         except OSError as exc:
-            self.follower.close()
+            self.release()
             raise ConfigError(
-                f"{self.name} cannot listen on {self.spec.hostname}:{self.spec.port} "
-                f"({exc.strerror or exc}); free the port or fix the <replica> element"
+                f"{self.name} cannot listen on {self.spec.hostname}:{self.spec.replication_port} "
+                f"({exc.strerror or exc}); free the port or fix the <replica> element "
+                "(member 0: aaabus.replication.port)"
             ) from None
         self._listener = listener
         self._acceptor = threading.Thread(
@@ -115,9 +189,142 @@ class ReplicaServer:
             self._listener.close()
         if self._acceptor is not None:
             self._acceptor.join(5.0)
+        self.release()
+
+    # -- the member's roles (the member process's thread) --------------------------------------
+
+    def follow(self) -> None:
+        """Open the store and follow whichever primary connects (StoreError if it fails)."""
+        follower = Follower(self._open, self._wipe)
+        with self._lock:
+            self.follower = follower
+            self._heard = time.monotonic()
+            held = follower.epoch()
+            if held.epoch > self._voted[0]:
+                self._voted = (held.epoch, held.member)
+
+    def release(self) -> None:
+        """Stop following: close the primary's connection (waiting for its thread) and the
+        store, which the member may then serve."""
         self._replace(None)
-        if self.follower is not None:
-            self.follower.close()
+        with self._lock:
+            follower, self.follower = self.follower, None
+            if follower is not None:
+                follower.close()
+
+    def _fence_now(self) -> tuple[int, int, bool]:
+        """Under the lock: (epoch, member, voted) of the fence."""
+        claim = self._claim
+        if claim is not None and claim[2] > time.monotonic() and claim[0] > self._voted[0]:
+            return claim[0], claim[1], False
+        return self._voted[0], self._voted[1], True
+
+    @property
+    def fence(self) -> tuple[int, int, bool]:
+        """(epoch, member, voted) of the newest epoch this member knows."""
+        with self._lock:
+            return self._fence_now()
+
+    def claim(self, epoch: int, member: int) -> bool:
+        """A candidacy of ``member`` for ``epoch``: refuse older epochs for a while (the primary
+        followed now is cut if older). False when the fence is already at ``epoch`` or newer
+        for another reason (another candidacy, a voted epoch)."""
+        with self._lock:
+            fence = self._fence_now()
+            if epoch < fence[0] or (epoch == fence[0] and fence[1:] != (member, False)):
+                return False
+            self._claim = (epoch, member, time.monotonic() + self._claim_s)
+            if member != self.index:
+                self._fenced_at = time.monotonic()
+        self._cut_older(epoch)
+        return True
+
+    def voted(self, epoch: int, member: int) -> None:
+        """``epoch`` is ``member``'s, voted: refuse older ones from now on, across restarts."""
+        with self._lock:
+            if epoch > self._voted[0] or (epoch == self._voted[0] and member != self._voted[1]):
+                self._voted = (epoch, member)
+                self._write_fence()
+            if self._claim is not None and self._claim[0] <= epoch:
+                self._claim = None
+        self._cut_older(epoch)
+
+    def released(self, epoch: int, member: int) -> None:
+        """The candidacy of ``member`` for ``epoch`` failed: its claim no longer holds."""
+        with self._lock:
+            if self._claim is not None and self._claim[:2] == (epoch, member):
+                self._claim = None
+
+    def _cut_older(self, epoch: int) -> None:
+        with self._lock:
+            current = self._current
+            cut = self._following is not None and self._following[0] < epoch
+        if cut and current is not None:
+            current[0].close()
+
+    def store_position(self) -> tuple[EpochRecord, bytes] | None:
+        """The store's epoch record and last tid (a voted commit included); None when this
+        member does not hold its store (it serves it)."""
+        with self._lock:
+            follower = self.follower
+            if follower is None:
+                return None
+            return follower.epoch(), follower.position()
+
+    def following(self) -> tuple[int, int] | None:
+        """(epoch, member) of the primary followed now, if one is."""
+        with self._lock:
+            return self._following
+
+    def heard_now(self) -> None:
+        """Count the primary as heard now (a member that was itself paused cannot tell how long
+        its primary was silent: what the primary sent meanwhile waits unread in its socket)."""
+        with self._lock:
+            self._heard = time.monotonic()
+
+    def candidate_for(self) -> float:
+        """Seconds since another member last raised this member's fence (a candidacy under
+        way, or a new primary), ``inf`` if none did since boot."""
+        with self._lock:
+            return time.monotonic() - self._fenced_at
+
+    def silent_for(self) -> float:
+        """Seconds since a primary last said something here (or since boot)."""
+        with self._lock:
+            return time.monotonic() - self._heard
+
+    def _read_fence(self) -> tuple[int, int]:
+        try:
+            raw = json.loads((self.directory / FENCE_FILE).read_text())
+            return int(raw["epoch"]), int(raw["member"])
+        except FileNotFoundError:
+            return (0, 0)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise StoreError(
+                f"{self.name}: {self.directory / FENCE_FILE} is unreadable ({exc}); delete it "
+                "if the store's epoch is the newest this member knows"
+            ) from None
+
+    def _write_fence(self) -> None:
+        """Under the lock: the fence file, replaced atomically and synced before it counts."""
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.directory / FENCE_FILE
+        temp = path.with_suffix(".tmp")
+        data = json.dumps({"epoch": self._voted[0], "member": self._voted[1]}).encode()
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    # -- connections ---------------------------------------------------------------------------
 
     def _accept(self) -> None:
         listener = self._listener
@@ -149,19 +356,94 @@ class ReplicaServer:
             ).start()
 
     def _admit(self, sock: socket.socket, peer: tuple[str, int]) -> None:
-        """A connection's thread: authenticate it, then (its primary's) serve it."""
+        """A connection's thread: authenticate it, read what it is, answer or serve it."""
         try:
-            link = ReplicaLink.answer(
-                sock, self._key, self.server_id, MAX_FRAME, time.monotonic() + HANDSHAKE_S
-            )
+            deadline = time.monotonic() + HANDSHAKE_S
+            link = ReplicaLink.answer(sock, self.key, self.server_id, MAX_FRAME, deadline)
+            first = link.receive_within(max(0.0, deadline - time.monotonic()))
         except (AaabusError, WireError, OSError) as exc:
             log.warning("%s: refused a connection from %s:%s (%s)", self.name, *peer[:2], exc)
             sock.close()
             return
         finally:
             self._handshakes.release()
+        try:
+            kind = first[:1]
+            if kind == EPOCH:
+                self._primary(link, *decode_epoch(first)[:2])
+            elif kind == FENCE:
+                self._fenced(link, *decode_epoch(first))
+            elif kind == WHOIS:
+                self._whois(link)
+            else:
+                raise WireError(f"unexpected first message {kind!r}")
+        except (AaabusError, WireError, OSError) as exc:
+            log.warning("%s: connection from %s:%s ended (%s)", self.name, *peer[:2], exc)
+        finally:
+            link.close()
+
+    def _primary(self, link: ReplicaLink, epoch: int, member: int) -> None:
+        serving = self._serving()
+        if serving is not None:
+            if epoch > serving[0]:
+                self._on_newer(epoch, member)  # it redials and finds a follower
+            else:
+                link.send_many([epoch_message(NEWER, *serving, VOTED)])
+            return
+        with self._lock:
+            fence = self._fence_now()
+            holding = self.follower is not None
+        if not holding:
+            return  # between roles: it redials
+        # An epoch is held by one member only (voted once, or epoch 1 by member 0): any primary
+        # of the newest epoch known is that epoch's, even if this member stood for it too.
+        if epoch < fence[0]:
+            log.warning(
+                "%s: refused member %s as primary at epoch %s: epoch %s of member %s is %s",
+                self.name,
+                member,
+                epoch,
+                fence[0],
+                fence[1],
+                "newer" if fence[2] else "claimed by a candidate",
+            )
+            link.send_many([epoch_message(NEWER, fence[0], fence[1], int(fence[2]))])
+            return
+        self.voted(epoch, member)
         if self._replace((link, threading.current_thread())):
-            self._serve(link)
+            self._serve(link, epoch, member)
+
+    def _fenced(self, link: ReplicaLink, epoch: int, member: int, how: int) -> None:
+        serving = self._serving()
+        if serving is not None:
+            # Alive: the candidate backs off.
+            link.send_many([epoch_message(NEWER, *serving, VOTED)])
+            return
+        if how == VOTED:
+            self.voted(epoch, member)
+        elif how == RELEASED:
+            self.released(epoch, member)
+        elif not self.claim(epoch, member):
+            fence = self.fence
+            link.send_many([epoch_message(NEWER, fence[0], fence[1], int(fence[2]))])
+            return
+        else:
+            log.warning(
+                "%s: member %s stands for epoch %s; older epochs are refused meanwhile",
+                self.name,
+                member,
+                epoch,
+            )
+        held = self.store_position()
+        if held is not None:
+            link.send_many([position_message(held[0].epoch, held[1])])
+
+    def _whois(self, link: ReplicaLink) -> None:
+        serving = self._serving()
+        if serving is not None:
+            link.send_many([is_message(*serving, True)])
+        else:
+            link.send_many([is_message(*self.fence[:2], False)])
 
     def _replace(self, new: tuple[ReplicaLink, threading.Thread] | None) -> bool:
         """Make ``new`` the connection served (None: none); close the current one and wait for
@@ -178,16 +460,37 @@ class ReplicaServer:
                 old[1].join()
         return True
 
-    def _serve(self, link: ReplicaLink) -> None:
-        follower = self.follower
-        assert follower is not None
+    def _serve(self, link: ReplicaLink, epoch: int, member: int) -> None:
+        with self._lock:
+            follower = self.follower
+            if follower is None:
+                return
+            self._following = (epoch, member)
+            self._heard = time.monotonic()
         try:
-            link.send_many([hello(self.index, follower.position())])
-            log.info("%s: primary connected; it has %s", self.name, follower.position().hex())
+            mine = follower.epoch().epoch
+            link.send_many([hello(self.index, mine, follower.position())])
+            log.info(
+                "%s: member %s is primary at epoch %s; this one has %s (epoch %s)",
+                self.name,
+                member,
+                epoch,
+                follower.position().hex(),
+                mine,
+            )
             acks: list[bytes] = []
             deaf = False
             while True:
-                answer = follower.receive(link.receive_bytes())
+                payload = link.receive_bytes()
+                with self._lock:
+                    self._heard = time.monotonic()
+                    fenced = self._fence_now()[0] > epoch
+                if fenced:
+                    # A candidate fenced this member: nothing more of this epoch is acknowledged.
+                    raise OSError(f"fenced at epoch {self.fence[0]}")
+                # A heartbeat only says the primary lives (but may end a read whose
+                # acknowledgements are still to be sent).
+                answer = None if payload == BEAT else follower.receive(payload)
                 if answer is not None:
                     acks.append(answer)
                 if acks and not link.buffered():
@@ -195,6 +498,10 @@ class ReplicaServer:
                     # write: an ABORT that followed a commit is applied even if the primary
                     # is gone by the time its acknowledgement would go.
                     if not deaf:
+                        with self._lock:
+                            fenced = self._fence_now()[0] > epoch
+                        if fenced:
+                            raise OSError(f"fenced at epoch {self.fence[0]}")
                         try:
                             link.send_many(acks)
                         except OSError:
@@ -209,3 +516,5 @@ class ReplicaServer:
         finally:
             link.close()
             follower.settle()
+            with self._lock:
+                self._following = None

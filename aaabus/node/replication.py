@@ -1,13 +1,18 @@
 """A primary's links to its replicas (issue 42): the socket side of :mod:`aaabus.core.replication`.
 
-One thread per replica, ``aaabus-repl-<id>.<index>``, dials the replica's address
-(``<replica hostname port>`` in ``a3.xml``), authenticates (:mod:`aaabus.io.replink`), reads
-the replica's HELLO, has the :class:`~aaabus.core.replication.Shipper` catch it up, and then
-writes whatever the shipper queues for it; a second thread per connection,
-``aaabus-repl-<id>.<index>-acks``, reads its acknowledgements. When the connection ends the
-replica is detached and redialled (backoff from 50 ms to 2 s). The committing thread only ever
-queues (:class:`_Outbox`), never writes a socket: a slow replica never stalls a commit by its
-socket, only by the acknowledgements the sync setting waits for.
+One thread per other member of the server, ``aaabus-repl-<id>.<index>``, dials the member's
+replication address (``<replica hostname port>`` in ``a3.xml``, member 0's
+``aaabus.replication.port``), authenticates (:mod:`aaabus.io.replink`), says the epoch it ships
+(EPOCH), reads the member's HELLO, has the :class:`~aaabus.core.replication.Shipper` catch it up
+(from nothing when the member's last commit is not in this store's history,
+:meth:`aaabus.core.epoch.EpochRecord.holds`), and then writes whatever the shipper queues for it,
+or a heartbeat when it has written nothing for the heartbeat period; a second thread per
+connection, ``aaabus-repl-<id>.<index>-acks``, reads its acknowledgements. When the connection
+ends the member is detached and redialled (backoff from 50 ms to 2 s). A member that answers
+NEWER of a voted epoch (it knows a newer primary) ends the shipping: ``on_newer`` is called (on
+that link's thread) and the server stops serving. The committing thread only ever queues
+(:class:`_Outbox`), never writes a socket: a slow replica never stalls a commit by its socket,
+only by the acknowledgements the sync setting waits for.
 """
 
 from __future__ import annotations
@@ -15,18 +20,26 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
-from aaabus.config.reader import ReplicaConfig
+from aaabus.config.reader import Member
+from aaabus.core.epoch import read_epoch
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import Z64
 from aaabus.core.replication import (
     ACK,
-    HELLO,
+    BEAT,
+    EPOCH,
     MAX_QUEUED_BYTES,
+    NEWER,
+    VOTED,
     WIPE,
     Shipper,
+    decode_epoch,
+    decode_hello,
     decode_tid,
+    epoch_message,
 )
 from aaabus.errors import AaabusError, WireError
 from aaabus.io.backoff import Backoff
@@ -88,9 +101,15 @@ class _Outbox:
                 self._bytes += len(data) - sent
             self._cond.notify()
 
-    def write(self) -> bool:
-        """Writer thread: write what is queued (blocking); False once closed."""
+    def write(self, idle_s: float) -> bool:
+        """Writer thread: write what is queued (blocking), or a heartbeat when nothing was for
+        ``idle_s``; False once closed."""
         with self._cond:
+            if not self._items and not self._writing and not self.closed:
+                self._cond.wait(idle_s)
+                if not self._items and not self._writing and not self.closed:
+                    # Wrapped under the lock like put()'s messages: sequence numbers in order.
+                    self._items.append(self._link.wrap([BEAT]))
             while (not self._items or self._writing) and not self.closed:
                 self._cond.wait()
             if self.closed:
@@ -114,22 +133,33 @@ class _Outbox:
 
 
 class ReplicationLinks:
-    """The links of server ``server_id`` to its ``replicas``; ``key``: its link with itself."""
+    """The links of member ``member`` of server ``server_id``, primary at ``epoch``, to the
+    other ``members``; ``key``: the server's link with itself. ``on_newer(epoch, member)``: a
+    member refused this epoch for a newer one (called once, on a link thread)."""
 
     def __init__(
         self,
         server_id: int,
-        replicas: tuple[ReplicaConfig, ...],
+        members: tuple[Member, ...],
         sync: int,
         key: bytes,
         storage: LogStorage,
+        *,
+        epoch: int = 0,
+        member: int = 0,
+        heartbeat_s: float = 0.375,
+        on_newer: Callable[[int, int], None] | None = None,
     ) -> None:
         self.server_id = server_id
-        self._replicas = replicas
+        self._replicas = members
         self._key = key
         self._storage = storage
+        self.epoch = epoch
+        self.member = member
+        self._heartbeat_s = heartbeat_s
+        self._on_newer = on_newer
         self.shipper = Shipper(
-            server_id, {r.index: f"{r.hostname}:{r.port}" for r in replicas}, sync
+            server_id, {m.index: f"{m.hostname}:{m.replication_port}" for m in members}, sync
         )
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -169,14 +199,17 @@ class ReplicationLinks:
 
     # -- one replica's thread ------------------------------------------------------------------
 
-    def _run(self, rep: ReplicaConfig) -> None:
+    def _run(self, rep: Member) -> None:
         backoff = Backoff(0.05, 2.0)
-        where = f"replica {rep.index} of server {self.server_id} ({rep.hostname}:{rep.port})"
+        where = (
+            f"{'replica' if rep.index else 'member'} {rep.index} of server {self.server_id} "
+            f"({rep.hostname}:{rep.replication_port})"
+        )
         told = False
         while not self._stop.is_set():
             try:
                 link = ReplicaLink.dial(
-                    (rep.hostname, rep.port),
+                    (rep.hostname, rep.replication_port),
                     self._key,
                     self.server_id,
                     timeout=DIAL_TIMEOUT_S,
@@ -204,19 +237,33 @@ class ReplicationLinks:
             backoff.reset()
             self._stop.wait(backoff.next_delay())
 
-    def _serve(self, rep: ReplicaConfig, link: ReplicaLink, where: str) -> None:
+    def _serve(self, rep: Member, link: ReplicaLink, where: str) -> None:
+        link.send_many([epoch_message(EPOCH, self.epoch, self.member)])
         greeting = link.receive_bytes()
-        if greeting[:1] != HELLO or len(greeting) != 10:
-            raise WireError(f"expected a HELLO, got {len(greeting)} bytes")
-        if greeting[1] != rep.index:
+        if greeting[:1] == NEWER:
+            epoch, member, voted = decode_epoch(greeting)
+            # Only a voted epoch deposes: a claim is a candidacy that may yet fail.
+            if voted == VOTED and epoch > self.epoch and self._on_newer is not None:
+                # Nothing more is shipped: the other links stop dialling too.
+                self._stop.set()
+                self._on_newer(epoch, member)
+                return
+            raise WireError(f"it refuses epoch {self.epoch} (it knows epoch {epoch})")
+        index, epoch, since = decode_hello(greeting)
+        if index != rep.index:
             raise WireError(
-                f"the process there is replica {greeting[1]}, not {rep.index}: fix its "
+                f"the process there is member {index}, not {rep.index}: fix its "
                 "--replica or the <replica> port"
             )
-        since = greeting[2:]
-        if since > self._storage.lastTransaction():
+        if not read_epoch(self._storage).holds(epoch, since, self._storage.lastTransaction()):
             # Its store holds a commit this one never made (another history): copy it whole.
-            log.warning("%s: its store is ahead of this server's; it starts again empty", where)
+            log.warning(
+                "%s: its last commit (%s, epoch %d) is not in this server's history; it starts "
+                "again empty",
+                where,
+                since.hex(),
+                epoch,
+            )
             link.send_many([WIPE])
             since = Z64
         outbox = _Outbox(link)
@@ -230,7 +277,7 @@ class ReplicationLinks:
         try:
             caught = self.shipper.attach(rep.index, since, self._storage, outbox.put)
             log.info("%s: connected, catching up from %s to %s", where, since.hex(), caught.hex())
-            while outbox.write():
+            while outbox.write(self._heartbeat_s):
                 pass
             if not self._stop.is_set():
                 raise OSError("the replica fell too far behind, or its link ended")

@@ -25,11 +25,12 @@ from BTrees.OOBTree import OOBTree
 
 from aaabus.config.domains import Topology
 from aaabus.config.hosts import member_hosts
-from aaabus.config.reader import BusConfig, ServiceConfig
+from aaabus.config.reader import BusConfig, Member, ServiceConfig
 from aaabus.config.secret import load_server_keys, secret_path
 from aaabus.config.trust import policy_for
 from aaabus.core.channel import Channel
 from aaabus.core.engine import Engine
+from aaabus.core.epoch import NO_EPOCH, read_epoch, write_epoch
 from aaabus.core.failpoints import ENV_VAR as FAILPOINTS_ENV
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.store import STORE_KINDS, Store, open_store
@@ -117,14 +118,25 @@ class AgentServer:
         store_kind: str | None = None,
         endpoints: bool = False,
         topology: Topology | None = None,
+        member: int = 0,
+        members: tuple[Member, ...] | None = None,
     ) -> None:
         """``endpoints``: also serve the admin port and, if configured, the metrics port (what
         a server process does; off for in-process simulations of many servers).
         ``topology``: the validated topology of ``config``, shared by the servers of one
-        process (default: built and validated here)."""
+        process (default: built and validated here). ``member``: which member of the server
+        serves (issue 42; ``config`` is then :meth:`BusConfig.as_member`'s) and ``members``
+        all of them, where it ships its commits (default: the configuration's)."""
         self.config = config
         self.server_id = server_id
         self.spec = config.server(server_id)
+        self.member = member
+        self.members = members if members is not None else self.spec.members()
+        #: ``(epoch, member)`` this server serves at (aaabus.core.epoch): read from its store
+        #: by :meth:`start`.
+        self.epoch: tuple[int, int] = (1, member)
+        #: (epoch, member) of the newer epoch that made this primary stop serving, if one did.
+        self.deposed: tuple[int, int] | None = None
         kind = store_kind or config.setting(server_id, "aaabus.store")
         if kind not in STORE_KINDS:
             raise ConfigError(f"store kind {kind!r}: expected one of {', '.join(STORE_KINDS)}")
@@ -219,9 +231,6 @@ class AgentServer:
         self.endpoints = endpoints
         self.admin: AdminEndpoint | None = None
         self.metrics: MetricsEndpoint | None = None
-        #: ``(epoch, member)`` this server speaks for on its links (issue 42): epoch 1 of
-        #: member 0 unless the one that starts it says otherwise (set it before :meth:`start`).
-        self.epoch: tuple[int, int] = (1, 0)
         delay_ms: int = config.setting(server_id, "aaabus.failover.delay_ms")
         heartbeat_ms: int | None = config.setting(server_id, "aaabus.failover.heartbeat_ms")
         #: How long a server must have been silent before its voters grant a takeover (s).
@@ -252,6 +261,7 @@ class AgentServer:
             pack_every=self.pack_every,
         )
         try:
+            self._read_epoch(self.store)
             self.epochs = EpochBook(None if self.store_kind == "memory" else self.storage)
             self.voter = Voter(
                 self.server_id,
@@ -652,11 +662,51 @@ class AgentServer:
     def failure(self) -> BaseException | None:
         return self.engine.failure if self.engine is not None else None
 
+    def _read_epoch(self, store: Store) -> None:
+        """The epoch of ``store`` (aaabus.core.epoch): member 0 of a server with replicas whose
+        store has none starts epoch 1, without a vote (the configuration designates it), in a
+        commit of its own before the replicas are shipped to (they get it with their catch-up).
+        A server without replicas serves at epoch 1 without writing it."""
+        storage = store.storage
+        if not isinstance(storage, LogStorage):
+            return
+        record = read_epoch(storage)
+        if record.epoch == 0 and self.spec.replicas and self.member == 0:
+            record = NO_EPOCH.next(1, 0, storage.lastTransaction())
+            write_epoch(storage, record)
+            log.info("server %s: epoch 1 written in its store (member 0)", self.server_id)
+        self.epoch = (max(1, record.epoch), self.member)
+
+    def step_down(self, epoch: int, member: int) -> None:
+        """A newer ``epoch`` of this server, served by ``member``, exists (any thread): this
+        member acknowledges nothing more (every vote fails from now on) and stops; the member
+        process (aaabus.node.member) then follows the new primary. Said in one line, once."""
+        replication = self.replication
+        with self._stop_lock:
+            if self.deposed is not None:
+                return
+            self.deposed = (epoch, member)
+        log.warning(
+            "server %s: member %s (epoch %s) stops serving: epoch %s of member %s took over; "
+            "it acknowledges nothing more and follows it",
+            self.server_id,
+            self.member,
+            self.epoch[0],
+            epoch,
+            member,
+        )
+        if replication is not None:
+            replication.shipper.depose(
+                f"server {self.server_id}: epoch {epoch} of member {member} took over from "
+                f"epoch {self.epoch[0]}; this member acknowledges nothing more"
+            )
+        self.request_stop()
+
     def _start_replication(self, store: Store) -> None:
-        """With ``<replica>`` elements: ship every commit of ``store`` to the replicas, and make
-        it durable only once ``aaabus.replication.sync`` of them have it (issue 42)."""
-        replicas = self.spec.replicas
-        if not replicas:
+        """With ``<replica>`` elements: ship every commit of ``store`` to the other members, and
+        make it durable only once ``aaabus.replication.sync`` of them have it (issue 42)."""
+        others = tuple(m for m in self.members if m.index != self.member)
+        if not self.spec.replicas or not others:
             return
         storage = store.storage
         if not isinstance(storage, LogStorage):
@@ -672,7 +722,17 @@ class AgentServer:
                 f"again with `aaabus secret --server {self.server_id} --config a3.xml --out FILE`"
             ) from None
         sync: int = self.config.setting(self.server_id, "aaabus.replication.sync")
-        self.replication = ReplicationLinks(self.server_id, replicas, sync, key, storage)
+        self.replication = ReplicationLinks(
+            self.server_id,
+            others,
+            sync,
+            key,
+            storage,
+            epoch=self.epoch[0],
+            member=self.member,
+            heartbeat_s=self.heartbeat_s,
+            on_newer=self.step_down,
+        )
         self.replication.start()
 
     def interrupt(self) -> None:

@@ -19,11 +19,14 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from types import FrameType
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from aaabus.errors import AaabusError, ReplicationStopped
 from aaabus.tools.readiness import READY_LINE, REPLICA_READY_LINE
 from aaabus.tools.topiccmds import add_parsers as add_topic_commands
+
+if TYPE_CHECKING:
+    from aaabus.node.member import MemberProcess
 
 
 class _Parser(argparse.ArgumentParser):
@@ -84,13 +87,14 @@ def _server_parser(prog: str) -> _Parser:
 
 def run_server(args: argparse.Namespace, prog: str) -> int:
     from aaabus.config.reader import load_config
+    from aaabus.node.member import MemberProcess
     from aaabus.node.server import AgentServer
 
     _setup_logging(args.log_level, f"s{args.id}")
     _dump_threads_on_sigusr1()
     stop = threading.Event()
 
-    starting: list[AgentServer] = []
+    starting: list[AgentServer | MemberProcess] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
@@ -100,10 +104,24 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    try:
+        config = load_config(args.config)
+        if config.failover(args.id):
+            member = MemberProcess(
+                config,
+                args.id,
+                0 if args.replica is None else args.replica,
+                args.storage,
+                stop,
+                lambda: _print_ready(args),
+            )
+            starting.append(member)
+            return _run_member(member, prog)
+    except AaabusError as exc:
+        return _fail(prog, exc)
     if args.replica is not None:
         return _run_replica(args, prog, stop)
     try:
-        config = load_config(args.config)
         # The collector is the process's: set here, by the process that runs one server, and
         # not by AgentServer (several share a process in simulations and tests).
         gc.set_threshold(*config.setting(args.id, "aaabus.gc.thresholds"))
@@ -141,6 +159,30 @@ def run_server(args: argparse.Namespace, prog: str) -> int:
         print(f"{prog}: error: server {args.id} stopped: {failure}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+def _print_ready(args: argparse.Namespace) -> None:
+    """The ready line of a server, or of one of its replicas (one write: see run_server)."""
+    if args.replica is None:
+        sys.stdout.write(READY_LINE.format(id=args.id) + "\n")
+    else:
+        sys.stdout.write(REPLICA_READY_LINE.format(id=args.id, index=args.replica) + "\n")
+    sys.stdout.flush()
+
+
+def _run_member(member: MemberProcess, prog: str) -> int:
+    """A member of a server with failover on (aaabus.node.member): it follows or serves, and
+    switches in the same process; it prints its ready line once it has taken its first role.
+    Exit status 0 when stopped, 1 when its store or its server failed, 2 (one line) when it
+    cannot start."""
+    try:
+        status = member.run()
+    except ReplicationStopped as exc:
+        print(f"{prog}: error: {exc}", file=sys.stderr, flush=True)
+        return 1
+    if member.failure is not None:
+        print(f"{prog}: error: {member.failure}", file=sys.stderr, flush=True)
+    return status
 
 
 def _run_replica(args: argparse.Namespace, prog: str, stop: threading.Event) -> int:
@@ -182,6 +224,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
     config = load_config(args.config)
     topology = Topology.from_config(config)
     _check_mqtt_files(config)
+    for warning in config.member_warnings():
+        print(f"aaabus check: warning: {warning}", file=sys.stderr, flush=True)
     if args.json:
         print(json.dumps(topology.to_json(), indent=2))
     else:

@@ -406,6 +406,11 @@ class LogStorage:
                 found[oid] = current[0]
         return found
 
+    def side_record(self, key: bytes) -> bytes | None:
+        """The current data of side record ``key``, or None."""
+        current = self._log.read_current(key)
+        return None if current is None else current[0]
+
     def forget_side(self, keys: Iterable[bytes]) -> None:
         """Drop side records from the index now, outside any transaction (a boot that found them
         dead): nothing is written; compaction reclaims them."""
