@@ -440,6 +440,8 @@ def run_failovers(args: argparse.Namespace, log: Log) -> dict[str, Any]:
                         f"failover {n + 1}: member {victim} killed and wiped; member "
                         f"{member} delivered after {ms:.0f} ms"
                     )
+                # The last takeover's epoch is seen, and its followers caught up, before the end.
+                run_.primaries.settled(run_.procs, rec, args.lag, deadline)
                 run_.traffic.quiesce()
                 finish(run_.traffic, rec, min(deadline, time.monotonic() + args.drain))
         except (TimeoutError, RuntimeError, OSError, AaabusError) as exc:
