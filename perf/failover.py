@@ -102,6 +102,8 @@ class Recorder:
         #: The kill being timed (monotonic) and the first delivery on a connection opened after.
         self.kill_at: float | None = None
         self.first: Delivered | None = None
+        #: Every event with its time (and the kills), the evidence of a failed run.
+        self.log: list[list[Any]] = []
 
     def drain(self) -> None:
         while True:
@@ -109,6 +111,7 @@ class Recorder:
                 event = self.events.get_nowait()
             except queue.Empty:
                 return
+            self.log.append(_logged(event))
             if isinstance(event, Sent):
                 self.history.send(event.mid, event.sender, event.dests, event.vc)
                 self.owed.update(f"{event.mid}@{d}" for d in event.dests)
@@ -150,9 +153,20 @@ class Recorder:
 
     def watch(self, kill_at: float) -> None:
         self.kill_at, self.first = kill_at, None
+        self.log.append(["kill", round(kill_at, 4)])
 
     def missing(self) -> int:
         return len(self.owed - self.got)
+
+
+def _logged(event: Event) -> list[Any]:
+    """One line of a run's event log: kind, time, and what the event names."""
+    if isinstance(event, Sent):
+        return ["sent", round(event.at, 4), event.mid]
+    if isinstance(event, Delivered):
+        mid = event.body.get("mid", event.body.get("probe"))
+        return ["got", round(event.at, 4), event.receiver, mid, event.member]
+    return ["connected", round(event.at, 4), event.device, event.member, event.session]
 
 
 class Traffic:
@@ -423,7 +437,7 @@ def run_failovers(args: argparse.Namespace, log: Log) -> dict[str, Any]:
     epochs: list[int] = []
     rtts: list[float] = []
     error = ""
-    outputs: deque[str] = deque(maxlen=400)
+    outputs: deque[str] = deque(maxlen=20000)
     with scratch(args.workdir) as work:
         try:
             with live(args, work, deadline, rec, outputs) as run_:
@@ -448,9 +462,9 @@ def run_failovers(args: argparse.Namespace, log: Log) -> dict[str, Any]:
             error = f"{type(exc).__name__}: {exc}"
             log(f"perf failover: stopped after {len(took)} failover(s): {error}")
         rec.drain()
-        if error and args.workdir:
+        verdict = judge_history(rec.history)
+        if (error or not verdict.ok) and args.workdir:
             keep_evidence(work, rec, outputs)
-    verdict = judge_history(rec.history)
     result = result_of(args, verdict, rec, took, members, epochs, error, t0, outputs)
     ordered = sorted(rtts)
     result["pingpong_ms"] = {
@@ -465,6 +479,7 @@ def run_failovers(args: argparse.Namespace, log: Log) -> dict[str, Any]:
 def keep_evidence(work: Path, rec: Recorder, outputs: deque[str]) -> None:
     """The history and the servers' last lines, beside a failed run's stores."""
     (work / "history.json").write_text(json.dumps(rec.history.as_json()))
+    (work / "events.jsonl").write_text("".join(json.dumps(line) + "\n" for line in rec.log))
     (work / "servers.log").write_text("\n".join(outputs) + "\n")
 
 

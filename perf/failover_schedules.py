@@ -123,7 +123,7 @@ def run_schedule(
     t0 = time.monotonic()
     deadline = t0 + args.timeout
     rec = Recorder(queue.SimpleQueue())
-    outputs: deque[str] = deque(maxlen=400)
+    outputs: deque[str] = deque(maxlen=20000)
     error = ""
     applied: list[str] = []
     proxy = FaultProxy(("127.0.0.1", 1), name=f"fo-{schedule.seed}", seed=schedule.seed)
