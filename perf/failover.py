@@ -234,7 +234,7 @@ class Traffic:
             self.pinger.stop()
 
     def outstanding(self) -> int:
-        return sum(device.outstanding() for device in self.devices.values())
+        return sum(device.backlog() for device in self.devices.values())
 
     def stop(self) -> None:
         self.quiesce()

@@ -149,10 +149,20 @@ class Device:
         self._state: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._keeper = threading.Thread(target=self._keep, name=f"device-{name}", daemon=True)
+        # Publications wait in the outbox while the device is between members and until paho
+        # has sent again what the last connection left unacknowledged: paho sends those only
+        # after on_connect returns, so a publication made meanwhile would overtake them on the
+        # wire (seen: c1-938 published before c1-930..937, which the bus then rightly
+        # delivered in that order). Its own thread stamps and sends them, in order.
+        self._outbox: queue.SimpleQueue[tuple[str, tuple[str, ...], dict[str, Any]]] = (
+            queue.SimpleQueue()
+        )
+        self._open = threading.Event()
+        self._sender = threading.Thread(target=self._send, name=f"device-{name}-out", daemon=True)
         self.client.on_connect = lambda _c, _u, flags, rc, _p: self._state.put(
             ("connack", (rc.value, flags.session_present))
         )
-        self.client.on_disconnect = lambda *_a: self._state.put(("gone", None))
+        self.client.on_disconnect = self._gone
         self.client.on_message = self._message
         self.client.on_publish = self._complete
 
@@ -160,7 +170,12 @@ class Device:
 
     def start(self) -> Device:
         self._keeper.start()
+        self._sender.start()
         return self
+
+    def _gone(self, *_args: Any) -> None:
+        self._open.clear()
+        self._state.put(("gone", None))
 
     def _keep(self) -> None:
         member = 0
@@ -193,6 +208,10 @@ class Device:
                 for topic_filter in self.filters:
                     self.client.subscribe(topic_filter, 2)
             self.events.put(Connected(self.since, self.name, self.where.server, member, session))
+            while self.outstanding() > 0 and self._state.empty() and not self._stop.is_set():
+                self._stop.wait(0.005)  # paho's resends, acknowledged by its thread
+            if self._state.empty():
+                self._open.set()
             return True
         self.client.loop_stop()
         with contextlib.suppress(Exception):
@@ -219,6 +238,7 @@ class Device:
     def stop(self) -> None:
         self._stop.set()
         self._keeper.join(10)
+        self._sender.join(10)
 
     # -- traffic ------------------------------------------------------------------------------
 
@@ -228,8 +248,23 @@ class Device:
         return f"{self.name}-{self.vc[self.name]}", dict(self.vc)
 
     def publish(self, topic: str, dests: Sequence[str], **extra: Any) -> None:
-        """Publish a new message owed to ``dests`` at QoS 2 (queued by paho while the device is
-        between members, and sent again after a reconnection until it is acknowledged)."""
+        """Publish a new message owed to ``dests`` at QoS 2, from any thread: it goes to the
+        outbox, and leaves stamped with the clock of the moment it is sent (paho sends it again
+        after a reconnection until it is acknowledged)."""
+        self._outbox.put((topic, tuple(dests), extra))
+
+    def _send(self) -> None:
+        while not self._stop.is_set():
+            try:
+                topic, dests, extra = self._outbox.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            while not self._open.wait(0.1):
+                if self._stop.is_set():
+                    return
+            self._publish_now(topic, dests, extra)
+
+    def _publish_now(self, topic: str, dests: tuple[str, ...], extra: dict[str, Any]) -> None:
         with self.lock:
             mid, vc = self.stamp()
             body = {"mid": mid, "from": self.name, "vc": vc, **extra}
@@ -252,6 +287,10 @@ class Device:
         """Publications not completed yet (their PUBCOMP not received)."""
         with self._acks:
             return self.published - self._completed
+
+    def backlog(self) -> int:
+        """Publications asked for and not completed: in the outbox or unacknowledged."""
+        return self._outbox.qsize() + self.outstanding()
 
     def _message(self, _c: Any, _u: Any, msg: Any) -> None:
         body = json.loads(msg.payload)
@@ -292,7 +331,7 @@ class Pacer:
     def _run(self) -> None:
         next_at = time.monotonic()
         while not self._stop.is_set():
-            if self.device.outstanding() < self.window:
+            if self.device.backlog() < self.window:
                 self.device.publish(self.topic, self.dests)
             next_at += 1.0 / self.rate
             self._stop.wait(max(0.0, next_at - time.monotonic()))
