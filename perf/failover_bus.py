@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aaabus.config.reader import BusConfig, load_config
+from aaabus.config.reader import BusConfig
 from aaabus.config.secret import ensure_secret, load_credential, secret_path
-from aaabus.config.settings import SETTINGS
 from aaabus.config.topology import render
 from aaabus.errors import AaabusError, WireError
 from aaabus.io.adminlink import AdminLink
@@ -45,7 +44,6 @@ class Layout:
     admin: Mapping[int, int]
     mqtt: Mapping[int, int]
     network: Mapping[int, int]
-    proxy_target: tuple[str, int] | None = None
 
     @property
     def members(self) -> int:
@@ -88,8 +86,7 @@ def write_config(
         sid: {"aaabus.admin.port": str(admin[sid]), "aaabus.mqtt.port": str(mqtt[sid])}
         for sid in (0, 1)
     }
-    if _known("aaabus.replication.port"):  # member 0's replication port (failover)
-        own[1]["aaabus.replication.port"] = str(base + 6)
+    own[1]["aaabus.replication.port"] = str(base + 6)  # member 0's, when it follows
     if dial_proxy is not None:
         own[0]["aaabus.dial.1"] = f"127.0.0.1:{dial_proxy}"
     extra = {
@@ -108,12 +105,6 @@ def write_config(
     path.write_text(text)
     ensure_secret(work / "bus.key")
     return Layout(path, hosts, admin, mqtt, network)
-
-
-def _known(name: str) -> bool:
-    """Whether this version of the bus has setting ``name`` (a bus without failover has no
-    replication port for member 0: it never follows)."""
-    return any(setting.name == name for setting in SETTINGS)
 
 
 class Processes:
@@ -223,7 +214,3 @@ def running(layout: Layout, root: Path, sink: Callable[[str], None]) -> Iterator
         yield procs
     finally:
         procs.stop()
-
-
-def config_of(layout: Layout) -> BusConfig:
-    return load_config(layout.config)
