@@ -352,6 +352,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.replicas not in (1, 2):
+        raise SystemExit(f"perf failover: error: --replicas takes 1 or 2, got {args.replicas}")
+    if args.schedules < 0 or args.faults < 1 or args.rate <= 0 or args.causal_rate <= 0:
+        raise SystemExit(
+            "perf failover: error: --schedules must be >= 0, --faults >= 1, "
+            "--rate and --causal-rate > 0"
+        )
     log: Log = (lambda _line: None) if args.json else _stderr
     if args.schedules:
         from perf.failover_schedules import run_schedules
