@@ -94,6 +94,7 @@ def _observe(run: Live, seconds: float) -> None:
 def apply(run: Live, proxy: FaultProxy, fault: Fault, primary: int) -> None:
     """Apply ``fault`` to a settled bus whose primary is member ``primary``; undo it."""
     procs = run.procs
+    run.rec.log.append(["fault", round(time.monotonic(), 4), fault.kind, primary])
     if fault.kind in ("kill", "wipe", "follower"):
         others = [m for m in range(run.layout.members) if m != primary]
         victim = primary if fault.kind != "follower" else others[fault.pick % len(others)]
