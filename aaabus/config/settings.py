@@ -212,12 +212,15 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(
         "aaabus.failover.delay_ms",
         integer(20, 600_000),
-        1500,
+        1000,
         "How long a server must have been silent before a takeover of it may be voted (ms): a "
         "voter refuses a candidate while it has heard from the server within this delay, or "
         'has itself been running for less (docs/architecture.md, "Replicas and failover"). '
         "Give every server of a bus the same value. A follower stands for its primary's place "
-        "once it has heard nothing from it (no commit, no heartbeat) for this long.",
+        "once it has heard nothing from it (no commit, no heartbeat) for this long. A takeover "
+        "takes about this delay plus half a second (the vote, the new primary's start); the "
+        "default keeps that under 2 s, and a server paused longer than this (a stalled disk, "
+        "a pause of its machine) is replaced, safely, since it is fenced.",
     ),
     Setting(
         "aaabus.failover.heartbeat_ms",
