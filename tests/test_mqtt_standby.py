@@ -293,6 +293,21 @@ def test_a_device_that_pipelines_after_connect_still_reads_its_connack(
     assert got == bytes((0x20, 2, 0, mq.SERVER_UNAVAILABLE_311))
 
 
+def test_stopping_while_a_device_lingers_logs_no_error(
+    standby: Callable[..., Standby], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A member that takes over stops its standby with devices still connected (answered, not
+    yet gone): their connections end quietly, nothing is logged as an error."""
+    responder = standby(Primary(("127.0.0.7", 18830)))
+    with caplog.at_level(logging.ERROR), socket.create_connection(responder.address, 10) as sock:
+        sock.sendall(connect_packet())
+        assert sock.recv(4) == bytes((0x20, 2, 0, mq.SERVER_UNAVAILABLE_311))
+        wait_until("the answer counted", lambda: responder.figures(5)["answered"], 10)
+        responder.stop()  # the device has not closed: its handler is still lingering
+        assert sock.recv(1) == b""  # closed by the standby
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_stop_frees_the_port_and_is_idempotent(standby: Callable[..., Standby]) -> None:
     responder = standby(Primary(None))
     host, port = responder.address

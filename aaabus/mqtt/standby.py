@@ -222,6 +222,11 @@ class Standby:
                 await self._linger(reader, writer)
         except TimeoutError:
             self._refusals.refused(where, f"no CONNECT within {self.connect_s:g} s")
+        except asyncio.CancelledError:
+            # Evicted, or the responder stops (its member takes over): the connection just
+            # closes. Ended here, not propagated: Python 3.11's start_server asks a cancelled
+            # handler for its exception and logs the CancelledError as an error with a traceback.
+            pass
         except (OSError, asyncio.IncompleteReadError):
             pass  # the device went away, or its TLS handshake failed: nothing to answer
         except Exception:
