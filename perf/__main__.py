@@ -137,6 +137,7 @@ _MODULE_SUITES = [
     ("console", "perf.console", "the console's page on a bus of 150 servers: load time"),
     ("attack", "perf.attack", "what an attacker's bytes cost an MQTT listener: CPU, store, RSS"),
     ("safety", "perf.safety", "a sync replica's cost, beside RabbitMQ quorum queues on 3 nodes"),
+    ("failover", "perf.failover", "primaries killed, stores wiped, under checked traffic"),
 ]
 
 

@@ -79,9 +79,20 @@ def run(args: argparse.Namespace) -> int:
             "perf safety: error: --rounds, --count, --window, --kill-count must be ≥ 2"
         )
     ours = _measure_aaabus(args)
+    theirs = measure_quorum_cluster(args)
+    result = _summary(args, ours, theirs)
+    if not args.json:
+        _print_table(result)
+    print(json.dumps(result))
+    return 0
+
+
+def measure_quorum_cluster(args: argparse.Namespace) -> dict[str, Any]:
+    """Start the three-node cluster, measure its ping-pong, stream and leader kill, stop every
+    node and the epmd by PID (also on error); the figures, with the PIDs that were stopped."""
     with contextlib.ExitStack() as stack:
         work = (
-            Path(args.workdir)
+            Path(args.workdir) / "rabbitmq"
             if args.workdir
             else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="aaabus-safety-")))
         )
@@ -92,11 +103,17 @@ def run(args: argparse.Namespace) -> int:
             for proc in reversed(procs):
                 stop_group(proc)
     theirs["pids"] = [proc.pid for proc in procs]
-    result = _summary(args, ours, theirs)
-    if not args.json:
-        _print_table(result)
-    print(json.dumps(result))
-    return 0
+    return theirs
+
+
+def quorum_defaults(workdir: str | None) -> argparse.Namespace:
+    """This suite's default options (``workdir`` apart): what another suite that puts RabbitMQ
+    beside its own run (``perf failover --peers``) measures it with."""
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args([])
+    args.workdir = workdir
+    return args
 
 
 # aaabus -------------------------------------------------------------------------------------

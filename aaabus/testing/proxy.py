@@ -48,8 +48,17 @@ class _Pipe:
 class FaultProxy:
     """Listens on a free port of 127.0.0.1 and forwards to ``target`` (host, port)."""
 
-    def __init__(self, target: tuple[str, int], name: str = "proxy", seed: int = 0) -> None:
+    def __init__(
+        self,
+        target: tuple[str, int],
+        name: str = "proxy",
+        seed: int = 0,
+        alternates: tuple[tuple[str, int], ...] = (),
+    ) -> None:
+        """``alternates``: addresses tried in turn, after ``target``, by each new connection
+        (a server with members listens only where its primary runs)."""
         self.target = target
+        self.alternates = alternates
         self.name = name
         self._lsock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self._lsock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -63,7 +72,7 @@ class FaultProxy:
         self._delay = {"up": 0.0, "down": 0.0}
         self._jitter = {"up": 0.0, "down": 0.0}
         self._random = random.Random(seed)
-        self._stalled = False
+        self._stalled = {"up": False, "down": False}
         self._partitioned = False
         self._cut_after: int | None = None
         self._socks: set[socket.socket] = set()
@@ -93,10 +102,12 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def stall(self) -> None:
-        """Stop forwarding (bytes pile up in the proxy) until :meth:`resume`."""
+    def stall(self, direction: Direction = "both") -> None:
+        """Stop forwarding in one direction or both (bytes pile up in the proxy) until
+        :meth:`resume`."""
         with self._lock:
-            self._stalled = True
+            for d in ("up", "down") if direction == "both" else (direction,):
+                self._stalled[d] = True
 
     def holding(self) -> int:
         """Bytes read from one side and not yet written to the other (any thread): what a
@@ -106,7 +117,7 @@ class FaultProxy:
 
     def resume(self) -> None:
         with self._lock:
-            self._stalled = False
+            self._stalled = {"up": False, "down": False}
             self._lock.notify_all()
 
     def cut(self, after_bytes: int | None = None) -> None:
@@ -127,7 +138,7 @@ class FaultProxy:
     def heal(self) -> None:
         with self._lock:
             self._partitioned = False
-            self._stalled = False
+            self._stalled = {"up": False, "down": False}
             self._lock.notify_all()
 
     def stop(self) -> None:
@@ -161,9 +172,8 @@ class FaultProxy:
                 if self._partitioned or self._stopping:
                     client.close()
                     continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=2)
-            except OSError:
+            upstream = self._dial()
+            if upstream is None:
                 client.close()
                 continue
             for s in (client, upstream):
@@ -182,6 +192,14 @@ class FaultProxy:
                     t.start()
                     self._threads.append(t)
             self._threads = [t for t in self._threads if t.is_alive()]
+
+    def _dial(self) -> socket.socket | None:
+        for address in (self.target, *self.alternates):
+            try:
+                return socket.create_connection(address, timeout=2)
+            except OSError:
+                continue
+        return None
 
     def _read(self, pipe: _Pipe) -> None:
         try:
@@ -221,7 +239,7 @@ class FaultProxy:
                 with self._lock:
                     while not self._stopping:
                         wait = due - time.monotonic()
-                        if self._stalled:
+                        if self._stalled[pipe.direction]:
                             self._lock.wait(0.1)
                         elif wait > 0:
                             self._lock.wait(wait)
