@@ -36,7 +36,9 @@ from tests.support.harness import REPO_ROOT, free_ports
 
 pytestmark = pytest.mark.slow
 
-DELAY_MS = 400
+# Long enough that a loaded 2-core machine still hears each keepalive (every DELAY_MS / 4)
+# well within it: at 400 ms one refusal check in a loaded run found the server heard 0.333 s ago.
+DELAY_MS = 1000
 READY_S = 30.0
 WAIT_S = 20.0
 POSITION = "00000000000000ff"
