@@ -692,6 +692,20 @@ class _Checker:
         servers: dict[int, ServerConfig] = {}
         names: dict[str, ServerConfig] = {}
         endpoints: dict[tuple[str, int], tuple[ServerConfig, NetworkConfig]] = {}
+
+        def claim(srv: ServerConfig, host: str, port: int, line: int, what: str, fix: str) -> None:
+            """Each (host, port) is used once in the whole file: ``what`` (the user of this
+            one, in the message) takes it, or the one line names both users and ``fix``."""
+            key = (host, port)
+            if key in endpoints:
+                osrv, onet = endpoints[key]
+                raise self.error(
+                    f"port {port} on host {host} is used twice (server {osrv.name} at line "
+                    f"{onet.line} and {what}); {fix}",
+                    line,
+                )
+            endpoints[key] = (srv, NetworkConfig("", port, line))
+
         for elem in root.children:
             if elem.tag != "server":
                 continue
@@ -710,27 +724,13 @@ class _Checker:
                     srv.line,
                 )
             for net in srv.networks:
-                key = (srv.hostname, net.port)
-                if key in endpoints:
-                    osrv, onet = endpoints[key]
-                    raise self.error(
-                        f"port {net.port} on host {srv.hostname} is used twice (server "
-                        f"{osrv.name} at line {onet.line} and server {srv.name}); give each "
-                        "<network> its own port",
-                        net.line,
-                    )
-                endpoints[key] = (srv, net)
+                what = f"server {srv.name}"
+                claim(
+                    srv, srv.hostname, net.port, net.line, what, "give each <network> its own port"
+                )
             for rep in srv.replicas:
-                key = (rep.hostname, rep.port)
-                if key in endpoints:
-                    osrv, onet = endpoints[key]
-                    raise self.error(
-                        f"port {rep.port} on host {rep.hostname} is used twice (server "
-                        f"{osrv.name} at line {onet.line} and replica {rep.index} of server "
-                        f"{srv.name}); give each replica its own port",
-                        rep.line,
-                    )
-                endpoints[key] = (srv, NetworkConfig("", rep.port, rep.line))
+                what = f"replica {rep.index} of server {srv.name}"
+                claim(srv, rep.hostname, rep.port, rep.line, what, "give each replica its own port")
             servers[srv.id] = srv
             names[srv.name] = srv
         if not servers:
@@ -744,17 +744,14 @@ class _Checker:
         for sid, srv in servers.items():
             if srv.replicas:
                 servers[sid] = srv = replace(srv, replication_port=self.member0_port(srv, props))
-                key = (srv.hostname, srv.replication_port)
-                if key in endpoints:
-                    osrv, onet = endpoints[key]
-                    raise self.error(
-                        f"port {srv.replication_port} on host {srv.hostname} is used twice "
-                        f"(server {osrv.name} at line {onet.line} and the replication port of "
-                        f"server {srv.name}, aaabus.replication.port); set "
-                        "aaabus.replication.port to a free port",
-                        srv.line,
-                    )
-                endpoints[key] = (srv, NetworkConfig("", srv.replication_port, srv.line))
+                claim(
+                    srv,
+                    srv.hostname,
+                    srv.replication_port,
+                    srv.line,
+                    f"the replication port of server {srv.name}, aaabus.replication.port",
+                    "set aaabus.replication.port to a free port",
+                )
         return BusConfig(path=self.path, domains=domains, servers=servers, properties=props)
 
 
