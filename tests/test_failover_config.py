@@ -63,7 +63,7 @@ def test_failover_is_on_with_replicas_unless_turned_off() -> None:
     assert config.failover(0) and not config.failover(1)
     off = parse_config(bus(TWO, props='<property name="aaabus.failover" value="off"/>'))
     assert not off.failover(0)
-    assert off.setting(0, "aaabus.failover.delay_ms") == 1500
+    assert off.setting(0, "aaabus.failover.delay_ms") == 1000
     with pytest.raises(ConfigError, match="expected one of on, off"):
         parse_config(bus(TWO, props='<property name="aaabus.failover" value="yes"/>'))
 
