@@ -167,6 +167,8 @@ class ReplicaServer:
         #: When another member last raised the fence (a candidate at work), or -inf.
         self._fenced_at = float("-inf")
         #: Set when the replica stops on its own (its store failed); ``failure`` says why.
+        #: Heartbeats read from its primaries (written by the link thread that serves one).
+        self.beats = 0
         self.stopped = threading.Event()
         self.failure: str | None = None
 
@@ -555,7 +557,11 @@ class ReplicaServer:
                     raise OSError(f"fenced at epoch {self.fence[0]}")
                 # A heartbeat only says the primary lives (but may end a read whose
                 # acknowledgements are still to be sent).
-                answer = None if payload == BEAT else follower.receive(payload)
+                if payload == BEAT:
+                    self.beats += 1
+                    answer = None
+                else:
+                    answer = follower.receive(payload)
                 if answer is not None:
                     acks.append(answer)
                 if acks and not link.buffered():

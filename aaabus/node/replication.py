@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -69,6 +70,9 @@ class _Outbox:
         self._items: deque[bytes] = deque()
         self._bytes = 0
         self._writing = False
+        #: When bytes last went to the socket (``time.monotonic``): a heartbeat goes only after
+        #: ``idle_s`` of nothing, whoever wrote last.
+        self._written = time.monotonic()
         self.closed = False
 
     def put(self, messages: list[bytes], size: int) -> None:
@@ -96,22 +100,27 @@ class _Outbox:
             self.close()
         with self._cond:
             self._writing = False
+            self._written = time.monotonic()
             if sent < len(data):
                 self._items.appendleft(data[sent:])
                 self._bytes += len(data) - sent
-            self._cond.notify()
+            if self._items:
+                # Only when there is work for the writer: waking it after every commit written
+                # here costs a thread switch (and the GIL) per commit for nothing.
+                self._cond.notify()
 
     def write(self, idle_s: float) -> bool:
         """Writer thread: write what is queued (blocking), or a heartbeat when nothing was for
         ``idle_s``; False once closed."""
         with self._cond:
-            if not self._items and not self._writing and not self.closed:
-                self._cond.wait(idle_s)
-                if not self._items and not self._writing and not self.closed:
-                    # Wrapped under the lock like put()'s messages: sequence numbers in order.
-                    self._items.append(self._link.wrap([BEAT]))
             while (not self._items or self._writing) and not self.closed:
-                self._cond.wait()
+                quiet = time.monotonic() - self._written
+                if self._items or self._writing or quiet < idle_s:
+                    self._cond.wait(None if self._writing else max(idle_s - quiet, 0.0))
+                    continue
+                # Nothing written for idle_s, by anyone: a heartbeat (wrapped under the lock
+                # like put()'s messages: sequence numbers in order).
+                self._items.append(self._link.wrap([BEAT]))
             if self.closed:
                 return False
             data = b"".join(self._items)
@@ -123,6 +132,7 @@ class _Outbox:
         finally:
             with self._cond:
                 self._writing = False
+                self._written = time.monotonic()
                 self._cond.notify()
         return True
 
