@@ -105,6 +105,7 @@ def test_fence_closes_a_link_whose_epoch_a_vote_gave_away(
     net2, rec2 = make_net(2, {1: (LOCAL, 0)}, epochs=book)
     net1, rec1 = make_net(1, {2: addr(net2)})
     rec2.wait_up(1)
+    rec1.wait_up(2)  # both sides, or net1's frame may go before net1 has net2 up (dropped)
     net2.fence(1, 1)  # not older: kept
     exchange(net1, rec1, 1, net2, rec2, 2)
     assert book.grant(1, 2, 1, float("inf"), 1.0).granted
