@@ -61,7 +61,7 @@ fuse-tools:
 # stays watched. Each worker takes its ports from its own range (tests/support/harness.py,
 # AAABUS_PORT_RANGE), so two workers never pick the same free port.
 test: $(STAMP) mqtt-tools browser fuse-tools
-	$(PY) -m pytest -q -n 2 --durations=20 -m "not brokers"
+	$(PY) -m pytest -q -n 2 --durations=20 -m "not brokers and not bench"
 
 # The fast lane: unit, property and sans-IO tests, no server process, no Spark (under a minute).
 check: $(STAMP)
@@ -115,7 +115,7 @@ peers: $(STAMP)
 	  fi; \
 	fi
 	$(PY) -m pip install --quiet -e '.[test,perf,peers]'
-	$(PY) -m pytest -q -p no:cacheprovider -m brokers
+	$(PY) -m pytest -q -p no:cacheprovider -m "brokers or bench"
 	$(PY) -m perf peers $(PEERS_ARGS)
 	$(PY) -m perf mqtt $(MQTT_ARGS)
 	$(PY) -m perf edge $(EDGE_ARGS)

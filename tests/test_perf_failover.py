@@ -103,6 +103,7 @@ def options(*argv: str) -> argparse.Namespace:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_three_failovers_lose_nothing() -> None:
     from perf.failover import run_failovers
 
@@ -113,6 +114,7 @@ def test_three_failovers_lose_nothing() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.bench
 def test_three_schedules_keep_the_invariants() -> None:
     from perf.failover_schedules import run_schedules
 
