@@ -186,26 +186,35 @@ def test_a_second_candidate_is_refused_where_the_first_claimed(
         assert second[:1] == NEWER and decode_epoch(second) == (2, 1, 0)
 
 
-def test_an_idle_primary_keeps_its_follower_hearing_it(
-    tmp_path: Path, make_config: Callable[..., Path]
-) -> None:
-    config = two_replicas(make_config)
+@contextmanager
+def shipping(
+    tmp_path: Path, config: BusConfig, heartbeat_s: float
+) -> Iterator[tuple[LogStorage, ReplicaServer]]:
+    """Server 0's store shipping to its follower 1 (followed within 10 s), both closed after."""
     keys = load_server_keys(secret_path(config, 0), 0, config.servers)
     primary = LogStorage(tmp_path / "s0" / LOG_DIR)
     with follower(config, 1, tmp_path / "r1", 2) as member:
         links = ReplicationLinks(
-            0, (member.spec,), 1, keys.link_key(0), primary, epoch=1, heartbeat_s=0.05
+            0, (member.spec,), 1, keys.link_key(0), primary, epoch=1, heartbeat_s=heartbeat_s
         )
         links.start()
         try:
-            done = threading.Event()
+            done, deadline = threading.Event(), time.monotonic() + 10
             while member.following() is None:
+                assert time.monotonic() < deadline, "the follower never followed"
                 done.wait(0.02)
-            done.wait(3 * DELAY_MS / 1000)  # idle: nothing is committed meanwhile
-            assert member.silent_for() < DELAY_MS / 1000
+            yield primary, member
         finally:
             links.stop()
             primary.close()
+
+
+def test_an_idle_primary_keeps_its_follower_hearing_it(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    with shipping(tmp_path, two_replicas(make_config), 0.05) as (_primary, member):
+        threading.Event().wait(3 * DELAY_MS / 1000)  # idle: nothing is committed meanwhile
+        assert member.silent_for() < DELAY_MS / 1000
 
 
 def test_a_busy_primary_sends_no_heartbeat_between_its_commits(
@@ -214,30 +223,16 @@ def test_a_busy_primary_sends_no_heartbeat_between_its_commits(
     """A heartbeat goes only after a heartbeat period with nothing written: commits written by
     the committing thread itself count (each one used to wake the writer thread into sending a
     heartbeat behind it, a thread switch and a frame per commit)."""
-    config = two_replicas(make_config)
-    keys = load_server_keys(secret_path(config, 0), 0, config.servers)
-    primary = LogStorage(tmp_path / "s0" / LOG_DIR)
-    with follower(config, 1, tmp_path / "r1", 2) as member:
-        links = ReplicationLinks(
-            0, (member.spec,), 1, keys.link_key(0), primary, epoch=1, heartbeat_s=5.0
-        )
-        links.start()
-        try:
-            done = threading.Event()
-            while member.following() is None:
-                done.wait(0.02)
-            before, began = member.beats, time.monotonic()
-            for n in range(20):  # each waits for the follower's acknowledgement (sync 1)
-                txn = object()
-                primary.tpc_begin(txn)
-                primary.write_side(txn, {bytes((0xFF, 0x7E)) + n.to_bytes(6, "big"): b"x"}, ())
-                primary.tpc_vote(txn)
-                primary.tpc_finish(txn)
-            assert time.monotonic() - began < 5.0  # else a heartbeat would be due anyway
-            assert member.beats == before
-        finally:
-            links.stop()
-            primary.close()
+    with shipping(tmp_path, two_replicas(make_config), 5.0) as (primary, member):
+        before, began = member.beats, time.monotonic()
+        for n in range(20):  # each waits for the follower's acknowledgement (sync 1)
+            txn = object()
+            primary.tpc_begin(txn)
+            primary.write_side(txn, {bytes((0xFF, 0x7E)) + n.to_bytes(6, "big"): b"x"}, ())
+            primary.tpc_vote(txn)
+            primary.tpc_finish(txn)
+        assert time.monotonic() - began < 5.0  # else a heartbeat would be due anyway
+        assert member.beats == before
 
 
 # -- a server that shares no domain: its members vote ------------------------------------------
