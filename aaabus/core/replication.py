@@ -57,20 +57,23 @@ message comes or the connection ends (a vote ends committed unless an ABORT foll
 the primary, where a crash between vote and finish keeps the block).
 
 Threads: :class:`Shipper` is shared by the committing thread (``ship``, ``wait``, ``aborted``)
-and one link thread per replica (``attach``, ``acked``, ``detach``), under one condition;
+and one link thread per replica (``attach``, ``acked``, ``detach``), under one condition; a
+waiting commit reads the replicas' acknowledgements itself (:class:`AckReader`, the condition's
+lock let go meanwhile) and so calls ``acked`` too;
 :class:`Follower` belongs to the replica's link thread.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from aaabus.core.epoch import EpochRecord, read_epoch
 from aaabus.core.logstorage import LogStorage
@@ -94,6 +97,9 @@ CHUNK_BYTES = 1 << 20
 #: A commit waiting longer than this for its acknowledgements is logged (then every 10 s).
 WAIT_WARN_S = 1.0
 WAIT_REPEAT_S = 10.0
+#: How long a commit waiting on its replicas' sockets goes without looking at whether the
+#: shipper was closed or deposed meanwhile (both also shut the links, which ends the wait).
+POLL_S = 0.05
 #: What one replica's outgoing queue may hold before the replica is dropped (it comes back
 #: and catches up): a replica that cannot keep up must not make its primary hold its log twice.
 MAX_QUEUED_BYTES = 256 << 20
@@ -206,6 +212,22 @@ def decode_tid(payload: bytes, size: int) -> bytes:
 # -- the primary's side --------------------------------------------------------------------------
 
 
+class AckReader(Protocol):
+    """How a committing thread that waits reads one replica's acknowledgements itself (the
+    socket side, :mod:`aaabus.node.replication`): a thread that would only read them and wake
+    the waiting one would put a second thread switch on every commit's path."""
+
+    #: Set once the link failed: nothing more is read from it (its writer detaches it).
+    dead: bool
+
+    def fileno(self) -> int:
+        """The socket to wait on (``select``)."""
+
+    def drain(self) -> None:
+        """Without blocking, read what has arrived and give each acknowledgement to
+        :meth:`Shipper.acked`; any thread, never raises (a failed link is marked dead)."""
+
+
 @dataclass
 class _Replica:
     """What the primary knows of one replica (guarded by the Shipper's condition)."""
@@ -213,6 +235,8 @@ class _Replica:
     index: int
     address: str
     send: Callable[[list[bytes], int], None] | None = None
+    #: Set while attached by a socket link: the waiting commit reads acknowledgements itself.
+    reader: AckReader | None = None
     #: Last tid acknowledged (zero: none since this process started).
     acked: bytes = Z64
     #: The primary's (commits, bytes) counters at the last acknowledged commit; None: unknown.
@@ -235,7 +259,9 @@ class Shipper:
     def __init__(self, server_id: int, replicas: dict[int, str], sync: int) -> None:
         self.server_id = server_id
         self.sync = sync
-        self._cond = threading.Condition()
+        # Reentrant (an in-process replica acknowledges from inside ``send``); wait() holds it
+        # once, and lets go of it around its read of the replicas' sockets.
+        self._cond = threading.Condition(threading.RLock())
         self._replicas = {i: _Replica(i, addr) for i, addr in replicas.items()}
         self._closed = False
         #: Commits and bytes shipped since the process started.
@@ -304,7 +330,22 @@ class Shipper:
                             self._describe(),
                         )
                         warn_at = now + WAIT_REPEAT_S
-                    self._cond.wait(max(0.0, warn_at - now))
+                    readers = [
+                        rep.reader
+                        for rep in self._replicas.values()
+                        if rep.send is not None
+                        and rep.reader is not None
+                        and not rep.reader.dead
+                        and rep.acked < tid
+                    ]
+                    if not readers:
+                        self._cond.wait(max(0.0, warn_at - now))
+                        continue
+                    self._cond.release()
+                    try:
+                        _pump(readers, min(POLL_S, max(0.0, warn_at - now)))
+                    finally:
+                        self._cond.acquire()
             finally:
                 self._waiting_since = None
             if time.monotonic() >= start + WAIT_WARN_S:
@@ -355,11 +396,13 @@ class Shipper:
         since: bytes,
         storage: LogStorage,
         send: Callable[[list[bytes], int], None],
+        reader: AckReader | None = None,
     ) -> bytes:
         """Catch replica ``index`` (which has every commit up to ``since``) up and follow the
         commits from then on: the catch-up and every later commit go to ``send(messages,
         size)``, in order (``send`` must not block: it queues). Returns the tid of the catch-up,
-        which the replica acknowledges like a commit."""
+        which the replica acknowledges like a commit. With a ``reader``, a waiting commit reads
+        the replica's acknowledgements itself; without, someone calls :meth:`acked`."""
         caught: list[bytes] = []
 
         def follow(last: bytes, records: dict[bytes, bytes], side: list[bytes]) -> None:
@@ -372,6 +415,7 @@ class Shipper:
                 rep.inflight.clear()
                 rep.inflight.append((last, *(later[2] if later else self._counters())))
                 rep.send = send
+                rep.reader = reader
                 rep.since = time.monotonic()
                 send(messages, sum(len(m) for m in messages))
                 if later is not None:
@@ -379,6 +423,8 @@ class Shipper:
                     rep.inflight.append((later[0], *later[3]))
                     send(later[1], sum(len(m) for m in later[1]))
                 caught.append(last)
+                # A commit waiting for replicas now has this one's socket to read.
+                self._cond.notify_all()
 
         storage.snapshot_since(since, follow)
         return caught[0]
@@ -399,6 +445,7 @@ class Shipper:
             if rep.send is not None:
                 rep.since = time.monotonic()
             rep.send = None
+            rep.reader = None
             rep.inflight.clear()
             self._cond.notify_all()
 
@@ -459,6 +506,17 @@ class Shipper:
                 "waits": self.waits,
                 "replicas": replicas,
             }
+
+
+def _pump(readers: list[AckReader], timeout: float) -> None:
+    """Wait at most ``timeout`` for one of ``readers`` to have something, and drain those that
+    have (the committing thread, the shipper's lock not held)."""
+    try:
+        ready, _, _ = select.select(readers, [], [], timeout)
+    except (OSError, ValueError):
+        ready = readers  # a socket closed meanwhile: draining it marks it dead
+    for reader in ready:
+        reader.drain()
 
 
 # -- the replica's side --------------------------------------------------------------------------

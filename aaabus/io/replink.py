@@ -10,8 +10,9 @@ A replica accepts only its own server's id. Then every frame is sequenced and MA
 :mod:`aaabus.core.replication`, not JSON.
 
 Threads: one thread sends (:meth:`ReplicaLink.send_many`) while another receives
-(:meth:`ReplicaLink.receive_bytes`): the cipher keeps the two directions apart, and each
-direction has one user. Blocking sockets; :meth:`close` from any thread ends both.
+(:meth:`ReplicaLink.receive_bytes`, or :meth:`ReplicaLink.receive_ready` by whichever thread
+holds the caller's read lock): the cipher keeps the two directions apart, and each direction
+has one user at a time. Blocking sockets; :meth:`close` from any thread ends both.
 """
 
 from __future__ import annotations
@@ -120,6 +121,31 @@ class ReplicaLink(AdminLink):
         if cipher is None:
             raise WireError("replication link is not authenticated")
         return cipher.unwrap(self._read_raw())
+
+    def receive_ready(self) -> list[bytes]:
+        """The payloads of every whole frame that has arrived, without blocking (maybe none);
+        ``ConnectionResetError`` at the end of the stream once nothing is left before it. Not
+        to be mixed with a blocking receive in another thread: the caller serialises readers."""
+        cipher = self._cipher
+        if cipher is None:
+            raise WireError("replication link is not authenticated")
+        ended = False
+        while True:
+            try:
+                data = self.sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
+            if not data:
+                ended = True
+                break
+            self._frames.extend(self._decoder.feed(data))
+            if len(data) < 65536:
+                break
+        payloads = [cipher.unwrap(frame) for frame in self._frames]
+        self._frames.clear()
+        if ended and not payloads:
+            raise ConnectionResetError("connection closed by the other end")
+        return payloads
 
     def receive_within(self, seconds: float) -> bytes:
         """The next payload, within ``seconds`` (``TimeoutError`` after); blocking again after."""

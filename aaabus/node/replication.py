@@ -6,8 +6,10 @@ replication address (``<replica hostname port>`` in ``a3.xml``, member 0's
 (EPOCH), reads the member's HELLO, has the :class:`~aaabus.core.replication.Shipper` catch it up
 (from nothing when the member's last commit is not in this store's history,
 :meth:`aaabus.core.epoch.EpochRecord.holds`), and then writes whatever the shipper queues for it,
-or a heartbeat when it has written nothing for the heartbeat period; a second thread per
-connection, ``aaabus-repl-<id>.<index>-acks``, reads its acknowledgements. When the connection
+or a heartbeat when it has written nothing for the heartbeat period. The member's
+acknowledgements are read by the commit that waits for them (on the committing thread, which
+the acknowledgement then wakes directly: no second thread switch per commit), or by the writer
+thread between its writes when nobody waits (:class:`_Acks`). When the connection
 ends the member is detached and redialled (backoff from 50 ms to 2 s). A member that answers
 NEWER of a voted epoch (it knows a newer primary) ends the shipping: ``on_newer`` is called (on
 that link's thread) and the server stops serving. The committing thread only ever queues
@@ -111,18 +113,19 @@ class _Outbox:
 
     def write(self, idle_s: float) -> bool:
         """Writer thread: write what is queued (blocking), or a heartbeat when nothing was for
-        ``idle_s``; False once closed."""
+        ``idle_s``; or else wait at most until one would be due and return (the caller reads
+        the replica's acknowledgements in between). False once closed."""
         with self._cond:
-            while (not self._items or self._writing) and not self.closed:
+            if self.closed:
+                return False
+            if self._writing or not self._items:
                 quiet = time.monotonic() - self._written
-                if self._items or self._writing or quiet < idle_s:
-                    self._cond.wait(None if self._writing else max(idle_s - quiet, 0.0))
-                    continue
+                if self._writing or self._items or quiet < idle_s:
+                    self._cond.wait(idle_s if self._writing else max(idle_s - quiet, 0.0))
+                    return not self.closed
                 # Nothing written for idle_s, by anyone: a heartbeat (wrapped under the lock
                 # like put()'s messages: sequence numbers in order).
                 self._items.append(self._link.wrap([BEAT]))
-            if self.closed:
-                return False
             data = b"".join(self._items)
             self._items.clear()
             self._bytes = 0
@@ -140,6 +143,42 @@ class _Outbox:
         with self._cond:
             self.closed = True
             self._cond.notify()
+
+
+class _Acks:
+    """The reading side of one replica's link: its acknowledgements, read by whichever thread
+    gets there first -- the commit that waits for them (:meth:`Shipper.wait`, so that the
+    acknowledgement wakes that thread itself rather than a reader that would wake it), or the
+    writer thread between its writes (acknowledgements nobody waits for: ``sync`` 0, a second
+    replica, a catch-up). One reader at a time (``_lock``); a link that fails is marked dead and
+    its outbox closed, which ends the writer's loop (the replica is detached and redialled)."""
+
+    def __init__(self, index: int, link: ReplicaLink, shipper: Shipper, outbox: _Outbox) -> None:
+        self._index = index
+        self._link = link
+        self._shipper = shipper
+        self._outbox = outbox
+        self._lock = threading.Lock()
+        self.dead = False
+        #: Why the link failed, once it has.
+        self.why: BaseException | None = None
+
+    def fileno(self) -> int:
+        return self._link.sock.fileno()
+
+    def drain(self) -> None:
+        with self._lock:
+            if self.dead:
+                return
+            try:
+                for payload in self._link.receive_ready():
+                    if payload[:1] != ACK:
+                        raise WireError(f"expected an ACK, got {payload[:1]!r}")
+                    self._shipper.acked(self._index, decode_tid(payload, 9))
+            except (AaabusError, WireError, OSError) as exc:
+                self.dead = True
+                self.why = exc
+                self._outbox.close()
 
 
 class ReplicationLinks:
@@ -277,33 +316,18 @@ class ReplicationLinks:
             link.send_many([WIPE])
             since = Z64
         outbox = _Outbox(link)
-        reader = threading.Thread(
-            target=self._read_acks,
-            args=(rep.index, link, outbox),
-            name=f"aaabus-repl-{self.server_id}.{rep.index}-acks",
-            daemon=True,
-        )
-        reader.start()
+        acks = _Acks(rep.index, link, self.shipper, outbox)
         try:
-            caught = self.shipper.attach(rep.index, since, self._storage, outbox.put)
+            caught = self.shipper.attach(rep.index, since, self._storage, outbox.put, acks)
             log.info("%s: connected, catching up from %s to %s", where, since.hex(), caught.hex())
             while outbox.write(self._heartbeat_s):
-                pass
+                acks.drain()
             if not self._stop.is_set():
-                raise OSError("the replica fell too far behind, or its link ended")
+                raise OSError(
+                    f"its link ended ({acks.why})"
+                    if acks.dead
+                    else "the replica fell too far behind, or its link ended"
+                )
         finally:
             outbox.close()
             link.close()
-            reader.join()
-
-    def _read_acks(self, index: int, link: ReplicaLink, outbox: _Outbox) -> None:
-        try:
-            while True:
-                payload = link.receive_bytes()
-                if payload[:1] != ACK:
-                    raise WireError(f"expected an ACK, got {payload[:1]!r}")
-                self.shipper.acked(index, decode_tid(payload, 9))
-        except (AaabusError, WireError, OSError):
-            pass  # the writer sees the outbox closed and reports the loss
-        finally:
-            outbox.close()
