@@ -60,9 +60,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--config", default="domains/flat-2.xml", help="aaabus bus (remote ping-pong, stream)"
     )
-    parser.add_argument("--rounds", type=int, default=300, help="measured ping-pong rounds")
-    parser.add_argument("--warmup", type=int, default=30, help="unmeasured rounds before")
-    parser.add_argument("--count", type=int, default=5000, help="messages per stream")
+    parser.add_argument("--rounds", type=int, default=1000, help="measured ping-pong rounds")
+    parser.add_argument("--warmup", type=int, default=100, help="unmeasured rounds before")
+    # 50,000: a stream of 5,000 (about 0.1 s) measured mostly the replicated server's start,
+    # not its steady rate (perf/RESULTS.md, "The cost of safety", issue 42).
+    parser.add_argument("--count", type=int, default=50000, help="messages per stream")
     parser.add_argument(
         "--window", type=int, default=200, help="RabbitMQ: unconfirmed publishes / unacked"
     )
