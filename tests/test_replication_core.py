@@ -6,7 +6,9 @@ acknowledgements) is checked on what the replica's store then holds."""
 from __future__ import annotations
 
 import shutil
+import socket
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -37,6 +39,8 @@ class Pair:
         self.messages = 0
         #: While set, the replica applies what it receives but its acknowledgements are lost.
         self.mute = False
+        #: Set by attach(reader): acknowledgements go through a real socket, not a call.
+        self.reader: SocketAcks | None = None
 
     def _wipe(self) -> None:
         shutil.rmtree(self.replica_dir)
@@ -46,11 +50,15 @@ class Pair:
             self.messages += 1
             answer = self.follower.receive(message)
             if answer is not None and not self.mute:
-                self.shipper.acked(1, answer[1:])
+                if self.reader is not None:
+                    self.reader.theirs.sendall(answer[1:])  # read back by whoever drains
+                else:
+                    self.shipper.acked(1, answer[1:])
 
-    def attach(self) -> bytes:
+    def attach(self, reader: SocketAcks | None = None) -> bytes:
         self.connected = True
-        return self.shipper.attach(1, self.follower.position(), self.primary, self._send)
+        self.reader = reader
+        return self.shipper.attach(1, self.follower.position(), self.primary, self._send, reader)
 
     def detach(self) -> None:
         self.shipper.detach(1)
@@ -83,6 +91,40 @@ class Pair:
     def close(self) -> None:
         self.primary.close()
         self.follower.close()
+
+
+class SocketAcks:
+    """An :class:`~aaabus.core.replication.AckReader` over a real socket pair: the replica's
+    acknowledgements (tids) are written to ``theirs``; whoever drains ``mine`` hands them to
+    the shipper. Records which threads drained, and how often."""
+
+    def __init__(self, shipper: Shipper, index: int) -> None:
+        self.mine, self.theirs = socket.socketpair()
+        self._shipper = shipper
+        self._index = index
+        self.dead = False
+        self.drains: list[str] = []
+
+    def fileno(self) -> int:
+        return self.mine.fileno()
+
+    def drain(self) -> None:
+        self.drains.append(threading.current_thread().name)
+        if self.dead:
+            return
+        try:
+            data = self.mine.recv(4096, socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return
+        if not data:
+            self.dead = True  # the link ended: not to be read (or waited on) again
+            return
+        for at in range(0, len(data), 8):
+            self._shipper.acked(self._index, data[at : at + 8])
+
+    def close(self) -> None:
+        self.mine.close()
+        self.theirs.close()
 
 
 def contents(directory: Path) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
@@ -272,3 +314,54 @@ def test_a_commit_cut_short_by_a_stop_is_aborted_at_the_replica_too(tmp_path: Pa
     pair.close()
     assert p64(7) not in contents(tmp_path / "replica")[0]
     assert contents(tmp_path / "replica")[0] == contents(tmp_path / "primary")[0]
+
+
+def test_a_waiting_commit_reads_its_replicas_acknowledgement_itself(tmp_path: Path) -> None:
+    # No thread reads the socket but the one whose commit waits: it must read it to go on.
+    pair = Pair(tmp_path, sync=1)
+    reader = SocketAcks(pair.shipper, 1)
+    pair.attach(reader)
+    tid = pair.commit({0: b"root", 1: b"one"})
+    assert pair.shipper.figures()["replicas"]["1"]["acknowledged"] == tid.hex()
+    assert set(reader.drains) == {threading.current_thread().name}
+    pair.follower.settle()
+    pair.close()
+    reader.close()
+    assert contents(tmp_path / "replica")[0] == contents(tmp_path / "primary")[0]
+
+
+def test_a_waiting_commit_stops_reading_a_link_that_ended(tmp_path: Path) -> None:
+    # The replica's end closes while a commit waits for it: the commit notices the end once,
+    # then waits on the shipper (not on a socket that is readable for ever), until the stop.
+    pair = Pair(tmp_path, sync=1)
+    reader = SocketAcks(pair.shipper, 1)
+    pair.attach(reader)
+    pair.mute = True  # the replica writes the commit but its acknowledgement is lost
+    failed: list[BaseException] = []
+
+    def commit() -> None:
+        try:
+            pair.commit({0: b"root"})
+        except ReplicationStopped as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=commit, name="test-commit")
+    thread.start()
+    pause = threading.Event()
+    deadline = time.monotonic() + 10
+    while not reader.drains and time.monotonic() < deadline:
+        pause.wait(0.01)  # the commit reaches its wait, and its first look at the socket
+    reader.theirs.close()
+    while not reader.dead and time.monotonic() < deadline:
+        pause.wait(0.01)
+    assert reader.dead
+    looked = len(reader.drains)
+    pause.wait(0.3)  # six of the wait's 50 ms polls, had it gone on polling the socket
+    assert len(reader.drains) == looked
+    assert thread.is_alive()
+    pair.shipper.close()
+    thread.join(10)
+    assert failed and "was not acknowledged" in str(failed[0])
+    pair.primary.shipper = None
+    pair.close()
+    reader.mine.close()
