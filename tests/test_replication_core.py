@@ -127,6 +127,29 @@ class SocketAcks:
         self.theirs.close()
 
 
+class WaitingCommit:
+    """A commit of the pair's primary on a thread of its own (it waits for its replica)."""
+
+    def __init__(self, pair: Pair) -> None:
+        self._pair = pair
+        self.failed: list[BaseException] = []
+        self.thread = threading.Thread(target=self._commit, name="test-commit")
+        self.thread.start()
+
+    def _commit(self) -> None:
+        try:
+            self._pair.commit({0: b"root"})
+        except ReplicationStopped as exc:
+            self.failed.append(exc)
+
+    def fails_at_the_stop(self) -> None:
+        """Still waiting; then the shipper closes and the commit fails, unacknowledged."""
+        assert self.thread.is_alive()
+        self._pair.shipper.close()
+        self.thread.join(10)
+        assert self.failed and "was not acknowledged" in str(self.failed[0])
+
+
 def contents(directory: Path) -> tuple[dict[bytes, bytes], dict[bytes, bytes]]:
     storage = LogStorage(directory, read_only=True)
     try:
@@ -213,26 +236,14 @@ def test_a_commit_waits_for_its_sync_replica_and_fails_when_the_server_stops(
     tmp_path: Path,
 ) -> None:
     pair = Pair(tmp_path, sync=1)
-    failed: list[BaseException] = []
-
-    def commit() -> None:
-        try:
-            pair.commit({0: b"root"})
-        except ReplicationStopped as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=commit, name="test-commit")
-    thread.start()
+    waiting = WaitingCommit(pair)
     deadline = threading.Event()
     for _ in range(500):  # the committing thread reaches its wait
         if pair.shipper.figures()["waiting_s"] is not None:
             break
         deadline.wait(0.01)
     assert pair.shipper.figures()["waiting_s"] is not None
-    assert thread.is_alive()
-    pair.shipper.close()
-    thread.join(10)
-    assert failed and "was not acknowledged" in str(failed[0])
+    waiting.fails_at_the_stop()
     pair.primary.shipper = None
     with pytest.raises(POSKeyError):
         pair.primary.load(p64(0))  # aborted, never current
@@ -337,16 +348,7 @@ def test_a_waiting_commit_stops_reading_a_link_that_ended(tmp_path: Path) -> Non
     reader = SocketAcks(pair.shipper, 1)
     pair.attach(reader)
     pair.mute = True  # the replica writes the commit but its acknowledgement is lost
-    failed: list[BaseException] = []
-
-    def commit() -> None:
-        try:
-            pair.commit({0: b"root"})
-        except ReplicationStopped as exc:
-            failed.append(exc)
-
-    thread = threading.Thread(target=commit, name="test-commit")
-    thread.start()
+    waiting = WaitingCommit(pair)
     pause = threading.Event()
     deadline = time.monotonic() + 10
     while not reader.drains and time.monotonic() < deadline:
@@ -358,10 +360,7 @@ def test_a_waiting_commit_stops_reading_a_link_that_ended(tmp_path: Path) -> Non
     looked = len(reader.drains)
     pause.wait(0.3)  # six of the wait's 50 ms polls, had it gone on polling the socket
     assert len(reader.drains) == looked
-    assert thread.is_alive()
-    pair.shipper.close()
-    thread.join(10)
-    assert failed and "was not acknowledged" in str(failed[0])
+    waiting.fails_at_the_stop()
     pair.primary.shipper = None
     pair.close()
     reader.mine.close()
