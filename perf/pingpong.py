@@ -9,7 +9,7 @@ from typing import Any
 
 from aaabus.config.domains import Topology
 from aaabus.core.store import STORE_KINDS
-from aaabus.core.trace import STAGES, read_hops
+from aaabus.core.trace import STAGES, read_hops, replica_stages
 from aaabus.errors import ConfigError
 from aaabus.tools.launch import Bus
 from perf.harness import REPO_ROOT, config_of, scratch, wait_for_file, with_services
@@ -99,7 +99,10 @@ def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, Any]:
     commit starts; the stages after it (ZODB's preparation, the wait for the peer's durability
     notice, the write, the sync, the notice sent) run while the frame travels and the peer
     works, and show in the next hop's ``handoff`` when a group is still busy with them as its
-    next frame arrives. Without, every stage is on the path. Also ``clock_stamp`` (the
+    next frame arrives. Without, every stage is on the path. With replicas, ``replica``: the
+    p50 of each stage of a replicated commit from the primary's ship to its wait's return
+    (:data:`aaabus.core.trace.REPLICA_STAGES`), and ``waited``, from the primary's own sync to
+    that return. Also ``clock_stamp`` (the
     sender's clock work inside ``stamp``), ``commit`` (the engine's whole commit call, from
     ``commit`` to after ``send``) and ``group_hops`` (hops per commit), as p50s."""
     stamps: list[float] = []
@@ -119,6 +122,10 @@ def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, Any]:
         return round(statistics.median(values), 1) if values else 0.0
 
     hop = rtt_p50_ms * 1000 / 2
+    replicated = {
+        name: p50([ns / 1000 for ns in values])
+        for name, values in replica_stages(trace_dir).items()
+    }
     parts = {stage: p50(values) for stage, values in stages.items() if values}
     path = list(parts)
     if "send_early" in parts:
@@ -133,6 +140,8 @@ def hop_breakdown(trace_dir: Path, rtt_p50_ms: float) -> dict[str, Any]:
         "clock_stamp": p50(stamps),
         "commit": p50(commits),
         "group_hops": p50(groups),
+        # With replicas: where a replicated commit's wait goes (aaabus.core.trace.REPLICA_STAGES).
+        **({"replica": replicated} if any(replicated.values()) else {}),
     }
 
 

@@ -16,7 +16,7 @@ import pytest
 
 from aaabus.analysis.schema import HOP_SCHEMA, RTT_SCHEMA, SCHEMA_VERSION
 from aaabus.config.topology import generate
-from aaabus.core.trace import STAGES
+from aaabus.core.trace import REPLICA_STAGES, STAGES
 from aaabus.tools.launch import free_port_base
 from tests.support.commands import cli
 from tests.support.harness import REPO_ROOT
@@ -140,10 +140,25 @@ def test_pingpong_breakdown_splits_one_hop(tmp_path: Path) -> None:
     assert all(parts[stage] >= 0 for stage in stages), parts
     assert parts["sync"] > 0 and parts["commit_prepare"] > 0 and parts["reaction"] > 0
     assert "commit_io" not in parts
+    assert "replica" not in parts  # no replicas, no replicated commits
     # Early frames (the default): the frame's path ends as its group's commit starts.
     assert parts["path"] == stages[: stages.index("send_early") + 1], parts
     total = sum(parts[stage] for stage in parts["path"]) + parts["wire"]
     assert abs(total - parts["hop"]) < 0.5 + 0.1 * len(stages)  # each p50 was rounded
+
+
+def test_pingpong_breakdown_splits_a_replicated_commit(tmp_path: Path) -> None:
+    config = shipped(tmp_path, "flat", 2)
+    args = ["--test", "remote", "--rounds", "30", "--warmup", "5", "--breakdown", "--json"]
+    out = perf("pingpong", "--config", config, *args, "--replicas", "1")
+    parts = out["breakdown_us"]["replica"]
+    # Both sides left their marks for the same commits, in order: the replica syncs after it
+    # has the records and before its acknowledgement leaves; the primary reads it after that.
+    assert [name for name in parts if name != "waited"] == [s for _m, s in REPLICA_STAGES]
+    assert all(value >= 0 for value in parts.values()), parts
+    assert parts["replica_sync"] > 0 and parts["ship"] > 0 and parts["ack_back"] > 0
+    # The commit's wait starts after the primary's own sync, so it is shorter than the path.
+    assert parts["waited"] < sum(value for name, value in parts.items() if name != "waited")
 
 
 def test_sweep_writes_traces_and_resumes(tmp_path: Path) -> None:

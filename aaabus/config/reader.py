@@ -29,6 +29,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 from xml.sax import SAXParseException
 from xml.sax.handler import ContentHandler
@@ -216,6 +217,12 @@ class BusConfig:
         checked when read, so this does not fail for a declared name."""
         raw = self.prop(server_id, name)
         return settings.find(name).default if raw is None else settings.parse(name, raw)
+
+    def directory(self, server_id: int | None, name: str) -> Path | None:
+        """A directory property (``aaabus.trace``, ``aaabus.traffic``): its value, relative to
+        the config file's directory, or None when unset or empty."""
+        value: str | None = self.setting(server_id, name)
+        return None if not value else Path(self.path).resolve().parent / value
 
     def where(self, line: int) -> str:
         """``path:line``, the location format of every configuration error."""

@@ -78,6 +78,7 @@ from typing import Any, Protocol
 from aaabus.core.epoch import EpochRecord, read_epoch
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import Z64
+from aaabus.core.trace import CommitMarks
 from aaabus.errors import ReplicationStopped, StoreError, WireError
 
 log = logging.getLogger("aaabus.replication")
@@ -276,10 +277,17 @@ class Shipper:
         #: Why this primary acknowledges nothing any more (a newer epoch exists), once known.
         self._deposed: str | None = None
         self.waits = 0
+        #: Set (before any commit) when the server traces (``aaabus.trace``): the committing
+        #: thread's marks of each commit, and the latest acknowledgement read (tid, when).
+        self.marks: CommitMarks | None = None
+        self._mark: dict[str, int] = {}
+        self._read_at: tuple[bytes, int] = (Z64, 0)
 
     # -- the committing thread -------------------------------------------------------------
 
     def ship(self, tid: bytes, records: dict[bytes, bytes], forget: list[bytes]) -> None:
+        if self.marks is not None:
+            self._mark = {"ship": time.perf_counter_ns()}
         messages = [*encode_records(records), encode_end(COMMIT, tid, forget)]
         size = sum(len(m) for m in messages)
         with self._cond:
@@ -292,10 +300,24 @@ class Shipper:
                 if rep.send is not None:
                     rep.inflight.append((tid, *after))
                     rep.send(messages, size)
+        if self.marks is not None:
+            self._mark["shipped"] = time.perf_counter_ns()
 
     def wait(self, tid: bytes) -> None:
         """Return once ``sync`` attached replicas acknowledged ``tid``; ReplicationStopped (a
         FatalError: the vote fails, the commit is aborted, the engine stops) once closed."""
+        if self.marks is None:
+            self._wait(tid)
+            return
+        waiting = time.perf_counter_ns()
+        self._wait(tid)
+        returned = time.perf_counter_ns()
+        read_tid, read = self._read_at
+        if read_tid == tid:
+            marks = {**self._mark, "waiting": waiting, "read": read, "returned": returned}
+            self.marks.write("primary", tid, marks)
+
+    def _wait(self, tid: bytes) -> None:
         with self._cond:
             if self._deposed is not None:
                 self._abandoned = tid
@@ -430,6 +452,8 @@ class Shipper:
         return caught[0]
 
     def acked(self, index: int, tid: bytes) -> None:
+        if self.marks is not None:
+            self._read_at = (tid, time.perf_counter_ns())
         with self._cond:
             rep = self._replicas[index]
             if tid > rep.acked:

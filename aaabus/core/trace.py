@@ -20,6 +20,7 @@ group takes its records back with it (see :mod:`aaabus.core.effects`).
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -196,3 +197,85 @@ def read_hops(directory: str | Path) -> Iterable[dict[str, Any]]:
             for line in f:
                 if line.strip():
                     yield json.loads(line)
+
+
+#: A replicated commit's marks, in order, and the stage that ENDS at each (``perf pingpong
+#: --breakdown --replicas N``): the primary ships the records (``ship``: encoded, MAC'd, written
+#: to the socket), the replica has the COMMIT message (``to_replica``: the wake-up, the read, the
+#: records decoded), starts its vote (``replica_prepare``: the previous commit finished, the
+#: transaction begun), writes (``replica_write``) and syncs (``replica_sync``), its
+#: acknowledgement leaves (``replica_ack``), the primary has read it (``ack_back``) and the
+#: commit's wait returns (``wait_return``). ``waited`` is apart: from the primary's own sync to
+#: the wait's return, what the replica costs the commit beyond the primary's disk.
+REPLICA_STAGES: tuple[tuple[str, str], ...] = (
+    ("shipped", "ship"),
+    ("received", "to_replica"),
+    ("voting", "replica_prepare"),
+    ("written", "replica_write"),
+    ("synced", "replica_sync"),
+    ("acked", "replica_ack"),
+    ("read", "ack_back"),
+    ("returned", "wait_return"),
+)
+
+
+class CommitMarks:
+    """One process's marks of its replicated commits, one JSON line per commit and side
+    (``replication-*.jsonl`` under the ``aaabus.trace`` directory), ``perf_counter_ns`` times:
+    one clock for every process of the machine, so the two sides' marks join by tid. Off
+    unless ``aaabus.trace`` is set; each side's writer is the one thread that makes its marks
+    (the committing thread, the replica's link thread). Meaningful one commit at a time."""
+
+    def __init__(self, directory: Path, name: str) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        self._file: TextIO | None = (directory / f"replication-{name}.jsonl").open(
+            "a", encoding="utf-8"
+        )
+        self._buffer: list[str] = []
+        # The writer and a stop (another thread) may meet.
+        self._lock = threading.Lock()
+
+    def write(self, side: str, tid: bytes, marks: dict[str, int]) -> None:
+        line = json.dumps({"v": TRACE_VERSION, "side": side, "tid": tid.hex(), **marks})
+        with self._lock:
+            self._buffer.append(line)
+            if len(self._buffer) >= 256:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._file is not None and self._buffer:
+            self._file.write("\n".join(self._buffer) + "\n")
+            self._file.flush()
+        self._buffer = []
+
+    def close(self) -> None:
+        with self._lock:
+            self._flush()
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+
+
+def replica_stages(directory: str | Path) -> dict[str, list[int]]:
+    """Each :data:`REPLICA_STAGES` stage (and ``waited``) in ns, one value per commit whose
+    two sides both left their marks under ``directory``."""
+    sides: dict[str, dict[str, int]] = {}
+    for path in sorted(Path(directory).glob("replication-*.jsonl")):
+        with path.open(encoding="utf-8") as f:
+            for line in f:
+                if line.strip():
+                    rec = json.loads(line)
+                    sides.setdefault(rec["tid"], {}).update(
+                        {k: v for k, v in rec.items() if k not in ("v", "side", "tid")}
+                    )
+    stages: dict[str, list[int]] = {stage: [] for _mark, stage in REPLICA_STAGES}
+    stages["waited"] = []
+    for marks in sides.values():
+        if not all(mark in marks for mark, _stage in REPLICA_STAGES) or "ship" not in marks:
+            continue
+        previous = marks["ship"]
+        for mark, stage in REPLICA_STAGES:
+            stages[stage].append(marks[mark] - previous)
+            previous = marks[mark]
+        stages["waited"].append(marks["returned"] - marks["waiting"])
+    return stages

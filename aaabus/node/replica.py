@@ -63,6 +63,7 @@ from aaabus.core.logstorage import LogStorage
 from aaabus.core.replication import (
     BALLOT,
     BEAT,
+    COMMIT,
     EPOCH,
     FENCE,
     NEWER,
@@ -77,6 +78,7 @@ from aaabus.core.replication import (
     position_message,
 )
 from aaabus.core.store import LOG_DIR
+from aaabus.core.trace import CommitMarks
 from aaabus.errors import AaabusError, ConfigError, StoreError, WireError
 from aaabus.io.replink import ReplicaLink
 from aaabus.node.epochs import EpochBook, VoteAnswer
@@ -171,6 +173,13 @@ class ReplicaServer:
         self.beats = 0
         self.stopped = threading.Event()
         self.failure: str | None = None
+        trace_dir = config.directory(server_id, "aaabus.trace")
+        #: This member's marks of the commits it applies (``aaabus.trace``; perf's breakdown).
+        self.marks = (
+            None
+            if trace_dir is None
+            else CommitMarks(trace_dir, f"s{server_id}m{index}-replica-{os.getpid()}")
+        )
 
     def _open(self) -> LogStorage:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -208,6 +217,8 @@ class ReplicaServer:
         if self._acceptor is not None:
             self._acceptor.join(5.0)
         self.release()
+        if self.marks is not None:
+            self.marks.close()
 
     # -- the member's roles (the member process's thread) --------------------------------------
 
@@ -545,8 +556,12 @@ class ReplicaServer:
             )
             acks: list[bytes] = []
             deaf = False
+            marks = self.marks
+            # With marks: the last commit applied and not yet acknowledged, and its times.
+            marked: tuple[bytes, dict[str, int]] | None = None
             while True:
                 payload = link.receive_bytes()
+                received = 0 if marks is None else time.perf_counter_ns()
                 with self._lock:
                     self._heard = time.monotonic()
                     fenced = self._fence_now()[0] > epoch
@@ -564,6 +579,8 @@ class ReplicaServer:
                     answer = follower.receive(payload)
                 if answer is not None:
                     acks.append(answer)
+                    if marks is not None and payload[:1] == COMMIT:
+                        marked = _marked(answer[1:], received, follower.storage.last_vote_ns)
                 if acks and not link.buffered():
                     # What was read in one go is applied before it is acknowledged in one
                     # write: an ABORT that followed a commit is applied even if the primary
@@ -573,6 +590,10 @@ class ReplicaServer:
                             link.send_many(acks)
                         except OSError:
                             deaf = True  # read on to the end: an ABORT may still be there
+                    if marks is not None and marked is not None:
+                        marked[1]["acked"] = time.perf_counter_ns()
+                        marks.write("replica", *marked)
+                        marked = None
                     acks = []
         except StoreError as exc:
             self.failure = str(exc)
@@ -585,3 +606,13 @@ class ReplicaServer:
             follower.settle()
             with self._lock:
                 self._following = None
+
+
+def _marked(
+    tid: bytes, received: int, vote_ns: tuple[int, int, int] | None
+) -> tuple[bytes, dict[str, int]] | None:
+    """A replica's marks of commit ``tid`` (see :data:`aaabus.core.trace.REPLICA_STAGES`)."""
+    if vote_ns is None:
+        return None
+    voting, written, synced = vote_ns
+    return tid, {"received": received, "voting": voting, "written": written, "synced": synced}

@@ -20,10 +20,12 @@ only by the acknowledgements the sync setting waits for.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aaabus.config.reader import Member
@@ -44,6 +46,7 @@ from aaabus.core.replication import (
     decode_tid,
     epoch_message,
 )
+from aaabus.core.trace import CommitMarks
 from aaabus.errors import AaabusError, WireError
 from aaabus.io.backoff import Backoff
 from aaabus.io.replink import ReplicaLink
@@ -198,6 +201,7 @@ class ReplicationLinks:
         member: int = 0,
         heartbeat_s: float = 0.375,
         on_newer: Callable[[int, int], None] | None = None,
+        trace_dir: Path | None = None,
     ) -> None:
         self.server_id = server_id
         self._replicas = members
@@ -210,6 +214,10 @@ class ReplicationLinks:
         self.shipper = Shipper(
             server_id, {m.index: f"{m.hostname}:{m.replication_port}" for m in members}, sync
         )
+        if trace_dir is not None:
+            self.shipper.marks = CommitMarks(
+                trace_dir, f"s{server_id}m{member}-primary-{os.getpid()}"
+            )
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._links: dict[int, ReplicaLink] = {}
@@ -242,6 +250,8 @@ class ReplicationLinks:
         for thread in self._threads:
             thread.join(timeout)
         self._storage.shipper = None
+        if self.shipper.marks is not None:
+            self.shipper.marks.close()
 
     def figures(self) -> dict[str, Any]:
         return self.shipper.figures()

@@ -168,12 +168,8 @@ class AgentServer:
             may_import=self.trust.may_import,
             pickles=config.setting(server_id, "aaabus.wire.pickle"),
         )
-        trace_dir: str | None = config.setting(server_id, "aaabus.trace")
-        self.trace_dir = None if not trace_dir else Path(config.path).resolve().parent / trace_dir
-        traffic_dir: str | None = config.setting(server_id, "aaabus.traffic")
-        self.traffic_dir = (
-            None if not traffic_dir else Path(config.path).resolve().parent / traffic_dir
-        )
+        self.trace_dir = config.directory(server_id, "aaabus.trace")
+        self.traffic_dir = config.directory(server_id, "aaabus.traffic")
         self.traffic: TrafficRecorder | None = None
         # A property whose library is an extra not installed here: refused now, before the
         # store is opened, rather than at the feature's first use.
@@ -732,6 +728,7 @@ class AgentServer:
             member=self.member,
             heartbeat_s=self.heartbeat_s,
             on_newer=self.step_down,
+            trace_dir=self.trace_dir,
         )
         self.replication.start()
 
