@@ -5,15 +5,13 @@ a hostname."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from aaabus.config.reader import Member, parse_config
 from aaabus.errors import ConfigError
-from tests.support.harness import REPO_ROOT
+from tests.support.harness import aaabus_cli
 
 
 def bus(replicas: str = "", props: str = "", server_props: str = "") -> str:
@@ -83,22 +81,10 @@ def test_check_warns_of_members_sharing_a_hostname(tmp_path: Path) -> None:
     assert parse_config(bus(TWO)).member_warnings() == []
     config = tmp_path / "a3.xml"
     config.write_text(bus(shared))
-    check = subprocess.run(
-        [sys.executable, "-m", "aaabus", "check", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    check = aaabus_cli("check", str(config))
     assert check.returncode == 0, check.stderr
     assert check.stderr.count("warning:") == 1
     assert "members 0 and 1 share hostname 127.0.0.1" in check.stderr
     config.write_text(bus(shared, props='<property name="aaabus.failover" value="off"/>'))
-    quiet = subprocess.run(
-        [sys.executable, "-m", "aaabus", "check", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    quiet = aaabus_cli("check", str(config))
     assert quiet.returncode == 0 and "warning" not in quiet.stderr, quiet.stderr

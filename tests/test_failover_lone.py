@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +25,7 @@ import pytest
 from aaabus.errors import AaabusError
 from aaabus.tools.client import Client
 from aaabus.tools.launch import ServerProcess
-from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.harness import REPO_ROOT, aaabus_cli, free_ports
 from tests.test_failover import telling
 from tests.test_replication import processes, wait_until
 
@@ -125,13 +123,7 @@ def test_a_lone_server_with_one_replica_says_it_cannot_fail_over_and_does_not(
     tmp_path: Path, make_config: Callable[..., Path]
 ) -> None:
     config = lone_bus(make_config, replicas=1)
-    check = subprocess.run(
-        [sys.executable, "-m", "aaabus", "check", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    check = aaabus_cli("check", str(config))
     assert check.returncode == 0, check.stderr
     assert check.stderr.count("cannot fail over") == 1, check.stderr
     m0 = member(config, 0, tmp_path / "s0")

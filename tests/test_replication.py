@@ -9,8 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,7 +24,7 @@ from aaabus.errors import AaabusError, WireError
 from aaabus.model.ids import TOPICS_STAMP
 from aaabus.tools.client import Client
 from aaabus.tools.launch import Bus, ServerProcess
-from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.harness import REPO_ROOT, aaabus_cli, free_ports
 
 pytestmark = pytest.mark.slow
 
@@ -157,13 +155,7 @@ def test_replica_that_starts_late_or_comes_back_catches_up(
         write_content(config, "before", 15)
         figures = replica_figures(config)["replicas"]["1"]
         assert not figures["connected"] and figures["behind_commits"] is None
-        shown = subprocess.run(
-            [sys.executable, "-m", "aaabus", "status", str(config), "--id", "0"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            cwd=REPO_ROOT,
-        )
+        shown = aaabus_cli("status", str(config), "--id", "0")
         assert shown.returncode == 0, shown.stderr
         assert "server 0 replica 1 (127.0.0.1:" in shown.stdout
         assert "NOT connected" in shown.stdout and "lag unknown" in shown.stdout
@@ -255,13 +247,7 @@ def test_bad_replica_config_is_one_line(
     end = text.index("</server>")
     xml = extra.format(port=port, port2=port2, net=net)
     config.write_text(text[:end] + xml + text[end:])
-    check = subprocess.run(
-        [sys.executable, "-m", "aaabus", "check", str(config)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
-    )
+    check = aaabus_cli("check", str(config))
     assert check.returncode != 0
     lines = check.stderr.strip().splitlines()
     assert len(lines) == 1 and expected in lines[0] and "a3.xml:" in lines[0], check.stderr
@@ -270,15 +256,8 @@ def test_bad_replica_config_is_one_line(
 def _refused(config: Path, storage: Path, *extra: str) -> str:
     """Start server 0 of ``config`` (``extra``: e.g. ``--replica K``) and see it refuse: exit
     status 2 and one line on stderr, which is returned."""
-    proc = subprocess.run(
-        [
-            *(sys.executable, "-m", "aaabus", "server", "--id", "0", *extra),
-            *("--config", str(config), "--storage", str(storage)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO_ROOT,
+    proc = aaabus_cli(
+        "server", "--id", "0", *extra, *("--config", str(config), "--storage", str(storage))
     )
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()

@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import queue
 import random
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +22,18 @@ from aaabus.tools.launch import PORT_RANGE_ENV, default_port_range, free_port_ba
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 #: What the servers of test buses trust (aaabus.trust): the suite's, the agents' and examples'.
 TEST_TRUST = "tests,agents,examples,perf"
+
+
+def aaabus_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``python -m aaabus ARGS`` from the repository's root, its output captured as text (a
+    tool's exit status and its one-line errors are what the tests read)."""
+    return subprocess.run(
+        [sys.executable, "-m", "aaabus", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO_ROOT,
+    )
 
 
 #: The widest run ``contiguous_free_base`` is asked for (a few servers, three ports each).
