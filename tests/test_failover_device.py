@@ -30,9 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from aaabus import Client
 from aaabus.mqtt import codes as mq
 from perf.failover_load import Connected, Device, Endpoints, Event
+from tests.support.harness import published_before
 from tests.test_mqtt_qos2_retransmit import Server
 
 # A real server process: not in the fast lane.
@@ -122,22 +122,6 @@ def next_event(events: queue.SimpleQueue[Event], kind: type, deadline: float) ->
     raise AssertionError(f"no {kind.__name__} event in time")
 
 
-def published_before(server: Server, last: str, timeout: float = 30.0) -> list[str]:
-    """The message ids the bus published on ``retx/#`` before the one with id ``last``."""
-    deadline = time.monotonic() + timeout
-    out: list[str] = []
-    with Client(server.config, 0) as client, client.subscribe("retx/#", name="watch") as watch:
-        while (left := deadline - time.monotonic()) > 0:
-            item = watch.get(timeout=left)
-            if item is None:
-                break
-            mid = json.loads(item.payload)["mid"]
-            if mid == last:
-                return out
-            out.append(mid)
-    raise AssertionError(f"{last} not published in {timeout} s; before it: {out}")
-
-
 @pytest.fixture
 def server(tmp_path: Path, make_config: Callable[..., Path]) -> Iterator[Server]:
     started = Server(tmp_path, make_config)
@@ -168,7 +152,8 @@ def test_a_publication_released_before_its_primary_died_is_not_sent_again(
             assert time.monotonic() < deadline, "the device's flow never completed"
             time.sleep(0.01)
         device.publish(TOPIC, ("nobody",))
-        assert published_before(server, "dev-2") == ["dev-1"]
+        before = published_before(server.config, lambda p: json.loads(p)["mid"] == "dev-2")
+        assert [json.loads(p)["mid"] for p in before] == ["dev-1"]
     finally:
         device.stop()
         relay.close()

@@ -28,7 +28,7 @@ import pytest
 from aaabus import Client
 from aaabus.mqtt import codes as mq
 from aaabus.tools.launch import Bus
-from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.harness import REPO_ROOT, free_ports, published_before
 from tests.support.rawmqtt import RawClient
 
 # Real server processes: not in the fast lane.
@@ -55,20 +55,6 @@ class Server:
         """SIGKILL, as a crash would, and start again on the same store."""
         self.bus[0].kill()
         self.bus[0].start().wait_ready(30)
-
-    def published_before(self, marker: bytes, timeout: float = 30.0) -> list[bytes]:
-        """The payloads the bus published on ``retx/#`` before ``marker``, in order."""
-        deadline = time.monotonic() + timeout
-        out: list[bytes] = []
-        with Client(self.config, 0) as client, client.subscribe("retx/#", name="watch") as watch:
-            while (left := deadline - time.monotonic()) > 0:
-                item = watch.get(timeout=left)
-                if item is None:
-                    break
-                if item.payload == marker:
-                    return out
-                out.append(item.payload)
-        raise AssertionError(f"marker {marker!r} not published in {timeout} s; before it: {out}")
 
 
 @pytest.fixture
@@ -100,7 +86,7 @@ def finish(raw: RawClient, server: Server) -> list[bytes]:
     raw.publish(TOPIC, marker, 1, PID + 1, dup=False)
     raw.expect_ack(mq.PUBACK, PID + 1)
     raw.close()
-    return server.published_before(marker)
+    return published_before(server.config, lambda payload: payload == marker)
 
 
 @pytest.mark.parametrize("persistent", [True, False], ids=["persistent", "clean"])

@@ -7,7 +7,8 @@ import queue
 import random
 import subprocess
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from aaabus.config.admin_port import ADMIN_PORT_OFFSET
 from aaabus.config.reader import BusConfig
 from aaabus.errors import LaunchError
 from aaabus.model.ids import AgentId
+from aaabus.tools.client import Client
 from aaabus.tools.launch import PORT_RANGE_ENV, default_port_range, free_port_base, ports_free
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
@@ -34,6 +36,25 @@ def aaabus_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[s
         timeout=timeout,
         cwd=REPO_ROOT,
     )
+
+
+def published_before(
+    config: Path, last: Callable[[bytes], bool], timeout: float = 30.0
+) -> list[bytes]:
+    """The payloads server 0 of ``config`` published on ``retx/#`` (read through the durable
+    subscription ``watch``) before the first for which ``last`` holds, in order; AssertionError
+    if none came within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    out: list[bytes] = []
+    with Client(config, 0) as client, client.subscribe("retx/#", name="watch") as watch:
+        while (left := deadline - time.monotonic()) > 0:
+            item = watch.get(timeout=left)
+            if item is None:
+                break
+            if last(item.payload):
+                return out
+            out.append(item.payload)
+    raise AssertionError(f"the last one not published in {timeout} s; before it: {out}")
 
 
 #: The widest run ``contiguous_free_base`` is asked for (a few servers, three ports each).
