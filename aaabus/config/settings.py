@@ -366,7 +366,9 @@ SETTINGS: tuple[Setting, ...] = (
         "A directory: every server appends one JSON line per message hop to `hops-s<id>.jsonl` "
         "(stamp bytes, clock CPU time, commit time, clock bytes persisted), and one with an MQTT "
         "listener one line per batch of its devices' operations to `mqtt-s<id>.jsonl` (where its "
-        "time goes: `perf mqtt --breakdown`). Off when unset; free when off.",
+        "time goes: `perf mqtt --breakdown`); with replicas, each member one line per replicated "
+        "commit to `replication-s<id>m<member>-<side>-<pid>.jsonl` (where its wait goes: `perf "
+        "pingpong --breakdown --replicas N`). Off when unset; free when off.",
     ),
     Setting(
         "aaabus.traffic",
