@@ -75,7 +75,11 @@ def test_safety_measures_both_and_leaves_no_node_behind(tmp_path: Path) -> None:
         "pingpong_p50_replica_vs_without",
         "stream_replica_vs_without",
         "pingpong_p50_replica_vs_rabbitmq_quorum",
+        "floor_p50_mirrored_vs_plain",
+        "pingpong_p50_vs_floor",
+        "pingpong_p50_replica_vs_mirrored_floor",
     }
+    assert all(value is None or value > 0 for value in out["ratios"].values())
     assert out["ratios"]["stream_replica_vs_without"] == pytest.approx(
         out["aaabus_replica"]["stream_msgs_per_s"] / out["aaabus"]["stream_msgs_per_s"], rel=0.01
     )

@@ -83,7 +83,7 @@ def _write_every_old_shape(path: Path) -> bytes:
         del session.user, session.clean
         store.conn.root()["mqtt_sessions"] = OOBTree({"c1": session})
         box = Mailbox("m", None, 10)
-        del box.watched
+        del box.__dict__["watched"]  # before the attribute existed
         store.agents[MAILBOX_KEY] = box
         rep = TopicRepresentative({}, 10)
         rep.local["a/+"] = OOTreeSet([SUBSCRIBER])

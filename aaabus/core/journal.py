@@ -28,6 +28,9 @@ clock page         domain, page               the page's uint64 cells (:class:`.
                                               page ``0xFFFFFFFF``: a full-stamp clock's matrix
 =================  =========================  ==============================================
 
+The mailboxes' backlogs are side records too, kept by :mod:`aaabus.core.backlogs`
+(:attr:`Journal.backlogs`) with their own rules of liveness.
+
 Removing an entry writes nothing: its key leaves the log store's index when the commit finishes
 (``forget``), and its record stays on disk, dead, until compaction drops its segment. A store
 reopened before then finds such records again; each kind tells them from live ones by what the
@@ -67,6 +70,7 @@ from persistent import Persistent
 from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
 from zope.interface import implementer
 
+from aaabus.core.backlogs import JournalBacklogs
 from aaabus.core.clock import DomainClock
 from aaabus.core.commitorder import sort_key
 from aaabus.core.epoch import EPOCH_KEY
@@ -85,7 +89,8 @@ K_OUT = 4
 K_WAIT = 5
 K_PAGE = 6
 K_ACKED = 7
-#: Kind 8 is the server's epoch (aaabus.core.epoch.EPOCH_KEY), not the journal's own.
+#: Kind 8 is the server's epoch (aaabus.core.epoch.EPOCH_KEY), not the journal's own; kinds 9
+#: and 10 are the mailboxes' backlogs (aaabus.core.backlogs).
 #: The page number of a full-stamp clock's matrix (kept in the clock object itself).
 MATRIX = 0xFFFFFFFF
 _LOW32 = 0xFFFFFFFF
@@ -149,6 +154,8 @@ class Journal:
             self._catalog = self._read_catalog(records)
             self.qin = self._load_qin(records)
             self._load_links(records)
+            #: The mailboxes' backlogs (:mod:`aaabus.core.backlogs`).
+            self.backlogs = JournalBacklogs(self, records, self._live)
         except (ValueError, KeyError, TypeError, IndexError, struct.error) as exc:
             raise StoreError(
                 f"{description} holds damaged queue records ({type(exc).__name__}: {exc}); "
@@ -368,6 +375,19 @@ class Journal:
         writes = self._writes
         self._undo.append((self._unstage, (key, writes.pop(key, _ABSENT), key in self._forgets)))
         self._forgets.add(key)
+
+    def read(self, key: bytes) -> bytes | None:
+        """The data under ``key`` as the open transaction sees it (its own writes first)."""
+        data = self._writes.get(key)
+        if data is not None:
+            return data
+        if key in self._forgets:
+            return None
+        return self._storage.side_record(key)
+
+    def forget_now(self, keys: list[bytes]) -> None:
+        """Forget ``keys`` outside any transaction: dead records a boot found."""
+        self._storage.forget_side(keys)
 
     def _unstage(self, key: bytes, data: bytes, forgotten: bool) -> None:
         if data is _ABSENT:

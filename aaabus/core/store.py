@@ -52,6 +52,7 @@ from aaabus.core.packer import Packer
 from aaabus.core.records import VettedDB, check_record
 from aaabus.core.writers import FreeingDB
 from aaabus.errors import MalformedPickle, StoreError, StoreWriteFailed, UntrustedClass
+from aaabus.model.agent import BACKLOGS_ATTRIBUTE
 from aaabus.model.renames import current_path
 from aaabus.wire.frames import BODY_VERSION as WIRE_VERSION
 from aaabus.wire.pickles import pickle_end
@@ -248,6 +249,12 @@ class Store:
                 self.journal = Journal(storage, self.tm, description)
                 self.links = self.journal
                 self.qin = self.journal.qin
+                # The mailboxes find their journaled backlogs through their _p_jar (the agents
+                # layer does not import the core): see aaabus.topics.mailbox.
+                backlogs = self.journal.backlogs
+                agents = self.agents
+                backlogs.sweep(lambda owner: owner in agents)
+                setattr(self.conn, BACKLOGS_ATTRIBUTE, backlogs)
             #: The upgrade steps this boot ran (their schema versions; empty: none was due).
             self.upgraded: list[int] = upgrades.upgrade(self)
         except StoreError:

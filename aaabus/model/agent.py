@@ -34,6 +34,12 @@ from aaabus.model.topicnames import check_filter, check_topic
 
 log = logging.getLogger("aaabus.agent")
 
+#: The attribute of a store's ZODB connection (an agent's ``_p_jar``) holding what keeps state
+#: for agents outside their own objects, when the store has it: a log store's journaled mailbox
+#: backlogs (:mod:`aaabus.core.backlogs`, read by :mod:`aaabus.topics.mailbox`). Through the
+#: connection because the agents' layer does not import the core that sets it.
+BACKLOGS_ATTRIBUTE = "aaabus_backlogs"
+
 #: Every agent class of this process, by tag (``module:QualName``): the classes a deployment by
 #: class may name (:meth:`aaabus.wire.codec.Codec.decode_agent`).
 _CLASSES: dict[str, type[Agent]] = {}

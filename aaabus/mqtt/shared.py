@@ -397,7 +397,7 @@ class SharedGroups:
     def _append(self, member: Member, box: Mailbox, note: Publication, key: str) -> None:
         handed = member.handed
         # Forget what the member's mailbox no longer holds (acknowledged, or dropped).
-        first = box.items.minKey() if box.count else box.next_seq
+        first = box.oldest()
         while handed and handed.minKey() < first:
             del handed[handed.minKey()]
         seq = box.next_seq

@@ -256,6 +256,9 @@ class AgentServer:
             segment_size=self.segment_size,
             pack_every=self.pack_every,
         )
+        if self.store.journal is not None:
+            # Mailbox items are this server's notifications: decoded as it decodes them.
+            self.store.journal.backlogs.codec = self.codec
         try:
             self._read_epoch(self.store)
             self.epochs = EpochBook(None if self.store_kind == "memory" else self.storage)
