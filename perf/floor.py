@@ -37,7 +37,7 @@ FILE_BYTES = 8 << 20
 Child = Callable[[str, dict[str, Any], float], contextlib.AbstractContextManager[Any]]
 
 
-class _Journal:
+class Journal:
     """A preallocated file taking one record + ``fdatasync`` per call, wrapping around."""
 
     def __init__(self, path: Path) -> None:
@@ -61,7 +61,7 @@ class _Journal:
 class _Mirrored:
     """A journal each append of which is also on a mirror's disk before it returns."""
 
-    def __init__(self, journal: _Journal, sock: socket.socket) -> None:
+    def __init__(self, journal: Journal, sock: socket.socket) -> None:
         self.journal = journal
         self.sock = sock
 
@@ -95,15 +95,15 @@ def _connect(port: int, timeout: float) -> socket.socket:
     return sock
 
 
-def _journal(path: Path, mirror_port: int | None, timeout: float) -> _Journal | _Mirrored:
-    journal = _Journal(path)
+def _journal(path: Path, mirror_port: int | None, timeout: float) -> Journal | _Mirrored:
+    journal = Journal(path)
     return journal if mirror_port is None else _Mirrored(journal, _connect(mirror_port, timeout))
 
 
 def mirror_child(p: dict[str, Any]) -> dict[str, Any]:
     """A side's mirror (``replicated``): listen, then write and sync each record it is sent and
     acknowledge it with one byte, until its side closes the connection."""
-    journal = _Journal(Path(p["dir"]) / f"mirror-{p['port']}.journal")
+    journal = Journal(Path(p["dir"]) / f"mirror-{p['port']}.journal")
     served = 0
     with socket.create_server(("127.0.0.1", p["port"])) as listener:
         listener.settimeout(p["timeout"])

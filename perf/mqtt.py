@@ -56,7 +56,7 @@ from typing import Any, Protocol
 
 from aaabus.mqtt.batchtrace import MARKS, stages
 from aaabus.tools.launch import Bus
-from perf import mqttload
+from perf import floor, mqttload
 from perf.aaabus_mqtt import mqtt_bus, mqtt_servers
 from perf.agents.pingpong import summarise
 from perf.brokers import (
@@ -361,8 +361,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--breakdown",
         action="store_true",
-        help="aaabus alone, QoS 1 latency with its listener traced: where one round trip's "
-        "p50 time goes (breakdown_us; see perf/README.md)",
+        help="QoS 1 latency on aaabus with its listener traced: where one round trip's p50 "
+        "time goes (breakdown_us), beside the same run's floor (a durable write here and the "
+        "clients' own part) and, if rabbitmq_mqtt is among --systems, RabbitMQ's round trip "
+        "(see perf/README.md)",
     )
     scale = parser.add_argument_group("scale (perf/mqttload.py's load client; see perf/README.md)")
     scale.add_argument("--devices", type=int, help="N devices: the idle, fan-in, fan-out scenarios")
@@ -670,31 +672,55 @@ def run_breakdown(args: argparse.Namespace) -> int:
     if min(args.repetitions, args.rounds) < 1 or args.warmup < 0:
         raise SystemExit("perf mqtt: error: counts must be positive")
     runs: list[dict[str, Any]] = []
-    for rep in range(args.repetitions):
-        _log(f"breakdown {rep + 1}/{args.repetitions}")
-        with scratch(args.workdir) as work:
-            props = {"aaabus.trace": "trace"}  # relative to the bus's a3.xml: work/trace
-            with mqtt_servers(work, [[0, 1]], {0: 200}, properties=props) as bus:
-                measured = latency(
-                    bus.endpoints[0], 1, args.rounds, args.warmup, args.payload, args.timeout
-                )
-            # The servers have stopped: the trace is complete. The publications' batches are
-            # those followed by a delivery; the warm-up's are the first of them.
-            lines = (work / "trace" / "mqtt-s0.jsonl").read_text().splitlines()
-            traced = [m for m in map(json.loads, filter(None, lines)) if "delivered" in m]
-        p50 = measured["latency_ms"]["p50"]
-        runs.append({"latency_ms_p50": p50, **batch_breakdown(traced[-args.rounds :], p50)})
+    # The publications' batches: how many the listener's loop ran itself, and of those how
+    # many wrote their delivery before their PUBACK (aaabus.mqtt.batches: all of them).
+    batches = {"traced": 0, "run_by_the_loop": 0, "delivered_before_answered": 0}
+    peers = [name for name in _chosen(args.systems) if name == "rabbitmq_mqtt"]
+    theirs: list[float] = []
+    syncs: list[float] = []
+    with contextlib.ExitStack() as stack:
+        peer = None
+        if peers and RabbitMqtt().missing() is None:
+            peer = stack.enter_context(RabbitMqtt().endpoint(stack.enter_context(scratch()), 200))
+        for rep in range(args.repetitions):
+            _log(f"breakdown {rep + 1}/{args.repetitions}")
+            runs.append(_breakdown_run(args, batches))
+            # The same run's floor: a durable write here (the log store's pwrite + fdatasync
+            # of one small record), and the peer's QoS 1 round trip between the same clients.
+            with scratch(args.workdir) as work:
+                syncs.append(_write_sync_p50_us(work / "floor.journal", args.rounds))
+            if peer is not None:
+                measured = latency(peer, 1, args.rounds, args.warmup, args.payload, args.timeout)
+                theirs.append(measured["latency_ms"]["p50"])
     stages_run = [key for key in runs[0] if key != "latency_ms_p50"]
+    ours = statistics.median(r["latency_ms_p50"] for r in runs)
+    wire = statistics.median(r["clients_and_wire"] for r in runs)
+    floor_us = wire + statistics.median(syncs)
     result = {
         "suite": "mqtt-breakdown",
         "repetitions": args.repetitions,
         "rounds": args.rounds,
         "warmup": args.warmup,
-        "latency_ms_p50": statistics.median(r["latency_ms_p50"] for r in runs),
+        "latency_ms_p50": ours,
         "breakdown_us": {
             key: round(statistics.median(r.get(key, 0.0) for r in runs), 1) for key in stages_run
         },
         "runs": runs,
+        "batches": batches,
+        # What no broker that syncs before its PUBACK can beat here: the same clients and
+        # loopback (clients_and_wire) plus one durable write of this disk, now.
+        "floor": {
+            "write_sync_us_p50": round(statistics.median(syncs), 1),
+            "floor_ms": round(floor_us / 1000, 3),
+            "rabbitmq_mqtt_qos1_p50_ms": statistics.median(theirs) if theirs else None,
+        },
+        "ratios": {
+            "qos1_p50_vs_floor": round(ours * 1000 / floor_us, 3),
+            "qos1_p50_vs_rabbitmq": round(ours / statistics.median(theirs), 3) if theirs else None,
+            "floor_vs_rabbitmq": (
+                round(floor_us / 1000 / statistics.median(theirs), 3) if theirs else None
+            ),
+        },
     }
     if not args.json:
         print(f"QoS 1 round trip p50 {result['latency_ms_p50']:.3f} ms; µs per stage:")
@@ -702,6 +728,45 @@ def run_breakdown(args: argparse.Namespace) -> int:
             print(f"  {stage:<20}{value:>10}")
     print(json.dumps(result))
     return 0
+
+
+def _breakdown_run(args: argparse.Namespace, batches: dict[str, int]) -> dict[str, Any]:
+    """One traced QoS 1 latency run on a fresh aaabus: its p50 and stages; counts its
+    publications' batches into ``batches``."""
+    with scratch(args.workdir) as work:
+        props = {"aaabus.trace": "trace"}  # relative to the bus's a3.xml: work/trace
+        with mqtt_servers(work, [[0, 1]], {0: 200}, properties=props) as bus:
+            measured = latency(
+                bus.endpoints[0], 1, args.rounds, args.warmup, args.payload, args.timeout
+            )
+        # The servers have stopped: the trace is complete. The publications' batches are
+        # those followed by a delivery; the warm-up's are the first of them.
+        lines = (work / "trace" / "mqtt-s0.jsonl").read_text().splitlines()
+        traced = [m for m in map(json.loads, filter(None, lines)) if "delivered" in m]
+    p50 = measured["latency_ms"]["p50"]
+    counted = traced[-args.rounds :]
+    inline = [m for m in counted if m.get("inline")]
+    batches["traced"] += len(counted)
+    batches["run_by_the_loop"] += len(inline)
+    batches["delivered_before_answered"] += sum(
+        1 for m in inline if m["delivered"] <= m.get("answered", m["delivered"])
+    )
+    return {"latency_ms_p50": p50, **batch_breakdown(counted, p50)}
+
+
+def _write_sync_p50_us(path: Path, rounds: int) -> float:
+    """The p50 of one small record's ``pwrite`` + ``fdatasync`` in ``path`` (perf.floor's
+    journal file, preallocated: the log store's own kind of write)."""
+    journal = floor.Journal(path)
+    try:
+        times = []
+        for _ in range(rounds):
+            started = time.perf_counter_ns()
+            journal.append()
+            times.append((time.perf_counter_ns() - started) / 1000)
+    finally:
+        journal.close()
+    return float(statistics.median(times))
 
 
 def batch_breakdown(records: list[dict[str, int]], p50_ms: float) -> dict[str, float]:

@@ -56,7 +56,10 @@ def test_perf_mqtt_measures_aaabus_with_the_paho_programs() -> None:
 
 
 def test_perf_mqtt_breakdown_accounts_for_the_server_side_of_a_round_trip() -> None:
-    result = perf("mqtt", "--breakdown", "--repetitions", "1", "--rounds", "30", "--warmup", "5")
+    result = perf(
+        *("mqtt", "--breakdown", "--systems", "aaabus"),
+        *("--repetitions", "1", "--rounds", "30", "--warmup", "5"),
+    )
     parts = result["breakdown_us"]
     assert isinstance(parts, dict)
     # Every stage of a QoS 1 publication was passed (the log store reports its write and sync),
@@ -70,6 +73,18 @@ def test_perf_mqtt_breakdown_accounts_for_the_server_side_of_a_round_trip() -> N
     assert parts["sync"] > 0 and parts["write"] > 0
     assert 0 < parts["server"] < float(result["latency_ms_p50"]) * 1000  # type: ignore[arg-type]
     assert parts["clients_and_wire"] > 0
+    # A batch the listener's loop runs itself writes the subscriber's PUBLISH before the
+    # publisher's PUBACK (aaabus.mqtt.batches); with one message at a time, the loop runs most.
+    batches = result["batches"]
+    assert isinstance(batches, dict)
+    assert 0 < batches["run_by_the_loop"] <= batches["traced"]
+    assert batches["delivered_before_answered"] == batches["run_by_the_loop"]
+    # The same run's floor: a durable write here, and the clients' part.
+    floor = result["floor"]
+    assert isinstance(floor, dict) and floor["write_sync_us_p50"] > 0
+    assert floor["floor_ms"] * 1000 > parts["clients_and_wire"]
+    assert floor["rabbitmq_mqtt_qos1_p50_ms"] is None  # not asked for
+    assert result["ratios"]["qos1_p50_vs_floor"] > 0  # type: ignore[index]
 
 
 def test_perf_mqtt_protocol_option_runs_one_version_and_refuses_others() -> None:

@@ -9,14 +9,18 @@ nothing when the loop runs it), ``ops`` (the batch's operations: a publication h
 representative, its deliveries queued), ``reaction`` (the group's other work before its
 commit: the session mailbox's reaction), ``commit_prepare`` (ZODB's preparation, until the
 store's vote), ``write`` and ``sync`` (the log store's ``pwritev`` and ``fdatasync``),
-``commit_finish`` (the rest of the vote, until the batch's durable completion), ``loop_delay``
-(until the loop handles that completion: nothing when the loop ran the batch), ``answer``
-(the completions: PUBACK, PUBREC written) and ``delivery`` (until the loop wrote the session
-mailbox's push: the subscriber's PUBLISH). A store that does not report its write and sync
-gives no ``vote``/``written``/``synced``: ``commit_prepare`` then ends at ``durable``.
+``commit_finish`` (the rest of the vote, until the batch's durable completion), ``delivery``
+(until the loop wrote the session mailbox's push: the subscriber's PUBLISH), ``loop_delay``
+(until the loop handles the batch's completion) and ``answer`` (the completions: PUBACK,
+PUBREC written). That is the order when the loop ran the batch itself (``inline`` in the
+record), which writes its pushes before its answers (:mod:`aaabus.mqtt.batches`); a batch the
+engine thread ran is answered first and delivered after: each stage is the time from the mark
+before it in time, whichever order they came in. A store that does not report its write and
+sync gives no ``vote``/``written``/``synced``: ``commit_prepare`` then ends at ``durable``.
 
-Meaningful when one publication is in flight at a time (``delivery`` is the next push after
-the batch's completion); in busy batches the marks are those of the batch's first operation.
+Meaningful when one publication is in flight at a time (``delivery`` is the batch's push, or
+the next push after its completion); in busy batches the marks are those of the batch's first
+operation.
 Owned by the loop thread: the engine thread writes a batch's marks while the batch runs and
 hands them to the loop with its completion (:meth:`Batches.to_loop`).
 """
@@ -44,9 +48,9 @@ MARKS: tuple[tuple[str, str], ...] = (
     ("written", "write"),
     ("synced", "sync"),
     ("durable", "commit_finish"),
+    ("delivered", "delivery"),
     ("loop", "loop_delay"),
     ("answered", "answer"),
-    ("delivered", "delivery"),
 )
 
 Marks = dict[str, int]
@@ -56,10 +60,9 @@ def stages(marks: Marks) -> dict[str, int]:
     """The nanoseconds of each stage whose end mark was passed, from ``read`` on."""
     out: dict[str, int] = {}
     previous = marks["read"]
-    for mark, stage in MARKS:
-        at = marks.get(mark)
-        if at is None:
-            continue
+    passed = sorted((marks[mark], n) for n, (mark, _stage) in enumerate(MARKS) if mark in marks)
+    for at, n in passed:
+        mark, stage = MARKS[n]
         if mark == "durable" and "vote" not in marks:
             stage = "commit_prepare"  # a store that does not report its vote
         out[stage] = out.get(stage, 0) + at - previous
@@ -76,6 +79,9 @@ class BatchTrace:
         self._file: TextIO | None = self.path.open("a", encoding="utf-8")
         self._read = 0
         self._last: Marks | None = None  # completed, waiting for the push that follows it
+        #: The marks of the batch the loop is running itself (set by its Batches): its pushes
+        #: come before its answers.
+        self.current: Marks | None = None
 
     def reading(self) -> None:
         """A socket read starts (loop thread): the ``read`` mark of what it queues."""
@@ -117,10 +123,15 @@ class BatchTrace:
         marks["answered"] = time.perf_counter_ns()
         self._write_last()
         self._last = marks
+        if "delivered" in marks:  # pushed before its answers: complete
+            self._write_last()
 
     def pushed(self) -> None:
-        """The loop wrote a session mailbox's push: the last batch's delivery, once."""
-        if self._last is not None:
+        """The loop wrote a session mailbox's push: the delivery of the batch it runs, else of
+        the last batch answered, once."""
+        if self.current is not None:
+            self.current.setdefault("delivered", time.perf_counter_ns())
+        elif self._last is not None:
             self._last.setdefault("delivered", time.perf_counter_ns())
             self._write_last()
 
