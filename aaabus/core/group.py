@@ -114,7 +114,7 @@ class Group:
         self._careful = 0
         self._careful_inputs = False
         self._failures = 0
-        self._ready: collections.deque[Message] = collections.deque()
+        self._ready: collections.deque[Message | Handed] = collections.deque()
         self._ready_ok = False
         # While a group runs its reactions (not in careful mode): the messages to run next in
         # this group, ahead of qin, never written to it (see steps). None otherwise.
@@ -338,13 +338,21 @@ class Group:
 
     # -- the chain --------------------------------------------------------------------------------
 
-    def deliver(self, msg: Message) -> None:
-        """Queue a message that became deliverable here (in the group)."""
+    def deliver(self, msg: Message | Handed) -> None:
+        """Queue a message that became deliverable here (in the group): one from a peer, or a
+        local send of an input being applied (an MQTT device's publication to the session
+        mailboxes of this server). While the inputs are applied outside careful mode and qin is
+        empty it joins the chain's arrivals, run in this group and never written to qin (two
+        records less), a handed-over note as it is (never encoded nor decoded)."""
         if self._ready_ok and not self._engine.store.qin:
             self._ready.append(msg)
             self._engine.effects.undo(self._ready.pop)
         else:
-            self._engine.store.qin.put(msg)
+            self._engine.store.qin.put(self._as_message(msg))
+
+    def arrivals_open(self) -> bool:
+        """Whether :meth:`deliver` would keep a message out of qin now."""
+        return self._ready_ok and not self._engine.store.qin
 
     def chain_open(self) -> bool:
         """Whether a local message sent now joins the chain (see steps): reactions are running

@@ -78,6 +78,8 @@ class ChannelPort(Protocol):
 class _Chain(Protocol):
     def chain_open(self) -> bool: ...
     def chain_append(self, entry: Message | Handed) -> None: ...
+    def arrivals_open(self) -> bool: ...
+    def deliver(self, msg: Message | Handed) -> None: ...
 
 
 class Core(Protocol):
@@ -207,11 +209,16 @@ class Sends:
             raise TypeError(f"hand_over() needs an AgentId, got {type(to).__name__}")
         engine = self._engine
         group = engine.group
-        if to.server != engine.server_id or not group.chain_open():
+        if to.server != engine.server_id:
             self.send_from(engine.current, to, note)
-            return
-        group.chain_append(Handed(engine.current, to, note))
-        self._sent()
+        elif group.chain_open():
+            group.chain_append(Handed(engine.current, to, note))
+            self._sent()
+        elif group.arrivals_open():
+            group.deliver(Handed(engine.current, to, note))
+            self._sent()
+        else:
+            self.send_from(engine.current, to, note)
 
     def deploy(self, agent: Agent, server: int, reply: bool) -> AgentId:
         engine = self._engine
@@ -269,7 +276,7 @@ class Sends:
             if group.chain_open():
                 group.chain_append(msg)
             else:
-                engine.store.qin.put(msg)
+                group.deliver(msg)  # an input's send: an arrival of the group, or into qin
         elif engine.channel is not None and engine.channel.knows(to.server):
             engine.channel.send(msg)
         else:

@@ -8,13 +8,18 @@ nobody waits for (``lazy``) ride along with the next batch. Threads: :meth:`Batc
 the flush on the loop; the completions on the engine thread or, when the loop ran the batch
 itself, on the loop.
 
-A batch the loop runs itself sends its deliveries before its answers: the session mailboxes'
-pushes are written as the commit's durable actions run, the batch's answers (PUBACK, PUBREC)
-right after the commit returns. A subscriber's PUBLISH is the end of a publication's way, a
-publisher's PUBACK only its flow control: the answer's encoding and system call, ~30 µs, were on
-the way of every delivery (``perf mqtt --breakdown``, perf/RESULTS.md). Nothing orders a device's
-answers against the deliveries of other publications to it (a QoS 2 message reaches the
-application at its PUBREL, which each flow sends in order).
+A batch the loop runs itself and that holds only steps of publications' QoS flows (PUBLISH,
+PUBREL, PUBREC: ``flow``) sends its deliveries before its answers: the session mailboxes'
+pushes are written as the commit's durable actions run, the batch's answers (PUBACK, PUBREC,
+PUBCOMP, PUBREL) right after the commit returns. A subscriber's PUBLISH is the end of a
+publication's way, a publisher's PUBACK only its flow control: the answer's encoding and system
+call, ~30 µs, were on the way of every delivery (``perf mqtt --breakdown``, perf/RESULTS.md).
+A device keeps its own order, though: a push to a device that has an answer of the batch to
+come sends that answer first (:meth:`Batches.answer_before`), so that a device subscribed to
+what it publishes still gets its PUBACK before the copy of its message. Any other operation in
+the batch keeps the answers first: a CONNECT, whose CONNACK must precede the session's first
+PUBLISH; a SUBSCRIBE, whose SUBACK comes before the retained messages it brings (MQTT allows
+either order; devices expect this one).
 """
 
 from __future__ import annotations
@@ -61,6 +66,12 @@ class Batches:
         self._loop = loop
         self._flush_writes, self._stopping = flush_writes, stopping
         self._pending: list[tuple[Op, Then]] = []
+        # Whether every pending operation is a step of a QoS flow (see the module docstring),
+        # and whose (the devices' connections) they are.
+        self._flows_only = True
+        self._owners: set[object] = set()
+        # The owners of the answers in _answers (a push to one of them sends them first).
+        self._answering: set[object] = set()
         self._lazy: list[tuple[Op, Then]] = []
         self._scheduled = False
         # Whether the loop thread is running a batch itself (see to_loop).
@@ -76,14 +87,23 @@ class Batches:
         """The calling thread is the loop's (once, when it starts)."""
         self._loop_thread = threading.get_ident()
 
-    def add(self, fn: Op, then: Then, lazy: bool = False) -> None:
+    def add(
+        self, fn: Op, then: Then, lazy: bool = False, flow: bool = False, owner: object = None
+    ) -> None:
         """Queue ``fn`` for the engine's next batch; ``then(outcome)`` on the loop once it is
-        durable (``outcome``: its result, or the exception it raised)."""
+        durable (``outcome``: its result, or the exception it raised). ``flow``: a step of a
+        publication's QoS flow, whose answer may follow the batch's deliveries to others than
+        its ``owner`` (the device's connection)."""
         if self._stopping():
             return
         if self._trace is not None and not lazy and not self._pending:
             self._marks = self._trace.opened()
-        (self._lazy if lazy else self._pending).append((fn, then))
+        if lazy:
+            self._lazy.append((fn, then))
+        else:
+            self._pending.append((fn, then))
+            self._flows_only = self._flows_only and flow
+            self._owners.add(owner)
         if not self._scheduled:
             # After every callback of this turn of the loop: one batch for all of them.
             self._scheduled = True
@@ -99,6 +119,8 @@ class Batches:
             lazy, self._lazy = self._lazy, []
             self._run_batch([fn for fn, _then in lazy], self._done_for(lazy), lazy=True)
         ops, self._pending = self._pending, []
+        flows_only, self._flows_only = self._flows_only, True
+        owners, self._owners = self._owners, set()
         marks, self._marks = self._marks, None
         if ops:
             fns = [fn for fn, _then in ops]
@@ -109,29 +131,42 @@ class Batches:
             # back (two wake-ups per batch). The loop waits for the commit meanwhile; what
             # arrives then is read after it and goes into the next batch.
             self._inline = True
+            self._answering = owners
             if self._trace is not None:
                 self._trace.current = marks
             try:
-                self._run_batch(fns, self._done_for(ops, marks), run_here=True)
+                self._run_batch(fns, self._done_for(ops, marks, flows_only), run_here=True)
             finally:
                 self._inline = False
                 if self._trace is not None:
                     self._trace.current = None
-                answers, self._answers = self._answers, []
-                for answer in answers:
-                    try:
-                        self._completed(*answer)
-                    except Exception:  # a bug here must end one connection, not the loop
-                        log.exception("server %s: MQTT completion failed", self._sid)
+                self._send_answers()
+
+    def answer_before(self, owner: object) -> None:
+        """A push to ``owner`` is about to be written (loop thread): if the batch being run
+        holds an answer of its, the answers go first (a device keeps its own order)."""
+        if self._answers and owner in self._answering:
+            self._send_answers()
+
+    def _send_answers(self) -> None:
+        answers, self._answers = self._answers, []
+        self._answering = set()
+        for answer in answers:
+            try:
+                self._completed(*answer)
+            except Exception:  # a bug here must end one connection, not the loop
+                log.exception("server %s: MQTT completion failed", self._sid)
 
     def _done_for(
-        self, ops: list[tuple[Op, Then]], marks: Marks | None = None
+        self, ops: list[tuple[Op, Then]], marks: Marks | None = None, last: bool = False
     ) -> Callable[[list[Any]], None]:
+        """The batch's durable action; ``last``: its answers may follow its deliveries."""
+
         def done(outcomes: list[Any]) -> None:  # engine thread (or this one), once durable
             if marks is not None:  # the marking operations' outcomes are not the batch's
                 outcomes = outcomes[1:-1]
                 BatchTrace.durable(marks, self._engine.store)
-            if self._at_once():
+            if last and self._at_once():
                 # The loop runs this batch: its answers after its pushes (module docstring).
                 if marks is not None:
                     marks["inline"] = 1

@@ -96,10 +96,13 @@ class ConnectionHost(Protocol):
         then: Callable[[Any], None],
         *,
         lazy: bool = False,
+        flow: bool = False,
     ) -> None:
         """Run ``fn`` on the engine thread in the next batch; ``then(outcome)`` on the loop
         once it is durable (``outcome``: its result, or the exception it raised). ``lazy``:
-        nobody waits for it; it may ride along with a later batch."""
+        nobody waits for it; it may ride along with a later batch. ``flow``: a step of a
+        publication's QoS flow (PUBLISH, PUBREL, PUBREC), whose answer may follow the batch's
+        deliveries (:mod:`aaabus.mqtt.batches`)."""
         ...
 
     def admit(self, conn: MqttConnection) -> bool: ...
@@ -556,7 +559,7 @@ class MqttConnection(asyncio.Protocol):
                 code = mq.QUOTA_EXCEEDED
             flows.published(step, qos, pid, code)
 
-        self._call(op, answered, step.slot)
+        self._call(op, answered, step.slot, flow=True)
 
     def _refuse_publish(self, packet: mc.Publish, code: int, why: str) -> None:
         """Do not publish ``packet``: a 5.0 device is told ``code`` in its PUBACK/PUBREC (a
@@ -583,7 +586,7 @@ class MqttConnection(asyncio.Protocol):
             def then(_outcome: Any) -> None:
                 self._write(flows.received(seq, pid).data)
 
-            self._call(lambda: sessions.received_now(cid, seq), then)
+            self._call(lambda: sessions.received_now(cid, seq), then, flow=True)
         elif step.do is Do.SEND_PUBREL:
             self._write(step.data)
         elif step.do is Do.FINISH:
@@ -602,6 +605,7 @@ class MqttConnection(asyncio.Protocol):
             lambda: sessions.release_now(cid, pid),
             lambda _outcome: flows.released(step, pid),
             step.slot,
+            flow=True,
         )
 
     def _finished(self, seq: int) -> None:
@@ -809,6 +813,7 @@ class MqttConnection(asyncio.Protocol):
         slot: Slot | None = None,
         *,
         lazy: bool = False,
+        flow: bool = False,
     ) -> None:
         self._calls += 1
 
@@ -832,7 +837,7 @@ class MqttConnection(asyncio.Protocol):
                 if self._reading_paused or self.proto.buffered:
                     self._drain()
 
-        self.host.op(self, fn, done, lazy=lazy)
+        self.host.op(self, fn, done, lazy=lazy, flow=flow)
 
     def _reserve(self) -> Slot:
         return self.flows.reserve()

@@ -660,9 +660,11 @@ class MqttListener:
 
     # -- the engine (loop thread, except the observer) ---------------------------------------------
 
-    def op(self, conn: MqttConnection, fn: Op, then: Then, *, lazy: bool = False) -> None:
+    def op(
+        self, conn: MqttConnection, fn: Op, then: Then, *, lazy: bool = False, flow: bool = False
+    ) -> None:
         """Queue ``fn`` for the engine's next batch (see :class:`ConnectionHost`)."""
-        self._add_op(fn, then, lazy)
+        self._add_op(fn, then, lazy, flow, conn)
 
     def _is_stopping(self) -> bool:
         return self._stopping
@@ -693,9 +695,11 @@ class MqttListener:
 
     def _pushed(self, items: list[tuple[str, int, Any]]) -> None:
         by_client = self._by_client
+        answer_before = self._batches.answer_before
         for client_id, seq, delivery in items:
             conn = by_client.get(client_id)
             if conn is not None:
+                answer_before(conn)
                 conn.pushed(seq, delivery)
         self.flush_writes()
         if self.trace is not None:

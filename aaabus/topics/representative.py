@@ -228,8 +228,17 @@ class TopicRepresentative(Agent):
                 props=item.props,
                 retain=item.retain,
             )
-            if fresh and not item.retain and len(subscribers) == 1 and len(deliveries) == 1:
-                ctx.hand_over(subscribers[0], note)  # nobody else holds any part of it
+            if (
+                not item.retain
+                and len(subscribers) == 1
+                and len(deliveries) == 1
+                and (fresh or isinstance(item.payload, _UNSHARED))
+            ):
+                # Nobody else holds any part of it: decoded for this reaction alone, or built
+                # here of values nobody can change (a device's publication: bytes, and frozen
+                # properties). Handed over, it is neither encoded nor decoded on its way to its
+                # one subscriber, most often the session mailbox of a device on this server.
+                ctx.hand_over(subscribers[0], note)
             else:
                 ctx.send_all(subscribers, note)  # one Publication, encoded once, for all
 
@@ -414,6 +423,10 @@ Hops = tuple[tuple[AgentId, tuple[int, ...]], ...]
 
 #: What a publication on one topic is owed here: groups of this server's subscribers (by the
 #: filters that match), and the other servers interested (see TopicRepresentative._matching).
+#: Payloads that a publication and the one who published it can share without either seeing
+#: the other change it (MessageProps, the other shared part, is frozen).
+_UNSHARED = (bytes, str, int, float, bool, type(None))
+
 Matching = tuple[tuple[tuple[tuple[str, ...], tuple[AgentId, ...]], ...], Hops]
 
 #: Topics whose matching a representative keeps in memory; past that, it starts again empty
