@@ -14,6 +14,7 @@ from aaabus.config.reader import BusConfig, load_config
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import generate, render
 from tests.support.harness import TEST_TRUST, Inbox, claim_worker_ports, contiguous_free_base
+from tests.support.stores import Stores
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -75,3 +76,23 @@ def single_server(
         yield server, inbox, cfg
     finally:
         server.stop()
+
+
+# Stores of one test, opened and reopened, closed at its end (tests/support/stores.py): of
+# both durable kinds (a checker run against each), or the log store alone.
+@pytest.fixture(params=["log", "file"])
+def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
+    opened = Stores(request.param, tmp_path)
+    try:
+        yield opened
+    finally:
+        opened.close()
+
+
+@pytest.fixture
+def log_stores(tmp_path: Path) -> Iterator[Stores]:
+    opened = Stores("log", tmp_path)
+    try:
+        yield opened
+    finally:
+        opened.close()

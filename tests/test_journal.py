@@ -8,8 +8,6 @@ how the journal writes run against the log store alone. Real stores on disk thro
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,10 +18,11 @@ from aaabus.core.clock import DomainClock, Verdict
 from aaabus.core.journal import K_OUT, K_WAIT, qin_key
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import is_side
-from aaabus.core.store import Store, open_store
+from aaabus.core.store import Store
 from aaabus.errors import StoreError
 from aaabus.wire.linkframes import encode_data
 from aaabus.wire.message import Message
+from tests.support.stores import Stores
 
 ME = AgentId(0, 0, 16)
 PEER = 1
@@ -41,44 +40,6 @@ def message(n: int) -> Message:
 
 def frame(seq: int) -> bytes:
     return encode_data(seq, DOMAIN, b"stamp", message(seq))
-
-
-class Stores:
-    """Opens (and reopens) the store of one test, closing whatever is open at the end."""
-
-    def __init__(self, kind: str, path: Path) -> None:
-        self.kind = kind
-        self.path = path
-        self.open: Store | None = None
-
-    def __call__(self, **options: Any) -> Store:
-        if self.open is not None:
-            self.open.close()
-        self.open = open_store(self.kind, self.path, 0, **options)
-        return self.open
-
-    def close(self) -> None:
-        if self.open is not None:
-            self.open.close()
-            self.open = None
-
-
-@pytest.fixture(params=["log", "file"])
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    opened = Stores(request.param, tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-@pytest.fixture
-def log_stores(tmp_path: Path) -> Iterator[Stores]:
-    opened = Stores("log", tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def link_state(store: Store) -> dict[str, Any]:

@@ -8,11 +8,8 @@ version's mailbox moving in) run against the log store alone. Real stores on dis
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from aaabus import AgentId
 from aaabus.core.backlogs import K_BOX_HEAD, K_BOX_ITEM, JournalBacklog
@@ -23,6 +20,7 @@ from aaabus.model.agent import BACKLOGS_ATTRIBUTE
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication
 from aaabus.topics.mailbox import Backlog, BacklogKeeper, Mailbox
+from tests.support.stores import Stores
 
 KEY = (0, 40)
 OWNER = AgentId(0, 0, 40)
@@ -31,43 +29,6 @@ PUBLISHER = AgentId(1, 1, 0)
 
 def note(n: int) -> Publication:
     return Publication("t/a", b"payload %d" % n, PUBLISHER, ("t/#",), qos=1)
-
-
-class Stores:
-    """Opens (and reopens) the store of one test, closing whatever is open at the end."""
-
-    def __init__(self, kind: str, path: Path) -> None:
-        self.kind = kind
-        self.path = path
-        self.open: Store | None = None
-
-    def __call__(self) -> Store:
-        self.close()
-        self.open = open_store(self.kind, self.path, 0)
-        return self.open
-
-    def close(self) -> None:
-        if self.open is not None:
-            self.open.close()
-            self.open = None
-
-
-@pytest.fixture(params=["log", "file"])
-def stores(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Stores]:
-    opened = Stores(request.param, tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
-
-
-@pytest.fixture
-def log_stores(tmp_path: Path) -> Iterator[Stores]:
-    opened = Stores("log", tmp_path)
-    try:
-        yield opened
-    finally:
-        opened.close()
 
 
 def stored_box(store: Store, limit: int = 100, push: str | None = "mqtt") -> Mailbox:
