@@ -404,6 +404,37 @@ def test_a_subscriber_that_changes_its_payload_changes_nobody_elses(tmp_path: Pa
 
 
 @dataclass
+class PublishThenChange(Notification):
+    """Make a :class:`Changer` publish ``payload`` on ``topic``, then change it in place."""
+
+    topic: str
+    payload: list[str]
+
+
+class Changer(Agent):
+    def react(self, sender: AgentId, note: Notification) -> None:
+        if isinstance(note, PublishThenChange):
+            self.publish(note.topic, note.payload)
+            note.payload.append("changed after publishing")
+        else:
+            super().react(sender, note)
+
+
+def test_a_publisher_that_changes_its_payload_after_publishing_changes_no_delivery(
+    tmp_path: Path,
+) -> None:
+    # One subscriber on the publisher's own server: a payload the publisher may still change
+    # (a list) is never handed over as an object; bytes, which nobody can change, are.
+    with inprocess(tmp_path, [[0, 1]]) as bus:
+        sub = bus[0].deploy(TopicProbe("sub", ["c/#"]))
+        wait_interest(bus, {"c/#": {0}})
+        publisher = bus[0].deploy(Changer("changer"))
+        bus[0].send(publisher, PublishThenChange("c/t", ["x"]))
+        wait_until("delivered", functools.partial(_at_least, bus, sub, 1))
+        assert received(bus, sub) == [("c/t", ["x"], ("c/#",), False)]
+
+
+@dataclass
 class PublishThenFail(Notification):
     """Make a :class:`Regretful` publish ``payload`` on ``topic``, then raise."""
 
