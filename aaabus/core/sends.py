@@ -209,16 +209,18 @@ class Sends:
             raise TypeError(f"hand_over() needs an AgentId, got {type(to).__name__}")
         engine = self._engine
         group = engine.group
-        if to.server != engine.server_id:
-            self.send_from(engine.current, to, note)
-        elif group.chain_open():
-            group.chain_append(Handed(engine.current, to, note))
-            self._sent()
-        elif group.arrivals_open():
-            group.deliver(Handed(engine.current, to, note))
-            self._sent()
-        else:
-            self.send_from(engine.current, to, note)
+        if to.server == engine.server_id:
+            # Run in this group: in its chain (a reaction's send) or among its arrivals (an
+            # input's), never encoded.
+            if group.chain_open():
+                group.chain_append(Handed(engine.current, to, note))
+                self._sent()
+                return
+            if group.arrivals_open():
+                group.deliver(Handed(engine.current, to, note))
+                self._sent()
+                return
+        self.send_from(engine.current, to, note)
 
     def deploy(self, agent: Agent, server: int, reply: bool) -> AgentId:
         engine = self._engine
