@@ -6,8 +6,6 @@ import base64
 import json
 import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -28,7 +26,7 @@ from aaabus.tools.launch import Bus
 from aaabus.wire.frames import ConnectorHandshake, FrameDecoder
 from tests.support.agents import Counter, Inc, Marker, Probe, Seen
 from tests.support.bus import wait_json
-from tests.support.harness import REPO_ROOT, Inbox, free_ports
+from tests.support.harness import REPO_ROOT, Inbox, aaabus_cli, free_ports
 
 # Real server processes, subprocesses or Spark: not in the fast lane (make check).
 pytestmark = pytest.mark.slow
@@ -36,18 +34,8 @@ pytestmark = pytest.mark.slow
 N = 100
 
 
-def aaabus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aaabus", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
 def status_json(config: Path, *extra: str) -> dict[int, dict[str, Any]]:
-    run = aaabus("status", str(config), "--json", *extra)
+    run = aaabus_cli("status", str(config), "--json", *extra)
     assert run.returncode == 0, run.stderr
     return {st["id"]: st for st in json.loads(run.stdout)["servers"]}
 
@@ -139,15 +127,15 @@ def test_status_is_consistent_before_and_after_traffic_on_three_domains(
         until(lambda: any("most recent call first" in ln for ln in bus[2].lines), 10, "dump")
         assert bus[2].running()
 
-        stopped = aaabus("stop", str(config), "--id", "4")
+        stopped = aaabus_cli("stop", str(config), "--id", "4")
         assert stopped.returncode == 0 and "server 4: stopped" in stopped.stdout
         assert bus[4].proc.wait(10) == 0  # type: ignore[union-attr]
         assert status_json(config, "--id", "4") == {4: {"id": 4, "up": False}}
-        table = aaabus("status", str(config))
+        table = aaabus_cli("status", str(config))
         assert table.returncode == 0
         assert [ln.split()[:3] for ln in table.stdout.splitlines()[1:]][-1] == ["4", "down"]
 
-        everything = aaabus("stop", str(config))
+        everything = aaabus_cli("stop", str(config))
         assert everything.returncode == 0, everything.stderr
         assert "server 4: not running" in everything.stdout
         for sid in range(4):

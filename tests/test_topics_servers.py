@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import random
-import subprocess
-import sys
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -28,7 +26,7 @@ from aaabus.testing.topicload import (
     expected_deliveries,
 )
 from aaabus.tools.launch import Bus
-from tests.support.harness import REPO_ROOT
+from tests.support.harness import REPO_ROOT, aaabus_cli
 from tests.support.topics import wait_until
 
 # Real server processes, subprocesses: not in the fast lane (make check).
@@ -48,16 +46,6 @@ def knows(config: Path, server: int, subscriptions: int) -> bool:
     """Whether ``server`` knows ``subscriptions`` (filter, other server) pairs."""
     with Client(config, server) as client:
         return int(client.status()["topics"]["remote_subscriptions"]) == subscriptions
-
-
-def aaabus(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "aaabus", *args],
-        cwd=REPO_ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
 
 
 def test_client_subscription_is_exact_across_ten_sigkills_of_its_server(
@@ -160,26 +148,26 @@ def test_boot_declaration_and_shell_commands_with_a_named_subscription_that_resu
     with Bus(config, [0, 1, 2], tmp_path / "store", cwd=REPO_ROOT):
         wait_until("s0 knows the filter", lambda: knows_filters(config, 0, 1))
         for i in range(3):
-            run = aaabus("publish", str(config), f"cfg/{i}", f"text {i}", "--via", "0")
+            run = aaabus_cli("publish", str(config), f"cfg/{i}", f"text {i}", "--via", "0")
             assert run.returncode == 0, run.stderr
-        first = aaabus(
+        first = aaabus_cli(
             "subscribe", str(config), "cfg/#", "--via", "2", "--name", "audit", "--count", "2"
         )
         assert first.returncode == 0, first.stderr
         # The declared mailbox got the retained value at boot, then the publications.
         assert first.stdout.splitlines() == ["eco", "text 0"]
-        again = aaabus(
+        again = aaabus_cli(
             "subscribe", str(config), "cfg/#", "--via", "2", "--name", "audit", "--count", "2"
         )
         assert again.stdout.splitlines() == ["text 1", "text 2"], again.stderr
-        other = aaabus("subscribe", str(config), "x/#", "--via", "2", "--name", "audit")
+        other = aaabus_cli("subscribe", str(config), "x/#", "--via", "2", "--name", "audit")
         assert other.returncode == 2
         assert other.stderr.strip().count("\n") == 0
         assert "exists with filter 'cfg/#'" in other.stderr
         with Client(config, 2) as client:
             client.unsubscribe("audit")
             wait_until("deleted", lambda: client.status()["topics"]["mailboxes"] == 0)
-        bad = aaabus("subscribe", str(config), "cfg/#/x", "--via", "2")
+        bad = aaabus_cli("subscribe", str(config), "cfg/#/x", "--via", "2")
         assert bad.returncode == 2
         assert bad.stderr.strip() == (
             "aaabus subscribe: error: topic filter 'cfg/#/x': "
