@@ -290,6 +290,10 @@ class Shipper:
             self._mark = {"ship": time.perf_counter_ns()}
         messages = [*encode_records(records), encode_end(COMMIT, tid, forget)]
         size = sum(len(m) for m in messages)
+        if self.marks is not None:
+            # Before the links' writes, not after: a replica on the other core may have read
+            # the records before this thread runs again, and its mark must come later.
+            self._mark["shipped"] = time.perf_counter_ns()
         with self._cond:
             before = (self._commits, self._bytes)
             self._commits += 1
@@ -300,8 +304,6 @@ class Shipper:
                 if rep.send is not None:
                     rep.inflight.append((tid, *after))
                     rep.send(messages, size)
-        if self.marks is not None:
-            self._mark["shipped"] = time.perf_counter_ns()
 
     def wait(self, tid: bytes) -> None:
         """Return once ``sync`` attached replicas acknowledged ``tid``; ReplicationStopped (a

@@ -200,13 +200,16 @@ def read_hops(directory: str | Path) -> Iterable[dict[str, Any]]:
 
 
 #: A replicated commit's marks, in order, and the stage that ENDS at each (``perf pingpong
-#: --breakdown --replicas N``): the primary ships the records (``ship``: encoded, MAC'd, written
-#: to the socket), the replica has the COMMIT message (``to_replica``: the wake-up, the read, the
-#: records decoded), starts its vote (``replica_prepare``: the previous commit finished, the
-#: transaction begun), writes (``replica_write``) and syncs (``replica_sync``), its
-#: acknowledgement leaves (``replica_ack``), the primary has read it (``ack_back``) and the
-#: commit's wait returns (``wait_return``). ``waited`` is apart: from the primary's own sync to
-#: the wait's return, what the replica costs the commit beyond the primary's disk.
+#: --breakdown --replicas N``): the primary has encoded the records (``ship``), the replica has
+#: the COMMIT message (``to_replica``: the hand-off to the link's thread, the MAC, the write, the
+#: replica's wake-up and read), starts its vote (``replica_prepare``: the records decoded, the
+#: previous commit finished, the transaction begun), writes (``replica_write``) and syncs
+#: (``replica_sync``), is about to write its acknowledgement (``replica_ack``), the primary has
+#: read it (``ack_back``: the write, the wake-up, the read) and the commit's wait returns
+#: (``wait_return``). Every mark that ends at a socket is taken before the write, never after:
+#: the other side may read it before the writer runs again (2 cores, a loaded machine), and a
+#: stage must never come out negative. ``waited`` is apart: from the primary's own sync to the
+#: wait's return, what the replica costs the commit beyond the primary's disk.
 REPLICA_STAGES: tuple[tuple[str, str], ...] = (
     ("shipped", "ship"),
     ("received", "to_replica"),

@@ -585,13 +585,16 @@ class ReplicaServer:
                     # What was read in one go is applied before it is acknowledged in one
                     # write: an ABORT that followed a commit is applied even if the primary
                     # is gone by the time its acknowledgement would go.
+                    if marks is not None and marked is not None:
+                        # Before the write: the primary may read the acknowledgement before
+                        # this thread runs again, and its mark must come later.
+                        marked[1]["acked"] = time.perf_counter_ns()
                     if not deaf:
                         try:
                             link.send_many(acks)
                         except OSError:
                             deaf = True  # read on to the end: an ABORT may still be there
                     if marks is not None and marked is not None:
-                        marked[1]["acked"] = time.perf_counter_ns()
                         marks.write("replica", *marked)
                         marked = None
                     acks = []
