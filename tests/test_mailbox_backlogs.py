@@ -12,14 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from aaabus import AgentId
-from aaabus.core.backlogs import K_BOX_HEAD, K_BOX_ITEM, JournalBacklog
+from aaabus.core.backlogs import K_BOX_HEAD, K_BOX_ITEM, K_BOX_MARKS, JournalBacklog
 from aaabus.core.logstorage import LogStorage
 from aaabus.core.logstorage.format import is_side
 from aaabus.core.store import Store, open_store
 from aaabus.model.agent import BACKLOGS_ATTRIBUTE
 from aaabus.model.notifications import Notification
 from aaabus.model.pubsub import Publication
-from aaabus.topics.mailbox import Backlog, BacklogKeeper, Mailbox
+from aaabus.topics.mailbox import Backlog, BacklogKeeper, FlowMarks, Mailbox
 from tests.support.stores import Stores
 
 KEY = (0, 40)
@@ -322,3 +322,85 @@ def test_compaction_keeps_the_live_items_and_reclaims_the_rest(tmp_path: Path) -
         assert store._db.storage.new_oid()[0] != 0xFF
     finally:
         store.close()
+
+
+# -- an MQTT session's QoS 2 state beside its backlog (journal only) ---------------------------
+
+
+def marks(store: Store) -> FlowMarks:
+    found = box_of(store).marks(moving=True)
+    assert found is not None, "a log store keeps the marks with the backlog"
+    return found
+
+
+def marked(store: Store) -> tuple[list[int], list[int]]:
+    found = marks(store)
+    return found.inbound_ids(), sorted(found.released)
+
+
+def test_a_qos2_flow_writes_side_records_only_and_a_finished_one_never_comes_back(
+    log_stores: Stores,
+) -> None:
+    store = log_stores()
+    stored_box(store)
+    for n in range(1, 4):
+        backlog(store).append(note(n), 100)
+    store.commit()
+    marks(store).add_inbound(7)  # the device's QoS 2 PUBLISH, before its PUBREC
+    marks(store).add_inbound(9)
+    marks(store).release(2)  # the device PUBREC'd item 2
+    store.commit()
+    assert [key[1] for key in _last_commit(store)] == [K_BOX_MARKS]
+    assert marks(store).remove_inbound(7) and not marks(store).remove_inbound(8)
+    store.commit()
+    assert [key[1] for key in _last_commit(store)] == [K_BOX_MARKS]
+    store = log_stores()
+    # Packet id 7's PUBREL came: a retransmission of a new publication with id 7 must not
+    # pass for the old one's (it would be swallowed).
+    assert marked(store) == ([9], [2])
+    assert marks(store).has_inbound(9) and not marks(store).has_inbound(7)
+    box_of(store).ack(2)  # PUBCOMP: the item and its mark go together
+    store.commit()
+    store = log_stores()
+    assert marked(store) == ([9], [])
+    assert state(store)["items"] == payloads(3)
+
+
+def test_an_abort_takes_back_the_marks_of_its_transaction(log_stores: Stores) -> None:
+    store = log_stores()
+    stored_box(store)
+    backlog(store).append(note(1), 100)
+    marks(store).add_inbound(5)
+    store.commit()
+    marks(store).add_inbound(6)
+    marks(store).remove_inbound(5)
+    marks(store).release(1)
+    store.abort()
+    assert marked(store) == ([5], [])
+    store = log_stores()
+    assert marked(store) == ([5], [])
+
+
+def test_emptying_the_backlog_for_a_move_clears_the_marks_for_good(log_stores: Stores) -> None:
+    """A roaming move carries the QoS 2 state in the session's own state: the marks left
+    behind (on disk until compaction) are of an older incarnation, dead at the next boot."""
+    store = log_stores()
+    stored_box(store)
+    backlog(store).append(note(1), 100)
+    marks(store).add_inbound(3)
+    marks(store).release(1)
+    store.commit()
+    assert [(seq, item) for seq, item in box_of(store).take_all()] == [(1, note(1))]
+    assert marked(store) == ([], [])
+    store.commit()
+    box_of(store).restore([(1, note(1))], 2, 0)  # it comes back: its items, not the marks
+    store.commit()
+    log_stores.close()
+    storage = LogStorage(log_stores.path / "log", compact=False)
+    assert [key[1] for key in storage.side_records()].count(K_BOX_MARKS) == 1  # the dead one
+    storage.close()
+    store = log_stores()
+    assert marked(store) == ([], [])
+    assert state(store)["items"] == payloads(1)
+    index = store._db.storage._log.index
+    assert not any(is_side(key) and key[1] == K_BOX_MARKS for key in index)

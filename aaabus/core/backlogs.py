@@ -18,6 +18,10 @@ box head     a number (see below)         the mailbox's id (origin, stamp), its 
                                           every seq at or below it is gone
 box item     a number                     its head's number, the incarnation, the item's
                                           seq, a flag (1: withdrawn), the body (the codec's)
+box marks    a number                     its head's number, the incarnation, an MQTT
+                                          session's QoS 2 state: the packet ids of inbound
+                                          publications awaiting their PUBREL, the seqs of
+                                          items the device PUBREC'd
 ===========  ===========================  ==================================================
 
 Numbers come from one counter (48 bits) for heads and items alike, so a key is written once and
@@ -28,7 +32,11 @@ What is live, at boot (a forgotten key's last record may still be on disk, see t
 an item is live if its head is (the item names its head's number), its incarnation is the
 head's, and its seq is above the head's floor; a withdrawn item (an MQTT shared subscription
 handed it to another member) is a rewritten record flagged withdrawn, kept until the floor
-passes it, so that the withdrawn item never comes back. Emptying the mailbox or putting items
+passes it, so that the withdrawn item never comes back. A box's marks are one record rewritten
+whole at each change under one key for the incarnation (never forgotten while it lives: a
+packet id found again after its PUBREL would make the device's next publication with that id
+pass for a retransmission, and be lost); live if its head is and its incarnation is the head's.
+Emptying the mailbox or putting items
 back with their own numbers (a roaming session's move) starts a new incarnation: every older
 record is dead at once, whatever its seq. A head is live if its mailbox still exists in the
 store; the store checks that after the journal's boot (:meth:`JournalBacklogs.sweep`), since
@@ -48,7 +56,7 @@ from __future__ import annotations
 import struct
 from bisect import bisect_right, insort
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from itertools import islice
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -58,17 +66,21 @@ from aaabus.wire.codec import Codec
 if TYPE_CHECKING:
     from aaabus.model.notifications import Notification
 
-__all__ = ["K_BOX_HEAD", "K_BOX_ITEM", "JournalBacklog", "JournalBacklogs"]
+__all__ = ["K_BOX_HEAD", "K_BOX_ITEM", "K_BOX_MARKS", "JournalBacklog", "JournalBacklogs"]
 
 _SIDE = 0xFF
 K_BOX_HEAD = 9
 K_BOX_ITEM = 10
+K_BOX_MARKS = 11
 _NUMBERS = 1 << 48
 #: origin, stamp, incarnation, next seq, dropped, floor.
 _HEAD = struct.Struct(">IQIQQQ")
 #: the head's number, incarnation, seq, flag; the body follows.
 _ITEM = struct.Struct(">QIQB")
 _WITHDRAWN = 1
+#: the head's number, incarnation, how many inbound packet ids (two bytes each) follow; then
+#: the released seqs (eight bytes each) to the end.
+_MARKS = struct.Struct(">QIH")
 _INCARNATIONS = 1 << 32
 
 Owner = tuple[int, int]  # a mailbox's (origin, stamp): its key in the store's agents table
@@ -134,6 +146,20 @@ class JournalBacklogs:
             items.sort()
             box._seqs.extend(seq for seq, _key in items)
             box._keys.update(items)
+        for key, data in records.items():
+            if key[1] != K_BOX_MARKS:
+                continue
+            top = max(top, _number(key))
+            head, inc, count = _MARKS.unpack_from(data)
+            box = heads.get(head)
+            if box is None or inc != box._inc:
+                continue  # of a deleted mailbox or an older incarnation
+            live.add(key)
+            box._marks = key
+            ids = struct.unpack_from(f">{count}H", data, _MARKS.size)
+            rest = memoryview(data)[_MARKS.size + 2 * count :]
+            box._inbound.update(ids)
+            box._released.update(struct.unpack(f">{len(rest) // 8}Q", rest))
         self._next = top + 1
 
     # -- what a mailbox asks (aaabus.topics.mailbox.BacklogKeeper) -------------------------------
@@ -166,7 +192,7 @@ class JournalBacklogs:
             return
         self._journal.undo(self._boxes.__setitem__, box.owner, box)
         forget = self._journal.forget
-        for key in [*box._keys.values(), *box._withdrawn.values(), box._head]:
+        for key in box._all_keys():
             forget(key)
 
     def sweep(self, exists: Callable[[Owner], bool]) -> int:
@@ -176,7 +202,7 @@ class JournalBacklogs:
         keys: list[bytes] = []
         for box in gone:
             del self._boxes[box.owner]
-            keys.extend([*box._keys.values(), *box._withdrawn.values(), box._head])
+            keys.extend(box._all_keys())
         if keys:
             self._journal.forget_now(keys)
         return len(gone)
@@ -222,6 +248,10 @@ class JournalBacklog:
         self._seqs: deque[int] = deque()  # the live items' seqs, ascending
         self._keys: dict[int, bytes] = {}
         self._withdrawn: dict[int, bytes] = {}
+        #: The marks' record (None: none written in this incarnation) and what it holds.
+        self._marks: bytes | None = None
+        self._inbound: set[int] = set()
+        self._released: set[int] = set()
         #: Not stored: after a boot, the next item wakes the readers (one wake-up too many at
         #: worst); undone with the transaction like the rest.
         self.watched = True
@@ -258,6 +288,43 @@ class JournalBacklog:
         assert data is not None, "a live item's record is in the store"
         return self._keeper.codec.decode(memoryview(data)[_ITEM.size :])
 
+    # -- an MQTT session's QoS 2 state (aaabus.topics.mailbox.FlowMarks) ------------------------
+
+    @property
+    def released(self) -> Collection[int]:
+        """The seqs of the items the device PUBREC'd (read only)."""
+        return self._released
+
+    def inbound_ids(self) -> list[int]:
+        """The packet ids of inbound QoS 2 publications awaiting their PUBREL."""
+        return sorted(self._inbound)
+
+    def has_inbound(self, packet_id: int) -> bool:
+        return packet_id in self._inbound
+
+    def add_inbound(self, packet_id: int) -> None:
+        """Keep ``packet_id`` until :meth:`remove_inbound` (its PUBREL)."""
+        if packet_id not in self._inbound:
+            self._inbound.add(packet_id)
+            self._journal.undo(self._inbound.discard, packet_id)
+            self._write_marks()
+
+    def remove_inbound(self, packet_id: int) -> bool:
+        """Forget ``packet_id``; whether it was kept."""
+        if packet_id not in self._inbound:
+            return False
+        self._inbound.discard(packet_id)
+        self._journal.undo(self._inbound.add, packet_id)
+        self._write_marks()
+        return True
+
+    def release(self, seq: int) -> None:
+        """Item ``seq`` was PUBREC'd: resent as PUBREL from now on, until acknowledged."""
+        if seq > self._floor and seq not in self._released:
+            self._released.add(seq)
+            self._journal.undo(self._released.discard, seq)
+            self._write_marks()
+
     # -- changes (in the open transaction) -------------------------------------------------------
 
     def append(self, note: Notification, limit: int) -> int:
@@ -280,6 +347,7 @@ class JournalBacklog:
         for seq in [seq for seq in self._withdrawn if seq <= upto]:
             forget(self._unwithdraw(seq))
         self._set(floor=upto)
+        self._trim_released()
         self._write_head()
 
     def withdraw(self, seq: int) -> Notification | None:
@@ -371,6 +439,30 @@ class JournalBacklog:
             self._set(dropped=self.dropped + dropped)
             for seq in [seq for seq in self._withdrawn if seq <= self._floor]:
                 forget(self._unwithdraw(seq))
+            self._trim_released()
+
+    def _trim_released(self) -> None:
+        """Forget the marks of the items at or below the floor (acknowledged or dropped)."""
+        gone = [seq for seq in self._released if seq <= self._floor]
+        if gone:
+            self._released.difference_update(gone)
+            self._journal.undo(self._released.update, gone)
+            self._write_marks()
+
+    def _write_marks(self) -> None:
+        if self._marks is None:
+            self._marks = self._keeper.new_key(K_BOX_MARKS)
+            self._journal.undo(setattr, self, "_marks", None)
+        ids, released = sorted(self._inbound), sorted(self._released)
+        data = _MARKS.pack(self._number, self._inc, len(ids)) + struct.pack(
+            f">{len(ids)}H{len(released)}Q", *ids, *released
+        )
+        self._journal.write(self._marks, data)
+
+    def _all_keys(self) -> list[bytes]:
+        """Every record of this backlog (the mailbox is gone)."""
+        keys = [*self._keys.values(), *self._withdrawn.values(), self._head]
+        return keys if self._marks is None else [*keys, self._marks]
 
     def _new_incarnation(self) -> None:
         """Every record written so far dead at once: a fresh start under the same head."""
@@ -379,7 +471,21 @@ class JournalBacklog:
             forget(self._pop_first())
         for seq in list(self._withdrawn):
             forget(self._unwithdraw(seq))
+        # The session's QoS 2 state goes too: a move carries it in the session's own state
+        # (aaabus.mqtt.roaming), and an old packet id kept here would swallow a publication.
+        if self._marks is not None:
+            forget(self._marks)
+            inbound, released = set(self._inbound), set(self._released)
+            self._journal.undo(self._unmark, self._marks, inbound, released)
+            self._marks = None
+            self._inbound.clear()
+            self._released.clear()
         self._set(inc=(self._inc + 1) % _INCARNATIONS, floor=0)
+
+    def _unmark(self, key: bytes, inbound: set[int], released: set[int]) -> None:
+        self._marks = key
+        self._inbound.update(inbound)
+        self._released.update(released)
 
     def _set(self, **values: int) -> None:
         names = {"inc": "_inc", "floor": "_floor", "next_seq": "next_seq", "dropped": "dropped"}
@@ -402,4 +508,6 @@ class JournalBacklog:
             "withdrawn": sorted(self._withdrawn),
             "incarnation": self._inc,
             "floor": self._floor,
+            "inbound": sorted(self._inbound),
+            "released": sorted(self._released),
         }

@@ -90,7 +90,7 @@ K_WAIT = 5
 K_PAGE = 6
 K_ACKED = 7
 #: Kind 8 is the server's epoch (aaabus.core.epoch.EPOCH_KEY), not the journal's own; kinds 9
-#: and 10 are the mailboxes' backlogs (aaabus.core.backlogs).
+#: to 11 are the mailboxes' backlogs (aaabus.core.backlogs).
 #: The page number of a full-stamp clock's matrix (kept in the clock object itself).
 MATRIX = 0xFFFFFFFF
 _LOW32 = 0xFFFFFFFF

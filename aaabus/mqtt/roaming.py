@@ -415,7 +415,7 @@ class Roaming:
         moved = SessionMoved(
             cid,
             record.anchor,
-            record.state(),
+            sessions.state_of(record),
             parts[-1],
             box.next_seq if box is not None else 1,
             box.dropped if box is not None else 0,

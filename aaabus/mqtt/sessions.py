@@ -6,8 +6,12 @@ through the topic representative to the device's filters, plus the QoS state MQT
 to keep: the granted QoS of each filter, the packet ids of inbound QoS 2 publications awaiting
 their PUBREL (a retransmitted PUBLISH with one of them is not published twice), and the backlog
 numbers of outbound QoS 2 messages the device has PUBREC'd (resent as PUBREL, never as PUBLISH,
-after a reconnection). It also records the user that created it, when its device left and, for
-MQTT 5.0, its own expiry interval, for the per-user bound and the expiry.
+after a reconnection). On a log store those two sets are kept with the mailbox's backlog as side
+records of the journal (:class:`~aaabus.topics.mailbox.FlowMarks`): a QoS 2 step then commits no
+ZODB object. The record's own trees keep what came before the mailbox existed or with a move,
+and a store's of an earlier version; reads take both. It also records the user that created it,
+when its device left and, for MQTT 5.0, its own expiry interval, for the per-user bound and the
+expiry.
 
 A clean session (3.1.1; in 5.0 a session with expiry 0) is written only if it subscribes (its
 mailbox is where the bus delivers), and is deleted when its connection ends: a clean CONNECT
@@ -47,7 +51,7 @@ from aaabus.model.notifications import AgentDeleteRequest, Notification
 from aaabus.model.pubsub import MessageProps, Publication, Publish, Subscribe, Unsubscribe
 from aaabus.mqtt.messages import RETAIN_HANDLING, RETAIN_IF_NEW, kept, message_props
 from aaabus.mqtt.shared import SHARE_PREFIX, SharedGroups, shares_in
-from aaabus.topics.mailbox import Mailbox
+from aaabus.topics.mailbox import FlowMarks, Mailbox
 
 __all__ = [
     "ANONYMOUS",
@@ -139,6 +143,7 @@ class SessionRecord(Persistent):
         self.user = user
         self.clean = clean
         self.filters: OOBTree = OOBTree()  # filter -> granted QoS
+        # Where the mailbox's backlog cannot keep them (MqttSessions._marks):
         self.inbound: OOTreeSet = OOTreeSet()  # QoS 2 packet ids awaiting PUBREL
         self.released: LOBTree = LOBTree()  # backlog seq -> True: PUBREC'd by the device
 
@@ -545,10 +550,12 @@ class MqttSessions:
         is over ``user``'s or the server's bounds (:class:`RetainedLedger`; nothing published,
         the packet id not kept)."""
         record = None
+        marks: FlowMarks | None = None
         if qos2_id is not None:
             record = self.record_now(client_id)
             if record is not None:
-                if qos2_id in record.inbound:
+                marks = self._marks(record, moving=True)
+                if qos2_id in record.inbound or (marks is not None and marks.has_inbound(qos2_id)):
                     return True
             elif self.roaming is not None:
                 raise SessionLeft(client_id)
@@ -560,7 +567,10 @@ class MqttSessions:
             if refusal is not None:
                 return refusal
         if record is not None and qos2_id is not None:
-            record.inbound.insert(qos2_id)
+            if marks is not None:
+                marks.add_inbound(qos2_id)  # a side record of the commit, no ZODB object
+            else:
+                record.inbound.insert(qos2_id)
         # MQTT clears a retained value with an empty retained payload; the bus with None.
         value: bytes | None = None if retain and not payload else payload
         return self._to_rep(Publish(topic, value, retain, qos=qos, origin=client_id, props=props))
@@ -568,16 +578,25 @@ class MqttSessions:
     def release_now(self, client_id: str, qos2_id: int) -> None:
         """PUBREL: the inbound QoS 2 flow ``qos2_id`` is over."""
         record = self.record_now(client_id)
-        if record is not None and qos2_id in record.inbound:
+        if record is None:
+            if self.roaming is not None:
+                raise SessionLeft(client_id)
+        elif qos2_id in record.inbound:  # kept there: before the box could, or moved in
             record.inbound.remove(qos2_id)
-        elif record is None and self.roaming is not None:
-            raise SessionLeft(client_id)
+        else:
+            marks = self._marks(record, moving=False)
+            if marks is not None:
+                marks.remove_inbound(qos2_id)
 
     def received_now(self, client_id: str, seq: int) -> None:
         """PUBREC from the device for backlog item ``seq``: from now on it is resent as PUBREL."""
         record = self.record_now(client_id)
         if record is not None:
-            record.released[seq] = True
+            marks = self._marks(record, moving=True)
+            if marks is not None:
+                marks.release(seq)  # a side record of the commit, no ZODB object
+            else:
+                record.released[seq] = True
         elif self.roaming is not None:
             raise SessionLeft(client_id)  # no PUBREL from here: the new holder releases it
 
@@ -602,7 +621,7 @@ class MqttSessions:
         box = self._mailbox(record.box)
         if box is None:
             return None  # not created yet (its creation is queued)
-        released = record.released
+        released = self._released(record)
         return [delivery_of(seq, note, seq in released) for seq, note in box.take(after, most)]
 
     def will_now(self, client_id: str, will: Will, now: float, user: str) -> bool | str:
@@ -641,7 +660,7 @@ class MqttSessions:
             if finished is not None:
                 self.ack_now(client_id, finished[0])
             done = finished[1] if finished is not None else ()
-            self.shared.disconnect_now(client_id, shares, done, record.released)
+            self.shared.disconnect_now(client_id, shares, done, self._released(record))
         if record.clean:
             self.drop_now(client_id)
         else:
@@ -676,10 +695,40 @@ class MqttSessions:
         if record.anchor is None or roaming is None or roaming.subscriptions_here(record, note):
             self._to_rep(note)
 
-    def _released_of(self, client_id: str) -> LOBTree | None:
+    def _released_of(self, client_id: str) -> Collection[int] | None:
         """The seqs session ``client_id``'s device PUBREC'd (None: no such session)."""
         record = self.record_now(client_id)
-        return record.released if record is not None else None
+        return self._released(record) if record is not None else None
+
+    # The QoS 2 state: kept with the backlog in the journal where the store can (log stores:
+    # its changes then write no ZODB object), else in the record's trees. A session may have
+    # some in both (a flow begun before its mailbox existed, state moved in from another
+    # server, a store of an earlier version): reads take both, removals look in both.
+
+    def _marks(self, record: SessionRecord, *, moving: bool) -> FlowMarks | None:
+        box = self._mailbox(record.box)
+        return box.marks(moving=moving) if box is not None else None
+
+    def _released(self, record: SessionRecord) -> Collection[int]:
+        """The seqs ``record``'s device PUBREC'd."""
+        marks = self._marks(record, moving=False)
+        if marks is None or not marks.released:
+            return record.released
+        if not record.released:
+            return marks.released
+        return {*record.released, *marks.released}
+
+    def state_of(self, record: SessionRecord) -> dict[str, Any]:
+        """``record``'s :meth:`SessionRecord.state` with the QoS 2 state its backlog keeps:
+        what a roaming move carries to the next server."""
+        state = record.state()
+        marks = self._marks(record, moving=False)
+        if marks is not None:
+            state["inbound"] = OOTreeSet([*record.inbound, *marks.inbound_ids()])
+            released = LOBTree(dict.fromkeys(marks.released, True))
+            released.update(record.released)
+            state["released"] = released
+        return state
 
     def _mailbox(self, box_id: AgentId) -> Mailbox | None:
         box = self._agents().get((box_id.origin, box_id.stamp))

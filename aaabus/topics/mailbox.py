@@ -21,7 +21,8 @@ thread too, inside ``Engine.call``, so the backlog has one writer.
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Collection
+from typing import Protocol, cast
 
 from BTrees.LOBTree import LOBTree
 
@@ -39,7 +40,7 @@ from aaabus.model.pubsub import Publication
 from aaabus.topics.messages import Forwarded, MailboxGrew
 from aaabus.wire.codec import Codec, encode_note
 
-__all__ = ["Backlog", "BacklogKeeper", "Mailbox"]
+__all__ = ["Backlog", "BacklogKeeper", "FlowMarks", "Mailbox"]
 
 
 class Backlog(Protocol):
@@ -69,6 +70,23 @@ class Backlog(Protocol):
     def restore(
         self, items: list[tuple[int, Notification]], next_seq: int, dropped: int, limit: int | None
     ) -> None: ...
+
+
+class FlowMarks(Protocol):
+    """An MQTT session's QoS 2 state kept beside its backlog, written in the same commits as
+    its items (:class:`aaabus.core.backlogs.JournalBacklog`, log stores only; elsewhere the
+    session record keeps it, :mod:`aaabus.mqtt.sessions`): the packet ids of the device's
+    publications awaiting their PUBREL, and the items the device PUBREC'd. A move of the
+    backlog (:meth:`Backlog.take_all`, :meth:`Backlog.restore`) clears it: the session's own
+    state carries it. Engine thread; changes in the open transaction."""
+
+    @property
+    def released(self) -> Collection[int]: ...
+    def inbound_ids(self) -> list[int]: ...
+    def has_inbound(self, packet_id: int) -> bool: ...
+    def add_inbound(self, packet_id: int) -> None: ...
+    def remove_inbound(self, packet_id: int) -> bool: ...
+    def release(self, seq: int) -> None: ...
 
 
 class BacklogKeeper(Protocol):
@@ -215,6 +233,14 @@ class Mailbox(Agent):
             self.__dict__.pop(name, None)
         self.journaled = True  # marks the agent changed: its old fields leave the store too
         return backlog
+
+    def marks(self, *, moving: bool) -> FlowMarks | None:
+        """The QoS 2 state kept with the backlog, or None where the backlog cannot keep it
+        (file and memory stores, a mailbox not stored yet). ``moving``: a mailbox of an
+        earlier version moves its items to the journal first (a change is coming); without,
+        nothing is written (a read, or a removal that finds nothing there)."""
+        backlog = self._writable() if moving else self.backlog
+        return cast(FlowMarks, backlog) if self.journaled else None
 
     # -- the admin side (engine thread, inside Engine.call) ----------------------------------------
 
