@@ -74,9 +74,9 @@ def pids_alive(pids: list[int]) -> list[int]:
 
 def test_analyze_and_plan_on_a_standalone_cluster_equal_local(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
-    write_traces(sweep, LAWS, range(10, 61, 10), rows=6000, seed=3, noise=0.08)
+    write_traces(sweep, LAWS, range(10, 61, 10), rows=1500, seed=3, noise=0.08)
     traffic = tmp_path / "traffic"
-    write_traffic(traffic, 300_000, servers=40, groups=4, seed=8)
+    write_traffic(traffic, 40_000, servers=40, groups=4, seed=8)
     local = cli("perf", {}, "analyze", str(sweep), "--out", str(tmp_path / "rep-local"),
                 "--master", "local[2]")  # fmt: skip
     plan_local = cli("perf", {}, "plan", str(traffic), "--max-domain-size", "12",
