@@ -377,8 +377,10 @@ def test_an_abort_takes_back_the_marks_of_its_transaction(log_stores: Stores) ->
     marks(store).release(1)
     store.abort()
     assert marked(store) == ([5], [])
+    marks(store).add_inbound(8)  # the next transaction's change is written at its commit
+    store.commit()
     store = log_stores()
-    assert marked(store) == ([5], [])
+    assert marked(store) == ([5, 8], [])
 
 
 def test_emptying_the_backlog_for_a_move_clears_the_marks_for_good(log_stores: Stores) -> None:
@@ -404,3 +406,33 @@ def test_emptying_the_backlog_for_a_move_clears_the_marks_for_good(log_stores: S
     assert state(store)["items"] == payloads(1)
     index = store._db.storage._log.index
     assert not any(is_side(key) and key[1] == K_BOX_MARKS for key in index)
+
+
+def test_marks_are_written_once_at_the_commit_as_they_are_then(log_stores: Stores) -> None:
+    """Many changes in one transaction, a savepoint rolled back among them, an emptying for a
+    move and new marks after it: what the commit writes is the marks' final state, once."""
+    store = log_stores()
+    stored_box(store)
+    backlog(store).append(note(1), 100)
+    for packet_id in range(1, 101):
+        marks(store).add_inbound(packet_id)
+    savepoint = store.tm.savepoint()
+    marks(store).add_inbound(500)
+    marks(store).remove_inbound(1)
+    savepoint.rollback()
+    for packet_id in range(2, 51):
+        marks(store).remove_inbound(packet_id)
+    store.commit()
+    assert [key[1] for key in _last_commit(store)].count(K_BOX_MARKS) == 1
+    store = log_stores()
+    assert marked(store) == ([1, *range(51, 101)], [])
+    box_of(store).take_all()
+    marks(store).add_inbound(7)  # after the emptying, under the new incarnation
+    store.commit()
+    store = log_stores()
+    assert marked(store) == ([7], [])
+    marks(store).add_inbound(9)
+    box_of(store).take_all()  # in the same transaction: nothing of the marks is left to write
+    store.commit()
+    store = log_stores()
+    assert marked(store) == ([], [])

@@ -94,6 +94,7 @@ class Journal(Protocol):
     def undo(self, fn: Callable[..., object], *args: Any) -> None: ...
     def read(self, key: bytes) -> bytes | None: ...
     def forget_now(self, keys: list[bytes]) -> None: ...
+    def flush_at_commit(self, out: Any) -> None: ...
 
 
 def _number(key: bytes) -> int:
@@ -250,6 +251,9 @@ class JournalBacklog:
         self._withdrawn: dict[int, bytes] = {}
         #: The marks' record (None: none written in this incarnation) and what it holds.
         self._marks: bytes | None = None
+        #: The marks changed in the open transaction: written once, at its commit (a batch
+        #: of a hundred publications of one device rewrites them once, not a hundred times).
+        self._marks_dirty = False
         self._inbound: set[int] = set()
         self._released: set[int] = set()
         #: Not stored: after a boot, the next item wakes the readers (one wake-up too many at
@@ -450,14 +454,25 @@ class JournalBacklog:
             self._write_marks()
 
     def _write_marks(self) -> None:
+        """The marks changed: their record is written when the transaction commits."""
         if self._marks is None:
             self._marks = self._keeper.new_key(K_BOX_MARKS)
             self._journal.undo(setattr, self, "_marks", None)
-        ids, released = sorted(self._inbound), sorted(self._released)
-        data = _MARKS.pack(self._number, self._inc, len(ids)) + struct.pack(
-            f">{len(ids)}H{len(released)}Q", *ids, *released
-        )
-        self._journal.write(self._marks, data)
+        if not self._marks_dirty:
+            self._marks_dirty = True
+            self._journal.undo(setattr, self, "_marks_dirty", False)
+            self._journal.flush_at_commit(self)
+
+    def flush(self) -> None:
+        """At the commit (the journal calls it): write the marks as they are now, unless a
+        new incarnation cleared them since (their old record is forgotten then)."""
+        self._marks_dirty = False
+        if self._marks is not None:
+            ids, released = self._inbound, self._released
+            data = _MARKS.pack(self._number, self._inc, len(ids)) + struct.pack(
+                f">{len(ids)}H{len(released)}Q", *ids, *released
+            )
+            self._journal.write(self._marks, data)
 
     def _all_keys(self) -> list[bytes]:
         """Every record of this backlog (the mailbox is gone)."""

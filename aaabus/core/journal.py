@@ -64,7 +64,7 @@ import struct
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from persistent import Persistent
 from transaction.interfaces import IDataManagerSavepoint, ISavepointDataManager
@@ -107,6 +107,13 @@ _STORED = b"\0" * 7 + b"\1"
 
 Undo = Callable[..., object]
 
+
+class Flushes(Protocol):
+    """What holds writes back until the commit (:meth:`Journal.flush_at_commit`)."""
+
+    def flush(self) -> None: ...
+
+
 _SORT_KEY = sort_key("journal")
 
 
@@ -139,7 +146,7 @@ class Journal:
         self._forgets: set[bytes] = set()
         self._dirty: dict[bytes, Persistent] = {}
         #: Outgoing queues with frames queued by the open transaction (written at its commit).
-        self._flushing: list[JournalOut] = []
+        self._flushing: list[Flushes] = []
         self._undo: list[tuple[Undo, tuple[Any, ...]]] = []
         self._joined = False
         #: Our own storage transaction (a commit no ZODB object took part in), else None.
@@ -399,8 +406,9 @@ class Journal:
         else:
             self._forgets.discard(key)
 
-    def flush_at_commit(self, out: JournalOut) -> None:
-        """Have ``out`` write its open run when the transaction commits."""
+    def flush_at_commit(self, out: Flushes) -> None:
+        """Have ``out`` write what it holds back (an outgoing queue's open run, a backlog's
+        marks) when the transaction commits."""
         self._flushing.append(out)
         self.undo(self._flushing.pop)
 
