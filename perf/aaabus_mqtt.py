@@ -23,7 +23,7 @@ from aaabus.config.reader import load_config
 from aaabus.config.topology import render
 from aaabus.testing.proxy import FaultProxy
 from aaabus.tools.launch import Bus, free_port_base
-from perf.brokers import Endpoint, free_ports, nofile_raiser
+from perf.brokers import Endpoint, nofile_raiser
 from perf.harness import REPO_ROOT
 
 
@@ -87,10 +87,14 @@ def mqtt_servers(
     work.mkdir(parents=True, exist_ok=True)
     servers = 1 + max(max(members) for members in layout)
     ports = sum(len(m) for m in layout)
+    # One run for the bus's ports and the listeners' after them: drawn apart, a listener's
+    # port could be one of the bus's (both free before the bus starts), and a server failed to
+    # bind it ("Address already in use").
+    base = free_port_base(ports + 1 + len(listeners))
     text = render(
         layout,
         servers,
-        base_port=free_port_base(ports + 1),
+        base_port=base,
         properties={"aaabus.mqtt.anonymous": "true", **(bus_properties or {})},
     )
     config = work / "a3.xml"
@@ -110,7 +114,7 @@ def mqtt_servers(
                 proxies.append(proxy)
                 proxy.set_delay(link.delay, jitter=link.jitter)
                 extra[src][f"aaabus.dial.{dst}"] = f"127.0.0.1:{proxy.port}"
-        mqtt_ports = dict(zip(listeners, free_ports(len(listeners)), strict=True))
+        mqtt_ports = {server: base + ports + 1 + i for i, server in enumerate(listeners)}
         for server, port in mqtt_ports.items():
             extra[server]["aaabus.mqtt.port"] = str(port)
             extra[server]["aaabus.mqtt.inflight"] = str(listeners[server])
