@@ -252,4 +252,8 @@ def test_bad_inputs_give_one_line_and_status_2(tmp_path: Path) -> None:
     pq.write_table(table, tmp_path / "traffic" / "a.parquet")
     version = plan_cli(str(tmp_path), "--max-domain-size", "5", "--out", out)
     assert_one_clean_error(version, "schema version 9")
+    busy_full = plan_cli(
+        str(tmp_path), "--max-domain-size", "5", "--out", out, "--load", "busy", "--stamps", "full"
+    )
+    assert_one_clean_error(busy_full, "--load busy", "use --stamps delta")
     assert not (tmp_path / "spark-plan.log").exists()  # all refused before any JVM started

@@ -110,6 +110,9 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
             f"--max-domain-size {k}: a domain holds a router and at least one other server; "
             "use 2 or more"
         )
+    if args.load == "busy" and args.stamps != "delta":
+        # Refused before Spark starts: the model is known from the arguments alone.
+        raise ConfigError("--load busy is calibrated for delta stamps only; use --stamps delta")
     out = local_path(args.out)
     if out is None:
         raise TraceError(f"--out must be a local file, got {args.out}")
@@ -132,8 +135,6 @@ def plan(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
                 f"{args.servers_from} does not declare; plan without --servers-from or give "
                 "the bus's own a3.xml"
             )
-    if args.load == "busy" and args.stamps != "delta":
-        raise ConfigError("--load busy is calibrated for delta stamps only; use --stamps delta")
     model = CostModel(args.stamps, args.load)
     planned = plan_domains(matrix.notes, k, model, seed=args.seed)
     n = len(matrix.ids)
