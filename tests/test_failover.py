@@ -177,7 +177,8 @@ def test_replica_takes_over_a_killed_and_wiped_primary_and_the_old_one_rejoins(
             wait_until(lambda: serving(at1), 30, "replica 1 to serve server 1")
             took = time.monotonic() - killed
             assert took <= TAKEOVER_S, f"the takeover took {took:.1f} s"
-            assert any("voted in" in line for line in m1.lines)
+            # Its log is read by another thread of the harness: waited for, never assumed read.
+            wait_until(lambda: any("voted in" in line for line in m1.lines), 10, "the vote's line")
             # Every publication, exactly once, in order (held ones included).
             assert read_all(at1, "ha", 7) == list(range(7))
             wait_until(lambda: follows(at1, 0), 30, "member 0 to follow member 1")
