@@ -32,12 +32,12 @@ What is live, at boot (a forgotten key's last record may still be on disk, see t
 an item is live if its head is (the item names its head's number), its incarnation is the
 head's, and its seq is above the head's floor; a withdrawn item (an MQTT shared subscription
 handed it to another member) is a rewritten record flagged withdrawn, kept until the floor
-passes it, so that the withdrawn item never comes back. A box's marks are one record rewritten
-whole at each change under one key for the incarnation (never forgotten while it lives: a
-packet id found again after its PUBREL would make the device's next publication with that id
-pass for a retransmission, and be lost); live if its head is and its incarnation is the head's.
-Emptying the mailbox or putting items
-back with their own numbers (a roaming session's move) starts a new incarnation: every older
+passes it, so that the withdrawn item never comes back. A box's marks are one record, rewritten
+whole at the commit of each transaction that changed them, under one key for the incarnation
+(never forgotten while it lives: a packet id found again after its PUBREL would make the
+device's next publication with that id pass for a retransmission, and be lost); live if its
+head is and its incarnation is the head's. Emptying the mailbox or putting items back with
+their own numbers (a roaming session's move) starts a new incarnation: every older
 record is dead at once, whatever its seq. A head is live if its mailbox still exists in the
 store; the store checks that after the journal's boot (:meth:`JournalBacklogs.sweep`), since
 the journal opens before the agents are read. Two heads naming one mailbox (ids are never
