@@ -30,7 +30,7 @@ import pytest
 from aaabus.config.secret import ensure_secret
 from aaabus.config.topology import generate
 from aaabus.tools.launch import Bus
-from tests.support.console import SHOTS, browser_page, console, needs_browser
+from tests.support.console import browser_page, console, needs_browser, shots
 from tests.support.harness import REPO_ROOT, contiguous_free_base, free_ports
 from tests.support.mqtt import Device
 from tests.support.tls import make_certificate
@@ -116,7 +116,7 @@ def test_the_console_shows_a_live_bus_in_a_browser(
                 f'#roaming tr[data-client="console-watcher"][data-anchor="{SUBSCRIBER}"]',
                 timeout=5_000,
             )
-            page.screenshot(path=str(SHOTS / "console-bus.png"), full_page=True)
+            page.screenshot(path=str(shots(tmp_path) / "console-bus.png"), full_page=True)
         finally:
             stop.set()
             streamer.join(15)
@@ -135,7 +135,7 @@ def test_the_console_shows_a_live_bus_in_a_browser(
         assert page.locator('#servers tr[data-state="up"]').count() == 4
         assert page.locator(f'#graph g.srv.down[data-server="{KILLED}"]').count() == 1
         page.wait_for_selector("#graph line.edge.down", state="attached", timeout=5_000)
-        page.screenshot(path=str(SHOTS / "console-server-down.png"), full_page=True)
+        page.screenshot(path=str(shots(tmp_path) / "console-server-down.png"), full_page=True)
         # A server that hangs (SIGSTOP): no longer up within 5 s, whatever its socket says.
         hung = bus[0]
         assert hung.proc is not None
@@ -171,7 +171,7 @@ def test_a_bus_of_150_servers_that_are_not_running_is_shown_down(tmp_path: Path)
         )
         assert page.locator("#graph g.srv").count() == 150
         assert "does not answer" in page.inner_text('#servers tr[data-server="149"] td.why')
-        page.screenshot(path=str(SHOTS / "console-150-down.png"))
+        page.screenshot(path=str(shots(tmp_path) / "console-150-down.png"))
 
 
 def test_a_key_of_another_bus_is_a_message_on_the_page(

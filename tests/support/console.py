@@ -30,13 +30,15 @@ needs_browser = pytest.mark.skipif(
 #: A quiet, offline browser (the one ``python -m perf console`` times): no first-run, no
 #: updates, no sync, no QUIC, no GPU.
 BROWSER_ARGS = ARGS
-#: Where the browser test's screenshots go: docs/img (the pictures docs/operations.md shows)
-#: only when asked, ``AAABUS_CONSOLE_SHOTS=docs/img``, so that a test run leaves the checkout as
-#: it found it; otherwise a directory of the temporary area.
-SHOTS = Path(
-    os.environ.get("AAABUS_CONSOLE_SHOTS")
-    or Path(tempfile.gettempdir()) / f"aaabus-console-shots-{os.getpid()}"
-)
+
+
+def shots(tmp_path: Path) -> Path:
+    """Where the browser tests' screenshots go: docs/img (the pictures docs/operations.md
+    shows) only when asked, ``AAABUS_CONSOLE_SHOTS=docs/img``, so that a test run leaves the
+    checkout as it found it; otherwise the test's own ``tmp_path``, which pytest clears (a
+    directory of the temporary area per run was left behind by every run)."""
+    asked = os.environ.get("AAABUS_CONSOLE_SHOTS")
+    return Path(asked) if asked else tmp_path
 
 
 class ConsoleProcess:
