@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import transaction
 
 from aaabus.mqtt.batchtrace import MARKS, BatchTrace, stages
+from aaabus.mqtt.port import EnginePort
+from aaabus.tools.launch import Bus
+from tests.support.harness import REPO_ROOT, free_ports
+from tests.support.mqtt import Device
 
 
 def test_each_stage_is_the_time_from_the_mark_before_it() -> None:
@@ -77,3 +87,92 @@ def test_stages_follow_the_marks_in_time_whichever_order_they_came_in() -> None:
     assert (answered_first["loop_delay"], answered_first["answer"]) == (1, 2)
     assert answered_first["delivery"] == 8  # from the answer, the mark before it in time
     assert sum(answered_first.values()) == 20
+
+
+def test_acknowledgements_at_the_groups_head_are_their_own_stage() -> None:
+    base = {"read": 0, "queued": 5, "handed": 7, "applied": 40, "ops_done": 50, "commit": 60}
+    riding = stages(base | {"acked": 30})
+    assert (riding["handoff"], riding["acks"]) == (23, 10)
+    alone = stages(base)  # none rode along (or a trace written before the stage existed)
+    assert alone["handoff"] == 33 and "acks" not in alone
+    assert sum(riding.values()) == sum(alone.values()) == 60
+
+
+def test_a_batch_is_marked_acked_where_the_first_acknowledgements_after_it_was_handed_start(
+    tmp_path: Path,
+) -> None:
+    """A lazy batch's head mark (``before_acks``) is read by the first operation of the batch
+    the same group runs next (``around``): acknowledgements applied before the batch was handed
+    (a group of their own) mark nothing; of several lazy batches at a group's head, the first
+    starts ``acks``."""
+    trace = BatchTrace(tmp_path, 5)
+    tm = transaction.TransactionManager()
+    engine = cast(EnginePort, SimpleNamespace(store=SimpleNamespace(tm=tm)))
+    applied: list[str] = []
+
+    def run(ops: list[Any]) -> list[Any]:
+        return [op() for op in ops]
+
+    assert len(run(trace.before_acks([lambda: applied.append("old")]))) == 2  # mark, ack
+    marks = trace.opened()
+    marks["handed"] = time.perf_counter_ns()
+    tm.begin()
+    run(trace.around(marks, [lambda: applied.append("op")], engine))
+    tm.abort()
+    assert "acked" not in marks  # the acknowledgement ran before the batch was handed
+
+    second = trace.opened()
+    second["handed"] = time.perf_counter_ns()
+    batch = trace.around(second, [], engine)  # handed, then the group runs: lazy ones first
+    tm.begin()
+    run(trace.before_acks([lambda: applied.append("ack 1")]))
+    between = time.perf_counter_ns()
+    run([*trace.before_acks([lambda: applied.append("ack 2")]), *batch])
+    tm.abort()
+    assert applied == ["old", "op", "ack 1", "ack 2"]
+    assert second["handed"] <= second["acked"] <= between  # the first lazy batch's start
+    assert second["acked"] <= second["applied"] <= second["ops_done"]
+    assert stages(second | {"commit": second["ops_done"]})["acks"] > 0
+    trace.close()
+
+
+@pytest.mark.slow  # a server process
+def test_a_traced_listener_marks_the_acknowledgements_and_commits_every_one(
+    tmp_path: Path, make_config: Callable[..., Path]
+) -> None:
+    """With ``aaabus.trace``, the subscriber's PUBACKs ride along with the next publication's
+    group behind a marking operation (``acks``); the acknowledgements still complete and
+    commit: a subscriber that reconnects gets nothing again."""
+    (port,) = free_ports(1)
+    props = {"aaabus.mqtt.port": str(port), "aaabus.mqtt.anonymous": "true"}
+    config = make_config(properties={**props, "aaabus.trace": str(tmp_path / "trace")})
+    bus = Bus(config, [0], tmp_path / "store", cwd=REPO_ROOT).start()
+    try:
+        subscriber = Device(port, "sub", clean=False)
+        subscriber.connect()
+        subscriber.subscribe("t/#", 1)
+        publisher = Device(port, "pub")
+        publisher.connect()
+        for n in range(20):  # one at a time: each PUBACK is read before the next publication
+            publisher.publish("t/x", b"%d" % n, 1)
+            assert subscriber.receive(1)[0][1] == b"%d" % n
+        subscriber.close()
+        again = Device(port, "sub", clean=False)
+        assert again.connect() == (0, True)
+        publisher.publish("t/x", b"marker", 1)
+        got = [again.receive(1)[0][1]]
+        while got[-1] != b"marker" and len(got) <= 21:
+            got.append(again.receive(1)[0][1])
+        # Every PUBACK was committed; paho may send its DISCONNECT before the last one (it
+        # acknowledges after on_message returns), which is then resent: once, nothing older.
+        assert got in ([b"marker"], [b"19", b"marker"]), got
+        again.close()
+        publisher.close()
+    finally:
+        bus.stop()  # its log read to the end
+    failed = [line for line in bus.servers[0].lines if "completion failed" in line]
+    assert not failed, failed  # a marking operation's outcome taken for an acknowledgement's
+    records = [json.loads(line) for line in (tmp_path / "trace" / "mqtt-s0.jsonl").open()]
+    acked = [m for m in records if "acked" in m]
+    assert len(acked) >= 5, records
+    assert all(m["handed"] <= m["acked"] <= m["applied"] for m in acked)

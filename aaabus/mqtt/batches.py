@@ -113,20 +113,26 @@ class Batches:
         self._scheduled = False
         if self._stopping():
             return
+        trace = self._trace
         if self._lazy:
             # Writes nobody waits for (acknowledgements of the devices' backlogs): they ride
             # along with the next batch instead of costing a commit of their own.
             lazy, self._lazy = self._lazy, []
-            self._run_batch([fn for fn, _then in lazy], self._done_for(lazy), lazy=True)
+            fns = [fn for fn, _then in lazy]
+            if trace is not None:  # behind a mark, whose outcome is not theirs
+                done = self._done_for(lazy, marked_head=True)
+                self._run_batch(trace.before_acks(fns), done, lazy=True)
+            else:
+                self._run_batch(fns, self._done_for(lazy), lazy=True)
         ops, self._pending = self._pending, []
         flows_only, self._flows_only = self._flows_only, True
         owners, self._owners = self._owners, set()
         marks, self._marks = self._marks, None
         if ops:
             fns = [fn for fn, _then in ops]
-            if marks is not None:
+            if marks is not None and trace is not None:
                 marks["handed"] = time.perf_counter_ns()
-                fns = BatchTrace.around(marks, fns, self._engine)
+                fns = trace.around(marks, fns, self._engine)
             # Run by this thread if the engine is idle: no hand-off to the engine thread and
             # back (two wake-ups per batch). The loop waits for the commit meanwhile; what
             # arrives then is read after it and goes into the next batch.
@@ -158,14 +164,22 @@ class Batches:
                 log.exception("server %s: MQTT completion failed", self._sid)
 
     def _done_for(
-        self, ops: list[tuple[Op, Then]], marks: Marks | None = None, last: bool = False
+        self,
+        ops: list[tuple[Op, Then]],
+        marks: Marks | None = None,
+        last: bool = False,
+        marked_head: bool = False,
     ) -> Callable[[list[Any]], None]:
-        """The batch's durable action; ``last``: its answers may follow its deliveries."""
+        """The batch's durable action; ``last``: its answers may follow its deliveries;
+        ``marks``: the batch ran between two marking operations (:meth:`BatchTrace.around`),
+        ``marked_head``: after one (:meth:`BatchTrace.before_acks`)."""
 
         def done(outcomes: list[Any]) -> None:  # engine thread (or this one), once durable
             if marks is not None:  # the marking operations' outcomes are not the batch's
                 outcomes = outcomes[1:-1]
                 BatchTrace.durable(marks, self._engine.store)
+            elif marked_head:
+                outcomes = outcomes[1:]
             if last and self._at_once():
                 # The loop runs this batch: its answers after its pushes (module docstring).
                 if marks is not None:

@@ -4,11 +4,15 @@ One JSON line per batch of operations (not the lazy ones), in ``mqtt-s<id>.jsonl
 trace directory: the ``perf_counter_ns`` marks it passed, in order (:data:`MARKS`). Each
 stage ends at a mark: ``parse`` (from the socket read that brought the packet to its operation
 queued), ``batch_wait`` (the rest of that turn of the loop, until the batch is handed to the
-engine), ``handoff`` (until the group applies the batch: the engine thread's wake-up, or
-nothing when the loop runs it), ``ops`` (the batch's operations: a publication handed to the
-representative, its deliveries queued), ``reaction`` (the group's other work before its
-commit: the session mailbox's reaction), ``commit_prepare`` (ZODB's preparation, until the
-store's vote), ``write`` and ``sync`` (the log store's ``pwritev`` and ``fdatasync``),
+engine), ``handoff`` (until the group starts on the batch: the engine thread's wake-up, or
+the group's own start when the loop runs it), ``acks`` (the devices' acknowledgements that
+ride along with the batch, applied at the head of its group: a PUBACK read before the next
+publication; near nothing when none did; a record without the ``acked`` mark, written before
+the stage existed, counts that time in ``handoff``), ``ops`` (the batch's operations: a
+publication handed to the representative, its deliveries queued), ``reaction`` (the group's
+other work before its commit: the session mailbox's reaction), ``commit_prepare`` (ZODB's
+preparation, until the store's vote), ``write`` and ``sync`` (the log store's ``pwritev`` and
+``fdatasync``),
 ``commit_finish`` (the rest of the vote, until the batch's durable completion), ``delivery``
 (until the loop wrote the session mailbox's push: the subscriber's PUBLISH), ``loop_delay``
 (until the loop handles the batch's completion) and ``answer`` (the completions: PUBACK,
@@ -41,7 +45,8 @@ __all__ = ["MARKS", "BatchTrace", "stages"]
 MARKS: tuple[tuple[str, str], ...] = (
     ("queued", "parse"),
     ("handed", "batch_wait"),
-    ("applied", "handoff"),
+    ("acked", "handoff"),
+    ("applied", "acks"),
     ("ops_done", "ops"),
     ("commit", "reaction"),
     ("vote", "commit_prepare"),
@@ -65,6 +70,8 @@ def stages(marks: Marks) -> dict[str, int]:
         mark, stage = MARKS[n]
         if mark == "durable" and "vote" not in marks:
             stage = "commit_prepare"  # a store that does not report its vote
+        elif mark == "applied" and "acked" not in marks:
+            stage = "handoff"  # no acknowledgement rode along
         out[stage] = out.get(stage, 0) + at - previous
         previous = at
     return out
@@ -79,6 +86,11 @@ class BatchTrace:
         self._file: TextIO | None = self.path.open("a", encoding="utf-8")
         self._read = 0
         self._last: Marks | None = None  # completed, waiting for the push that follows it
+        # When the last batch was handed (loop thread, :meth:`around`) and when the first lazy
+        # batch after it started (the group's thread, :meth:`before_acks`): read by that
+        # batch's first operation, in the same group, after both.
+        self._handed = 0
+        self._acks_start = -1
         #: The marks of the batch the loop is running itself (set by its Batches): its pushes
         #: come before its answers.
         self.current: Marks | None = None
@@ -91,22 +103,39 @@ class BatchTrace:
         """A batch's first operation was queued (loop thread): its marks."""
         return {"read": self._read or time.perf_counter_ns(), "queued": time.perf_counter_ns()}
 
-    @staticmethod
     def around(
-        marks: Marks, ops: list[Callable[[], Any]], engine: EnginePort
+        self, marks: Marks, ops: list[Callable[[], Any]], engine: EnginePort
     ) -> list[Callable[[], Any]]:
-        """``ops`` between two marking operations (run by the group, engine thread): the first
-        marks ``applied`` and has the transaction mark ``commit`` as it starts to commit, the
-        last marks ``ops_done``."""
+        """``ops`` between two marking operations (run by the group, engine thread), for the
+        batch of ``marks`` handed now: the first marks ``applied``, and ``acked`` when
+        acknowledgements were applied at the group's head (:meth:`before_acks`), and has the
+        transaction mark ``commit`` as it starts to commit; the last marks ``ops_done``."""
+
+        self._handed = marks["handed"]
 
         def first() -> None:
             marks["applied"] = time.perf_counter_ns()
+            if self._acks_start >= marks["handed"]:
+                marks["acked"] = self._acks_start
             engine.store.tm.get().addBeforeCommitHook(lambda: marks.setdefault("commit", _now()))
 
         def last() -> None:
             marks["ops_done"] = time.perf_counter_ns()
 
         return [first, *ops, last]
+
+    def before_acks(self, acks: list[Callable[[], Any]]) -> list[Callable[[], Any]]:
+        """``acks`` (a lazy batch: acknowledgements riding along with the next group) behind a
+        marking operation, run by that group at its head (engine thread): the first such mark
+        since the last batch was handed ends that batch's ``handoff`` and starts its ``acks``
+        (several lazy batches may ride along; one that ran earlier, in a group of its own,
+        belongs to no batch)."""
+
+        def mark() -> None:
+            if self._acks_start < self._handed:
+                self._acks_start = time.perf_counter_ns()
+
+        return [mark, *acks]
 
     @staticmethod
     def durable(marks: Marks, store: StoreView) -> None:
