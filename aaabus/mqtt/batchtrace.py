@@ -12,11 +12,10 @@ the stage existed, counts that time in ``handoff``), ``ops`` (the batch's operat
 publication handed to the representative, its deliveries queued), ``reaction`` (the group's
 other work before its commit: the session mailbox's reaction), ``commit_prepare`` (ZODB's
 preparation, until the store's vote), ``write`` and ``sync`` (the log store's ``pwritev`` and
-``fdatasync``),
-``commit_finish`` (the rest of the vote, until the batch's durable completion), ``delivery``
-(until the loop wrote the session mailbox's push: the subscriber's PUBLISH), ``loop_delay``
-(until the loop handles the batch's completion) and ``answer`` (the completions: PUBACK,
-PUBREC written). That is the order when the loop ran the batch itself (``inline`` in the
+``fdatasync``), ``commit_finish`` (the rest of the vote, until the batch's durable completion),
+``delivery`` (until the loop wrote the session mailbox's push: the subscriber's PUBLISH),
+``loop_delay`` (until the loop handles the batch's completion) and ``answer`` (the completions:
+PUBACK, PUBREC written). That is the order when the loop ran the batch itself (``inline`` in the
 record), which writes its pushes before its answers (:mod:`aaabus.mqtt.batches`); a batch the
 engine thread ran is answered first and delivered after: each stage is the time from the mark
 before it in time, whichever order they came in. A store that does not report its write and
@@ -110,7 +109,6 @@ class BatchTrace:
         batch of ``marks`` handed now: the first marks ``applied``, and ``acked`` when
         acknowledgements were applied at the group's head (:meth:`before_acks`), and has the
         transaction mark ``commit`` as it starts to commit; the last marks ``ops_done``."""
-
         self._handed = marks["handed"]
 
         def first() -> None:
